@@ -1,0 +1,31 @@
+/*
+ * abi.c - the table behind abi.h: sizeof and _Alignof of every public struct.
+ *
+ * Add a row here whenever a public header gains a struct; the Lua test also
+ * scans the headers for struct definitions and fails on one missing here.
+ */
+#include <stdalign.h>
+#include <stddef.h>
+
+#include "cartridge.h"
+
+static const cart_abi_struct abi_table[] = {
+    {"cart_str", sizeof(cart_str), alignof(cart_str)},
+    {"cart_dtype_info", sizeof(cart_dtype_info), alignof(cart_dtype_info)},
+    {"cart_tensor", sizeof(cart_tensor), alignof(cart_tensor)},
+    {"cart_gguf_value", sizeof(cart_gguf_value), alignof(cart_gguf_value)},
+    {"cart_gguf_kv", sizeof(cart_gguf_kv), alignof(cart_gguf_kv)},
+    {"cart_gguf_tensor_info", sizeof(cart_gguf_tensor_info), alignof(cart_gguf_tensor_info)},
+    {"cart_st_tensor", sizeof(cart_st_tensor), alignof(cart_st_tensor)},
+    {"cart_st_meta", sizeof(cart_st_meta), alignof(cart_st_meta)},
+    {"cart_abi_struct", sizeof(cart_abi_struct), alignof(cart_abi_struct)},
+};
+
+int64_t cart_abi_struct_count(void) {
+    return (int64_t)(sizeof abi_table / sizeof abi_table[0]);
+}
+
+const cart_abi_struct *cart_abi_struct_at(int64_t i) {
+    if (i < 0 || i >= cart_abi_struct_count()) return NULL;
+    return &abi_table[i];
+}

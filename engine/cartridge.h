@@ -1,0 +1,20 @@
+/*
+ * cartridge.h - the whole public C API of the cartridge engine.
+ *
+ * Include this one header from C. The LuaJIT side reads it too: it follows the
+ * quoted includes below in order and hands each header's declarations to
+ * ffi.cdef, so the order here is the order of dependency.
+ */
+#ifndef CARTRIDGE_H
+#define CARTRIDGE_H
+
+#include "common.h"
+#include "dtype.h"
+#include "pool.h"
+#include "blas.h"
+#include "tensor.h"
+#include "gguf.h"
+#include "safetensors.h"
+#include "abi.h"
+
+#endif

@@ -1,0 +1,35 @@
+#!/bin/sh
+# Installs the Debian packages cartridge needs to build and test.
+#
+# As root it runs apt-get for whatever is missing; otherwise it prints the
+# exact apt-get line to run and exits 1 when something is missing.
+# Usage: scripts/setup.sh [--check]   (--check only reports, never installs)
+set -eu
+
+PACKAGES="build-essential cmake luajit libluajit-5.1-dev libopenblas-dev libcjson-dev libedit-dev lua-busted"
+
+missing=""
+for pkg in $PACKAGES; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $pkg"
+    fi
+done
+
+if [ -z "$missing" ]; then
+    echo "setup: all dependencies are installed ($PACKAGES)"
+    exit 0
+fi
+
+echo "setup: missing Debian packages:$missing"
+if [ "${1:-}" = "--check" ]; then
+    exit 1
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: run this as root, or install them yourself with:"
+    echo "  sudo apt-get update && sudo apt-get install -y$missing"
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update
+apt-get install -y --no-install-recommends $missing
+echo "setup: installed$missing"

@@ -1,0 +1,219 @@
+-- repl_spec.lua: cartridge.repl driven by scripted lines instead of a terminal.
+
+local repl = require("cartridge.repl")
+local ffi = require("ffi")
+
+-- Runs the REPL over `lines`; returns everything it wrote, the prompts it
+-- asked with, and the environment it returned. opts may add run options.
+local function drive(lines, opts)
+    opts = opts or {}
+    local out, prompts = {}, {}
+    local i = 0
+    local env = repl.run({
+        read_line = function(prompt)
+            prompts[#prompts + 1] = prompt
+            i = i + 1
+            local line = lines[i]
+            if type(line) == "function" then
+                return line()
+            end
+            return line
+        end,
+        write = function(s)
+            out[#out + 1] = s
+        end,
+        banner = opts.banner or false,
+        env = opts.env,
+        load_engine = opts.load_engine or function()
+            return { version = "9.9.9-test" }
+        end,
+    })
+    return table.concat(out), prompts, env
+end
+
+describe("cartridge.repl", function()
+    it("prints the value of =expr", function()
+        local out = drive({ "=1+2" })
+        assert.are.equal("3\n", out)
+    end)
+
+    it("prints every value of =expr separated by tabs", function()
+        local out = drive({ "=1, 'two', nil" })
+        assert.are.equal('1\t"two"\tnil\n', out)
+    end)
+
+    it("prints the values of a bare expression", function()
+        local out = drive({ "2 * 21", "'a' .. 'b'" })
+        assert.are.equal('42\n"ab"\n', out)
+    end)
+
+    it("prints nothing for a statement", function()
+        local out = drive({ "local y = 1", "print_nothing = true" })
+        assert.are.equal("", out)
+    end)
+
+    it("prints the values a statement chunk returns", function()
+        local out = drive({ "do local v = 5 end return 7" })
+        assert.are.equal("7\n", out)
+    end)
+
+    it("keeps reading a multi-line function definition and then calls it", function()
+        local out, prompts = drive({ "function sq(x)", "  local y = x * x", "  return y", "end", "=sq(7)" })
+        assert.are.equal("49\n", out)
+        assert.are.same({ "> ", ">> ", ">> ", ">> ", "> ", "> " }, prompts)
+    end)
+
+    it("keeps reading a table constructor that spans lines", function()
+        local out = drive({ "{ 1, 2,", "3 }" })
+        assert.are.equal("{ 1, 2, 3 }\n", out)
+    end)
+
+    it("keeps reading =expr that spans lines", function()
+        local out = drive({ "=1 +", "2" })
+        assert.are.equal("3\n", out)
+    end)
+
+    it("prints an error and keeps going", function()
+        local out = drive({ "error('boom', 0)", "=1" })
+        assert.are.equal("boom\n1\n", out)
+    end)
+
+    it("prints a runtime error with its position", function()
+        local out = drive({ "local t = nil; t.x = 1", "=2" })
+        assert.matches("^stdin:1: attempt to index", out)
+        assert.matches("\n2\n$", out)
+    end)
+
+    it("prints a syntax error and keeps going", function()
+        local out = drive({ "x = = 1", "=2" })
+        assert.matches("^stdin:1: unexpected symbol near '='\n2\n$", out)
+    end)
+
+    it("shows a non-string error object readably", function()
+        local out = drive({ "error({ code = 3 })" })
+        assert.are.equal("error object: { code = 3 }\n", out)
+    end)
+
+    it("keeps assignments across lines without touching _G", function()
+        local out, _, env = drive({ "answer_for_spec = 41", "=answer_for_spec + 1" })
+        assert.are.equal("42\n", out)
+        assert.are.equal(41, env.answer_for_spec)
+        assert.is_nil(rawget(_G, "answer_for_spec"))
+    end)
+
+    it("reads globals through _G", function()
+        local out = drive({ "=type(string.format)" })
+        assert.are.equal('"function"\n', out)
+    end)
+
+    it("binds the engine as cartridge in its environment", function()
+        local out, _, env = drive({ "=cartridge.version" })
+        assert.are.equal('"9.9.9-test"\n', out)
+        assert.is_nil(rawget(_G, "cartridge"))
+        assert.are.equal("9.9.9-test", env.cartridge.version)
+    end)
+
+    it("warns in one line when the engine does not load and still starts", function()
+        local out = drive({ "=cartridge", "=1" }, {
+            load_engine = function()
+                error("module 'cartridge' not found:\n\tno field package.preload['cartridge']", 0)
+            end,
+        })
+        assert.are.equal("warning: the engine did not load, `cartridge` is nil: "
+            .. "module 'cartridge' not found:\nnil\n1\n", out)
+    end)
+
+    it("uses the environment it is given", function()
+        local env = repl.new_env(nil)
+        env.preset = 5
+        local out, _, returned = drive({ "=preset" }, { env = env })
+        assert.are.equal("5\n", out)
+        assert.are.equal(env, returned)
+    end)
+
+    it("prints a banner with the version and the hint", function()
+        local out = drive({}, { banner = true })
+        assert.matches("^cartridge 9%.9%.9%-test %(LuaJIT [^)]+%)  =expr prints; Ctrl%-D exits\n$", out)
+    end)
+
+    it("reports an unfinished chunk when input ends", function()
+        local out = drive({ "function f(" })
+        assert.matches("'<eof>'\n$", out)
+    end)
+
+    it("drops the unfinished lines after an interrupt and keeps reading", function()
+        local out, prompts = drive({
+            "function f(",
+            function()
+                error("interrupted", 0)
+            end,
+            "=3",
+        })
+        assert.are.equal("\n3\n", out)
+        assert.are.same({ "> ", ">> ", "> ", "> " }, prompts)
+    end)
+
+    it("skips blank lines", function()
+        local out, prompts = drive({ "", "   ", "=1" })
+        assert.are.equal("1\n", out)
+        assert.are.same({ "> ", "> ", "> ", "> " }, prompts)
+    end)
+end)
+
+describe("repl.format", function()
+    it("quotes strings and escapes control characters", function()
+        assert.are.equal('"a\\nb\\t\\"c\\"\\000"', repl.format('a\nb\t"c"\0'))
+    end)
+
+    it("shows integers without a decimal point and other numbers as tostring does", function()
+        assert.are.equal("3", repl.format(3))
+        assert.are.equal("0.5", repl.format(0.5))
+        assert.are.equal("-2", repl.format(-2.0))
+        assert.are.equal("inf", repl.format(math.huge))
+    end)
+
+    it("shows tables with the array part first and sorted keys", function()
+        assert.are.equal('{ 10, 20, [99] = 0, a = 1, b = "x", ["not an ident"] = true }',
+            repl.format({ 10, 20, b = "x", a = 1, ["not an ident"] = true, [99] = 0 }))
+    end)
+
+    it("sorts numeric keys before string keys", function()
+        assert.are.equal('{ [5] = "five", [7] = "seven", z = 1 }', repl.format({ z = 1, [7] = "seven", [5] = "five" }))
+    end)
+
+    it("shows two levels of nesting and elides deeper tables", function()
+        assert.are.equal("{ a = { b = {...} } }", repl.format({ a = { b = { c = 1 } } }))
+    end)
+
+    it("caps the entries shown per table", function()
+        local t = {}
+        for i = 1, 25 do
+            t[i] = i
+        end
+        local s = repl.format(t)
+        assert.matches("20,%s+%.%.%.%(5 more%)", s)
+        assert.is_nil(s:find("21"))
+    end)
+
+    it("breaks a long top-level table into one entry per line", function()
+        local s = repl.format({ alpha = string.rep("a", 40), beta = string.rep("b", 40) })
+        assert.are.equal('{\n    alpha = "' .. string.rep("a", 40) .. '",\n    beta = "' .. string.rep("b", 40) .. '"\n}', s)
+    end)
+
+    it("marks cycles instead of recursing", function()
+        local t = {}
+        t.self = t
+        assert.are.equal("{ self = <cycle> }", repl.format(t))
+    end)
+
+    it("shows cdata through tostring", function()
+        local v = ffi.new("int[2]")
+        assert.are.equal(tostring(v), repl.format(v))
+        assert.are.equal("7LL", repl.format(ffi.new("int64_t", 7)))
+    end)
+
+    it("uses a table's __tostring when it has one", function()
+        local t = setmetatable({}, { __tostring = function() return "<thing>" end })
+        assert.are.equal("<thing>", repl.format(t))
+    end)
+end)
