@@ -18,6 +18,7 @@ static const cart_abi_struct abi_table[] = {
     {"cart_gguf_tensor_info", sizeof(cart_gguf_tensor_info), alignof(cart_gguf_tensor_info)},
     {"cart_st_tensor", sizeof(cart_st_tensor), alignof(cart_st_tensor)},
     {"cart_st_meta", sizeof(cart_st_meta), alignof(cart_st_meta)},
+    {"cart_rng", sizeof(cart_rng), alignof(cart_rng)},
     {"cart_abi_struct", sizeof(cart_abi_struct), alignof(cart_abi_struct)},
 };
 

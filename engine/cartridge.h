@@ -15,6 +15,7 @@
 #include "tensor.h"
 #include "gguf.h"
 #include "safetensors.h"
+#include "rng.h"
 #include "abi.h"
 
 #endif
