@@ -19,6 +19,10 @@ static const cart_abi_struct abi_table[] = {
     {"cart_st_tensor", sizeof(cart_st_tensor), alignof(cart_st_tensor)},
     {"cart_st_meta", sizeof(cart_st_meta), alignof(cart_st_meta)},
     {"cart_rng", sizeof(cart_rng), alignof(cart_rng)},
+    {"cart_weight", sizeof(cart_weight), alignof(cart_weight)},
+    {"cart_model_config", sizeof(cart_model_config), alignof(cart_model_config)},
+    {"cart_model_options", sizeof(cart_model_options), alignof(cart_model_options)},
+    {"cart_sampler_params", sizeof(cart_sampler_params), alignof(cart_sampler_params)},
     {"cart_abi_struct", sizeof(cart_abi_struct), alignof(cart_abi_struct)},
 };
 

@@ -12,10 +12,16 @@
 #include "dtype.h"
 #include "pool.h"
 #include "blas.h"
+#include "matmul.h"
 #include "tensor.h"
 #include "gguf.h"
+#include "utf8.h"
+#include "tokenizer.h"
 #include "safetensors.h"
 #include "rng.h"
+#include "kv.h"
+#include "model.h"
+#include "sampler.h"
 #include "abi.h"
 
 #endif

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common.h"
 #include "internal.h"
@@ -80,6 +81,12 @@ const char *cart_status_name(int32_t status) {
     case CART_E_STATE: return "CART_E_STATE";
     default: return "CART_E_UNKNOWN";
     }
+}
+
+double cart_now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 const char *cart_version(void) {

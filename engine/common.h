@@ -51,6 +51,10 @@ void cart_clear_error(void);
 /* A short constant name for a status code: "CART_E_FORMAT", ... */
 const char *cart_status_name(int32_t status);
 
+/* Seconds on a monotonic clock (CLOCK_MONOTONIC), for timing: differences
+ * are wall time, unaffected by clock changes. */
+double cart_now_seconds(void);
+
 /* The engine's version string, e.g. "0.1.0". Static storage. */
 const char *cart_version(void);
 

@@ -938,7 +938,7 @@ int cart_gguf_get_f64(double *out, const cart_gguf *g, const char *key) {
 }
 
 int cart_gguf_get_f32(float *out, const cart_gguf *g, const char *key) {
-    double d;
+    double d = 0.0;
     if (!out) return cart_fail(CART_E_ARG, "cart_gguf_get_f32: NULL argument");
     int rc = cart_gguf_get_f64(&d, g, key);
     if (rc) return rc;

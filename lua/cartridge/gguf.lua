@@ -94,8 +94,29 @@ function gguf.open(path)
     }, File)
 end
 
--- Releases the mapping now (tensor data pointers die with it).
+-- A File over a cart_gguf * owned by someone else (a model): it is not closed
+-- by the GC, and `owner` is kept alive as long as the File is.
+function gguf.borrow(handle, owner, path)
+    local v = ffi.cast("cart_gguf *", handle)
+    return setmetatable({
+        handle = v,
+        owner = owner,
+        borrowed = true,
+        path = path or ffi.string(C.cart_gguf_path(v)),
+        version = C.cart_gguf_version(v),
+        alignment = core.int(C.cart_gguf_alignment(v)),
+        data_offset = core.int(C.cart_gguf_data_offset(v)),
+        file_size = core.int(C.cart_gguf_file_size(v)),
+    }, File)
+end
+
+-- Releases the mapping now (tensor data pointers die with it). A borrowed
+-- File only forgets its handle.
 function File:close()
+    if self.borrowed then
+        self.handle = nil
+        return
+    end
     if self.handle ~= nil then
         C.cart_gguf_close(ffi.gc(self.handle, nil))
         self.handle = nil

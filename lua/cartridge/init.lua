@@ -3,7 +3,8 @@
 --   local cartridge = require("cartridge")
 --   local g = cartridge.gguf.open("model.gguf")
 --
--- Submodules load on first use: gguf, safetensors, tensor, dtype, options.
+-- Submodules load on first use: gguf, safetensors, tensor, dtype, model,
+-- tokenizer, sampler, chat, generate, json, options, ...
 -- cartridge.C is the raw FFI namespace of libcartridge for anything the
 -- wrappers do not cover.
 
@@ -28,17 +29,13 @@ function cartridge.threads()
     return C.cart_threads()
 end
 
-local submodules = {
-    gguf = true, safetensors = true, tensor = true, dtype = true, options = true, fmt = true,
-}
-
+-- cartridge.<name> loads lua/cartridge/<name>.lua on first use.
 return setmetatable(cartridge, {
     __index = function(t, key)
-        if submodules[key] then
-            local m = require("cartridge." .. key)
-            rawset(t, key, m)
-            return m
-        end
-        return nil
+        if type(key) ~= "string" or not key:match("^[%w_]+$") then return nil end
+        if not package.searchpath("cartridge." .. key, package.path) then return nil end
+        local m = require("cartridge." .. key)
+        rawset(t, key, m)
+        return m
     end,
 })

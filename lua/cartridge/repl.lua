@@ -273,6 +273,21 @@ local function plain_reader(show_prompt)
     return read_line
 end
 
+-- A line reader for interactive recipes (chat.lua): readline with history
+-- when stdin is a terminal, plain lines otherwise. Returns read_line(prompt)
+-- (nil at end of input) and finish() (saves the history). history: a file
+-- path, or false for none; default: the REPL's history file.
+function M.line_reader(history)
+    if stdin_is_terminal() then
+        local lib = find_libedit()
+        if lib then
+            if history == nil then history = history_path() end
+            return readline_reader(lib, history or nil)
+        end
+    end
+    return plain_reader(stdin_is_terminal()), function() end
+end
+
 -- ---------------------------------------------------------------------------
 -- Compiling and running chunks.
 

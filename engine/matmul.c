@@ -1,0 +1,533 @@
+/*
+ * matmul.c - products with weight matrices in any storage dtype: argument
+ * checks, scratch, the split over the pool, and the portable path for builds
+ * without AVX-512. The AVX-512 kernels are in matmul_avx512.c.
+ *
+ * Forward, AVX-512:
+ *   n <= SMALL_N tokens: GEMV kernels read each weight row once for up to 8
+ *     tokens (memory-bound decode). Tasks are groups of weight rows.
+ *   more tokens: GEMM. Tokens go in blocks of MM_MC; per block the
+ *     activations are rounded and packed once (split over token panels), then
+ *     tasks of MM_FWD_ROWS weight rows run the packed micro-kernel.
+ * Backward (dx += dy @ W), AVX-512: GEMM for every n, tasks are groups of
+ *   weight columns, i.e. of dx columns, so no two tasks write the same element.
+ * Portable: rows are widened to f32 (cart_to_f32) and multiplied with dot
+ *   products (few tokens) or cart_gemm (many tokens).
+ *
+ * Results do not depend on the thread count: a task is a fixed range of
+ * outputs computed by one thread, and which thread runs it does not matter.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+#include "dtype.h"
+#include "internal.h"
+#include "matmul.h"
+#include "matmul_kernels.h"
+
+enum {
+    SMALL_N = 8,        /* forward: at most this many tokens use the GEMV kernels */
+    MM_MC = 44 * MM_U,  /* tokens per GEMM block: their packed k block fits L2 */
+    GEMV_ROWS = 48,     /* weight rows per GEMV task: whole GEMV passes of 8, 6, 4, 3 */
+    PORTABLE_CHUNK = 1 << 22, /* floats of widened weight per cart_gemm call (16 MiB) */
+};
+
+static int64_t min64(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+
+/* 64-byte aligned memory for `n` bytes (at least 64), freed with free(). */
+static void *alloc_aligned(size_t n, const char *what) {
+    void *p = n <= SIZE_MAX - 64 ? aligned_alloc(64, n ? (n + 63) & ~(size_t)63 : 64) : NULL;
+    if (!p) cart_fail(CART_E_NOMEM, "out of memory allocating %zu bytes for %s", n, what);
+    return p;
+}
+
+/* floats * count as a size_t byte count; SIZE_MAX when it overflows. */
+static size_t float_bytes(int64_t a, int64_t b) {
+    if (a < 0 || b < 0) return SIZE_MAX;
+    if (b != 0 && (uint64_t)a > (uint64_t)(SIZE_MAX / 4) / (uint64_t)b) return SIZE_MAX;
+    return (size_t)a * (size_t)b * 4;
+}
+
+/* ---- workspaces -------------------------------------------------------------
+ * A call's scratch is one 64-byte aligned block. Blocks go back to a small
+ * process-wide cache rather than to free(): glibc returns big blocks to the
+ * kernel, and faulting 8 MiB back in costs milliseconds (more in a VM), as
+ * much as a whole 1024 x 1024 x 512 product. The cache holds at most
+ * CACHE_SLOTS blocks of at most CACHE_MAX bytes; it lives until exit. */
+
+enum { CACHE_SLOTS = 4 };
+static const size_t CACHE_MAX = (size_t)64 << 20;
+
+typedef struct workspace {
+    float *p;
+    size_t size; /* bytes */
+} workspace;
+
+static pthread_mutex_t cache_mutex = PTHREAD_MUTEX_INITIALIZER;
+static workspace cache[CACHE_SLOTS];
+
+/* Fills *ws with a block of at least `bytes`: the smallest cached block that
+ * fits, else a new one. */
+static int workspace_get(workspace *ws, size_t bytes, const char *what) {
+    ws->p = NULL;
+    ws->size = 0;
+    pthread_mutex_lock(&cache_mutex);
+    int best = -1;
+    for (int i = 0; i < CACHE_SLOTS; i++)
+        if (cache[i].p && cache[i].size >= bytes && (best < 0 || cache[i].size < cache[best].size))
+            best = i;
+    if (best >= 0) {
+        *ws = cache[best];
+        cache[best].p = NULL;
+        cache[best].size = 0;
+    }
+    pthread_mutex_unlock(&cache_mutex);
+    if (ws->p) return CART_OK;
+    ws->p = alloc_aligned(bytes, what);
+    if (!ws->p) return CART_E_NOMEM;
+    ws->size = bytes;
+    return CART_OK;
+}
+
+/* Returns ws's block to the cache, evicting the smallest cached block when
+ * all slots are taken (or freeing ws's when it is the smallest or too big). */
+static void workspace_put(workspace *ws) {
+    if (!ws->p) return;
+    workspace out = *ws;
+    if (out.size <= CACHE_MAX) {
+        pthread_mutex_lock(&cache_mutex);
+        int slot = 0;
+        for (int i = 1; i < CACHE_SLOTS; i++)
+            if (!cache[i].p || (cache[slot].p && cache[i].size < cache[slot].size)) slot = i;
+        if (!cache[slot].p || cache[slot].size < out.size) {
+            workspace evicted = cache[slot];
+            cache[slot] = out;
+            out = evicted;
+        }
+        pthread_mutex_unlock(&cache_mutex);
+    }
+    free(out.p);
+    ws->p = NULL;
+}
+
+/* ---- weights -------------------------------------------------------------- */
+
+int cart_weight_init(cart_weight *w, int32_t dtype, const void *data, int64_t rows, int64_t cols) {
+    if (!w) return cart_fail(CART_E_ARG, "cart_weight_init: NULL weight");
+    memset(w, 0, sizeof *w);
+    cart_dtype_info info;
+    if (cart_dtype_get_info(&info, dtype) != CART_OK)
+        return cart_fail(CART_E_ARG, "cart_weight_init: unknown dtype id %d", (int)dtype);
+    if (!info.can_dequantize)
+        return cart_fail(CART_E_UNSUPPORTED,
+                         "cart_weight_init: dtype %s cannot be dequantized, so it cannot be "
+                         "multiplied",
+                         info.name);
+    if (rows < 0 || cols < 0)
+        return cart_fail(CART_E_ARG, "cart_weight_init: negative shape (%lld rows, %lld cols)",
+                         (long long)rows, (long long)cols);
+    if (cols % info.block_size != 0)
+        return cart_fail(CART_E_ARG,
+                         "cart_weight_init: cols %lld is not a whole number of %s blocks of %d",
+                         (long long)cols, info.name, (int)info.block_size);
+    uint64_t row_bytes;
+    if (cart_dtype_nbytes(&row_bytes, dtype, cols) != CART_OK)
+        return cart_fail_context(CART_E_ARG, "cart_weight_init");
+    if (row_bytes > 0 && (uint64_t)rows > (UINT64_C(1) << 62) / row_bytes)
+        return cart_fail(CART_E_ARG, "cart_weight_init: %lld rows of %llu bytes overflow",
+                         (long long)rows, (unsigned long long)row_bytes);
+    if (!data && rows > 0 && cols > 0)
+        return cart_fail(CART_E_ARG, "cart_weight_init: NULL data for a %lld x %lld matrix",
+                         (long long)rows, (long long)cols);
+    w->data = data;
+    w->dtype = dtype;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = row_bytes;
+    return CART_OK;
+}
+
+/* Checks *w as `fn` received it and fills *src for the kernels. */
+static int check_weight(mm_src *src, const cart_weight *w, const char *fn) {
+    if (!w) return cart_fail(CART_E_ARG, "%s: NULL weight", fn);
+    cart_dtype_info info;
+    if (cart_dtype_get_info(&info, w->dtype) != CART_OK)
+        return cart_fail(CART_E_ARG, "%s: weight has unknown dtype id %d", fn, (int)w->dtype);
+    if (!info.can_dequantize)
+        return cart_fail(CART_E_UNSUPPORTED, "%s: weight dtype %s cannot be dequantized", fn,
+                         info.name);
+    if (w->reserved != 0)
+        return cart_fail(CART_E_ARG, "%s: weight field reserved is %d, expected 0", fn,
+                         (int)w->reserved);
+    if (w->rows < 0 || w->cols < 0)
+        return cart_fail(CART_E_ARG, "%s: weight has a negative shape (%lld rows, %lld cols)", fn,
+                         (long long)w->rows, (long long)w->cols);
+    if (w->cols % info.block_size != 0)
+        return cart_fail(CART_E_ARG, "%s: weight cols %lld is not a whole number of %s blocks of %d",
+                         fn, (long long)w->cols, info.name, (int)info.block_size);
+    uint64_t need;
+    if (cart_dtype_nbytes(&need, w->dtype, w->cols) != CART_OK) return cart_fail_context(CART_E_ARG, "%s", fn);
+    if (w->row_bytes < need)
+        return cart_fail(CART_E_ARG, "%s: weight row_bytes %llu is below the %llu bytes of a row",
+                         fn, (unsigned long long)w->row_bytes, (unsigned long long)need);
+    if (!w->data && w->rows > 0 && w->cols > 0)
+        return cart_fail(CART_E_ARG, "%s: weight data is NULL", fn);
+    src->data = w->data;
+    src->row_bytes = w->row_bytes;
+    src->dtype = w->dtype;
+    src->kind = w->dtype == CART_F32   ? MM_W_F32
+                : w->dtype == CART_F16 ? MM_W_F16
+                : w->dtype == CART_BF16 ? MM_W_BF16
+                                        : MM_W_DEQUANT;
+    src->block_size = info.block_size;
+    src->type_size = info.type_size;
+    src->rows = w->rows;
+    src->cols = w->cols;
+    return CART_OK;
+}
+
+/* Checks the activation/output pair of a product: `out` (n, out_cols; pitch
+ * ldo) and `in` (n, in_cols; pitch ldi), which must not overlap. */
+static int check_operands(const char *fn, const float *out, int64_t ldo, int64_t out_cols,
+                          const char *out_name, const float *in, int64_t ldi, int64_t in_cols,
+                          const char *in_name, int64_t n) {
+    if (n < 0) return cart_fail(CART_E_ARG, "%s: negative token count %lld", fn, (long long)n);
+    if (ldo < out_cols)
+        return cart_fail(CART_E_ARG, "%s: pitch of %s %lld is below its %lld columns", fn, out_name,
+                         (long long)ldo, (long long)out_cols);
+    if (ldi < in_cols)
+        return cart_fail(CART_E_ARG, "%s: pitch of %s %lld is below its %lld columns", fn, in_name,
+                         (long long)ldi, (long long)in_cols);
+    if (n == 0) return CART_OK;
+    if ((out_cols > 0 && !out) || (in_cols > 0 && !in))
+        return cart_fail(CART_E_ARG, "%s: NULL %s", fn, !out ? out_name : in_name);
+    if (out_cols > 0 && in_cols > 0) {
+        uintptr_t o0 = (uintptr_t)out, o1 = (uintptr_t)(out + (n - 1) * ldo + out_cols);
+        uintptr_t i0 = (uintptr_t)in, i1 = (uintptr_t)(in + (n - 1) * ldi + in_cols);
+        if (o0 < i1 && i0 < o1)
+            return cart_fail(CART_E_ARG, "%s: %s overlaps %s", fn, out_name, in_name);
+    }
+    return CART_OK;
+}
+
+static int32_t round_for(int32_t dtype) {
+    if (dtype == CART_F16) return MM_ROUND_F16;
+    if (dtype == CART_BF16) return MM_ROUND_BF16;
+    return MM_ROUND_NONE;
+}
+
+/* ---- jobs run on the pool ------------------------------------------------- */
+
+typedef struct job {
+    const mm_src *w;
+    float *out;      /* y (forward) or dx (backward) */
+    int64_t ldo;
+    const float *in; /* x or dy as given, or rounded */
+    int64_t ldi;
+    int64_t n;       /* tokens in this block */
+    int32_t round;
+    float *packed;   /* packed activations of this block */
+    float *scratch;  /* per-thread scratch, scratch_floats each */
+    int64_t scratch_floats;
+    int64_t d0;      /* first reduction index of the packed block */
+    int64_t depth;   /* reduction length of the packed block */
+    float *wide;     /* portable: widened weight chunk (rows r0.., cols floats each) */
+    int64_t r0;
+} job;
+
+#if MM_HAVE_AVX512
+
+static void pack_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    job *j = ctx;
+    mm512_pack_act(j->packed, j->in, j->ldi, j->n, j->depth, j->round, begin, end);
+}
+
+static void forward_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    job *j = ctx;
+    float *scratch = j->scratch + (int64_t)thread * j->scratch_floats;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t r0 = t * MM_FWD_ROWS, r1 = min64(r0 + MM_FWD_ROWS, j->w->rows);
+        mm512_forward_rows(j->w, j->out, j->ldo, j->packed, j->n, j->d0, j->depth, r0, r1, scratch);
+    }
+}
+
+static void gemv_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    job *j = ctx;
+    float *scratch = j->scratch + (int64_t)thread * j->scratch_floats;
+    int64_t r0 = begin * GEMV_ROWS, r1 = min64(end * GEMV_ROWS, j->w->rows);
+    mm512_gemv_rows(j->w, j->out, j->ldo, j->in, j->ldi, j->n, r0, r1, scratch);
+}
+
+static void backward_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    job *j = ctx;
+    float *scratch = j->scratch + (int64_t)thread * j->scratch_floats;
+    int64_t width = mm_bwd_cols(j->w);
+    for (int64_t t = begin; t < end; t++) {
+        int64_t c0 = t * width, c1 = min64(c0 + width, j->w->cols);
+        mm512_backward_cols(j->w, j->out, j->ldo, j->packed, j->n, j->d0, j->depth, c0, c1,
+                            scratch);
+    }
+}
+
+/* Carves one workspace into per-thread scratch (each floats per thread) and
+ * `packed` floats for the activations. */
+static int workspace_for(job *j, workspace *ws, int32_t threads, int64_t each, int64_t packed) {
+    j->scratch_floats = (each + 15) & ~(int64_t)15; /* keep every part 64-byte aligned */
+    int64_t scratch = j->scratch_floats * threads;
+    if (workspace_get(ws, float_bytes(scratch + packed, 1), "matmul workspace") != CART_OK)
+        return CART_E_NOMEM;
+    j->scratch = ws->p;
+    j->packed = ws->p + scratch;
+    return CART_OK;
+}
+
+static int forward_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w,
+                          int64_t n, cart_pool *pool) {
+    const int32_t threads = cart_pool_size(pool);
+    job j = {.w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
+    workspace ws;
+    if (n <= SMALL_N) {
+        int64_t rounded = j.round != MM_ROUND_NONE ? n * w->cols : 0;
+        if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_GEMV), rounded) != CART_OK)
+            return CART_E_NOMEM;
+        if (rounded) {
+            mm512_round_rows(j.packed, x, ldx, w->cols, j.round, 0, n);
+            j.in = j.packed;
+            j.ldi = w->cols;
+        }
+        cart_pool_for(pool, ceil_div(w->rows, GEMV_ROWS), 1, gemv_task, &j);
+    } else {
+        /* blocks of at most MM_MC tokens, as even as whole micro-tiles allow */
+        int64_t blocks = ceil_div(n, MM_MC);
+        int64_t per = ceil_div(ceil_div(n, blocks), MM_U) * MM_U;
+        if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_FORWARD),
+                          per * min64(w->cols, MM_DEPTH)) != CART_OK)
+            return CART_E_NOMEM;
+        for (int64_t i0 = 0; i0 < n; i0 += per)
+            for (j.d0 = 0; j.d0 < w->cols; j.d0 += MM_DEPTH) {
+                j.n = min64(per, n - i0);
+                j.depth = min64(MM_DEPTH, w->cols - j.d0);
+                j.in = x + i0 * ldx + j.d0;
+                j.out = y + i0 * ldy;
+                cart_pool_for(pool, ceil_div(j.n, MM_U), 4, pack_task, &j);
+                cart_pool_for(pool, ceil_div(w->rows, MM_FWD_ROWS), 1, forward_task, &j);
+            }
+    }
+    workspace_put(&ws);
+    return CART_OK;
+}
+
+static int backward_avx512(float *dx, int64_t ldx, const float *dy, int64_t ldy, const mm_src *w,
+                           int64_t n, cart_pool *pool) {
+    const int32_t threads = cart_pool_size(pool);
+    job j = {.w = w, .ldo = ldx, .ldi = ldy, .round = MM_ROUND_NONE};
+    int64_t blocks = ceil_div(n, MM_MC);
+    int64_t per = ceil_div(ceil_div(n, blocks), MM_U) * MM_U;
+    workspace ws;
+    if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_BACKWARD),
+                      per * min64(w->rows, MM_DEPTH)) != CART_OK)
+        return CART_E_NOMEM;
+    for (int64_t i0 = 0; i0 < n; i0 += per)
+        for (j.d0 = 0; j.d0 < w->rows; j.d0 += MM_DEPTH) {
+            j.n = min64(per, n - i0);
+            j.depth = min64(MM_DEPTH, w->rows - j.d0);
+            j.in = dy + i0 * ldy + j.d0;
+            j.out = dx + i0 * ldx;
+            cart_pool_for(pool, ceil_div(j.n, MM_U), 4, pack_task, &j);
+            cart_pool_for(pool, ceil_div(w->cols, mm_bwd_cols(w)), 1, backward_task, &j);
+        }
+    workspace_put(&ws);
+    return CART_OK;
+}
+
+#else
+
+/* ---- portable path -------------------------------------------------------- */
+
+static float round_value(float v, int32_t round) {
+    if (round == MM_ROUND_F16) return cart_f16_to_f32(cart_f32_to_f16(v));
+    if (round == MM_ROUND_BF16) return cart_bf16_to_f32(cart_f32_to_bf16(v));
+    return v;
+}
+
+/* a . b over n elements in 16 lane sums added in a fixed tree. */
+static float dot(const float *a, const float *b, int64_t n) {
+    float s[16] = {0};
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16)
+        for (int l = 0; l < 16; l++) s[l] += a[k + l] * b[k + l];
+    for (int l = 0; k + l < n; l++) s[l] += a[k + l] * b[k + l];
+    for (int width = 8; width >= 1; width /= 2)
+        for (int l = 0; l < width; l++) s[l] += s[l + width];
+    return s[0];
+}
+
+static void widen_row(const mm_src *w, float *dst, int64_t r) {
+    cart_to_f32(dst, w->dtype, w->data + (uint64_t)r * w->row_bytes, w->cols);
+}
+
+static void round_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    job *j = ctx;
+    const int64_t cols = j->w->cols;
+    for (int64_t i = begin; i < end; i++)
+        for (int64_t k = 0; k < cols; k++)
+            j->packed[i * cols + k] = round_value(j->in[i * j->ldi + k], j->round);
+}
+
+static void dot_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    job *j = ctx;
+    float *row = j->scratch + (int64_t)thread * j->scratch_floats;
+    for (int64_t r = begin; r < end; r++) {
+        widen_row(j->w, row, r);
+        for (int64_t i = 0; i < j->n; i++)
+            j->out[i * j->ldo + r] = dot(row, j->in + i * j->ldi, j->w->cols);
+    }
+}
+
+static void widen_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    job *j = ctx;
+    for (int64_t r = begin; r < end; r++) widen_row(j->w, j->wide + r * j->w->cols, j->r0 + r);
+}
+
+static int forward_portable(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w,
+                            int64_t n, cart_pool *pool) {
+    const int32_t threads = cart_pool_size(pool);
+    const int64_t cols = w->cols;
+    job j = {.w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
+    int rc = CART_OK;
+    if (j.round != MM_ROUND_NONE) {
+        j.packed = alloc_aligned(float_bytes(n, cols), "rounded activations");
+        if (!j.packed) return CART_E_NOMEM;
+        cart_pool_for(pool, n, 16, round_task, &j);
+        j.in = j.packed;
+        j.ldi = cols;
+    }
+    if (n <= SMALL_N) {
+        j.scratch_floats = cols;
+        j.scratch = alloc_aligned(float_bytes(cols, threads), "matmul scratch");
+        if (!j.scratch) rc = CART_E_NOMEM;
+        else cart_pool_for(pool, w->rows, 16, dot_task, &j);
+    } else {
+        int64_t chunk = cols > 0 ? PORTABLE_CHUNK / cols : w->rows;
+        chunk = chunk < 1 ? 1 : min64(chunk, w->rows);
+        j.wide = alloc_aligned(float_bytes(chunk, cols), "widened weight rows");
+        if (!j.wide) rc = CART_E_NOMEM;
+        for (int64_t r0 = 0; rc == CART_OK && r0 < w->rows; r0 += chunk) {
+            int64_t nr = min64(chunk, w->rows - r0);
+            j.r0 = r0;
+            cart_pool_for(pool, nr, 16, widen_task, &j);
+            rc = cart_gemm(y + r0, ldy, j.in, j.ldi, 0, j.wide, cols, 1, n, nr, cols, 1.0f, 0.0f);
+        }
+    }
+    free(j.wide);
+    free(j.scratch);
+    free(j.packed);
+    return rc;
+}
+
+static int backward_portable(float *dx, int64_t ldx, const float *dy, int64_t ldy, const mm_src *w,
+                             int64_t n, cart_pool *pool) {
+    const int64_t cols = w->cols;
+    job j = {.w = w};
+    int64_t chunk = PORTABLE_CHUNK / cols;
+    chunk = chunk < 1 ? 1 : min64(chunk, w->rows);
+    j.wide = alloc_aligned(float_bytes(chunk, cols), "widened weight rows");
+    if (!j.wide) return CART_E_NOMEM;
+    int rc = CART_OK;
+    for (int64_t r0 = 0; rc == CART_OK && r0 < w->rows; r0 += chunk) {
+        int64_t nr = min64(chunk, w->rows - r0);
+        j.r0 = r0;
+        cart_pool_for(pool, nr, 16, widen_task, &j);
+        rc = cart_gemm(dx, ldx, dy + r0, ldy, 0, j.wide, cols, 0, n, cols, nr, 1.0f, 1.0f);
+    }
+    free(j.wide);
+    return rc;
+}
+
+#endif
+
+/* ---- entry points --------------------------------------------------------- */
+
+int cart_matmul_forward(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
+                        int64_t n, cart_pool *pool) {
+    static const char fn[] = "cart_matmul_forward";
+    mm_src src;
+    int rc = check_weight(&src, w, fn);
+    if (rc != CART_OK) return rc;
+    rc = check_operands(fn, y, ldy, src.rows, "y", x, ldx, src.cols, "x", n);
+    if (rc != CART_OK) return rc;
+    if (n == 0 || src.rows == 0) return CART_OK;
+    if (src.cols == 0) { /* empty sums */
+        for (int64_t i = 0; i < n; i++) memset(y + i * ldy, 0, (size_t)src.rows * sizeof *y);
+        return CART_OK;
+    }
+    if (!pool) pool = cart_default_pool();
+#if MM_HAVE_AVX512
+    return forward_avx512(y, ldy, x, ldx, &src, n, pool);
+#else
+    return forward_portable(y, ldy, x, ldx, &src, n, pool);
+#endif
+}
+
+int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy,
+                         const cart_weight *w, int64_t n, cart_pool *pool) {
+    static const char fn[] = "cart_matmul_backward";
+    mm_src src;
+    int rc = check_weight(&src, w, fn);
+    if (rc != CART_OK) return rc;
+    rc = check_operands(fn, dx, ldx, src.cols, "dx", dy, ldy, src.rows, "dy", n);
+    if (rc != CART_OK) return rc;
+    if (n == 0 || src.rows == 0 || src.cols == 0) return CART_OK;
+    if (!pool) pool = cart_default_pool();
+#if MM_HAVE_AVX512
+    return backward_avx512(dx, ldx, dy, ldy, &src, n, pool);
+#else
+    return backward_portable(dx, ldx, dy, ldy, &src, n, pool);
+#endif
+}
+
+typedef struct widen_job {
+    const mm_src *w;
+    float *dst;
+} widen_job;
+
+static void widen_rows_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    widen_job *j = ctx;
+    for (int64_t r = begin; r < end; r++)
+        cart_to_f32(j->dst + r * j->w->cols, j->w->dtype,
+                    j->w->data + (uint64_t)r * j->w->row_bytes, j->w->cols);
+}
+
+int cart_weight_widen(cart_weight *out, const cart_weight *w, cart_pool *pool) {
+    static const char fn[] = "cart_weight_widen";
+    if (!out) return cart_fail(CART_E_ARG, "%s: NULL output", fn);
+    mm_src src;
+    int rc = check_weight(&src, w, fn);
+    if (rc != CART_OK) return rc;
+    float *dst = alloc_aligned(float_bytes(src.rows, src.cols), "widened weight");
+    if (!dst) return cart_fail_context(CART_E_NOMEM, "%s", fn);
+    widen_job j = {.w = &src, .dst = dst};
+    if (src.rows > 0 && src.cols > 0)
+        cart_pool_for(pool ? pool : cart_default_pool(), src.rows, 16, widen_rows_task, &j);
+    memset(out, 0, sizeof *out);
+    out->data = dst;
+    out->dtype = CART_F32;
+    out->rows = src.rows;
+    out->cols = src.cols;
+    out->row_bytes = (uint64_t)src.cols * 4;
+    return CART_OK;
+}
+
+void cart_weight_free_data(cart_weight *w) {
+    if (!w) return;
+    free((void *)w->data);
+    w->data = NULL;
+}

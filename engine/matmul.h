@@ -1,0 +1,70 @@
+/*
+ * matmul.h - products with weight matrices in any storage dtype.
+ *
+ * A cart_weight is a borrowed view of a [rows, cols] matrix stored row-major
+ * in one dtype (f32, f16, bf16 or a GGML block type), as GGUF stores linear
+ * weights: ne[0] = cols (input features), ne[1] = rows (output features).
+ *
+ * Forward:  y[n, rows]  = x[n, cols] @ W^T
+ * Backward: dx[n, cols] += dy[n, rows] @ W      (gradient w.r.t. the input;
+ *           the weights are frozen, so there is no dW)
+ *
+ * Numerics follow GGML's CPU backend where it matters for matching llama.cpp:
+ *   f32  weights: f32 products, f32 accumulation.
+ *   f16  weights: each activation is rounded to f16 first (GGML's vec_dot_type
+ *                 for F16), products and accumulation in f32.
+ *   bf16 weights: activations rounded to bf16 first, f32 accumulation.
+ *   block types:  weights dequantized exactly (cart_to_f32) and multiplied by
+ *                 the f32 activations; GGML instead quantizes the activations
+ *                 to q8_0 / q8_K, so results differ from llama.cpp by that
+ *                 rounding, and agree with dequantize-then-f32 matmul.
+ * The backward pass uses f32 activations (dy) for every dtype: training
+ * gradients are not meant to mimic an inference engine's rounding.
+ *
+ * Work is split over `pool` (NULL: the default pool). Results do not depend
+ * on the thread count.
+ */
+#ifndef CART_MATMUL_H
+#define CART_MATMUL_H
+
+#include <stdint.h>
+#include "pool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cart_weight {
+    const void *data;   /* rows * row_bytes bytes, borrowed */
+    int32_t dtype;      /* cart_dtype */
+    int32_t reserved;   /* 0 */
+    int64_t rows;       /* output features */
+    int64_t cols;       /* input features; a multiple of the dtype's block size */
+    uint64_t row_bytes; /* bytes per stored row */
+} cart_weight;
+
+/* Fills *w for `data` holding rows x cols elements of `dtype`. CART_E_ARG when
+ * cols is not a whole number of blocks or a dimension is negative;
+ * CART_E_UNSUPPORTED when the dtype cannot be dequantized. */
+int cart_weight_init(cart_weight *w, int32_t dtype, const void *data, int64_t rows, int64_t cols);
+
+/* y[i, :] = W @ x[i, :] for i in [0, n). ldx >= cols and ldy >= rows are the
+ * row pitches of x and y in floats. y must not overlap x. */
+int cart_matmul_forward(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
+                        int64_t n, cart_pool *pool);
+
+/* dx[i, :] += W^T @ dy[i, :] for i in [0, n). ldx >= cols, ldy >= rows. */
+int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy,
+                         const cart_weight *w, int64_t n, cart_pool *pool);
+
+/* A new f32 copy of w's matrix (rows x cols floats, 64-byte aligned) for
+ * callers that trade memory for speed; free it with cart_weight_free_data.
+ * *out then describes the copy. */
+int cart_weight_widen(cart_weight *out, const cart_weight *w, cart_pool *pool);
+void cart_weight_free_data(cart_weight *w);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,455 @@
+/*
+ * matmul_avx512.c - packing, the GEMM micro-kernel and the GEMV kernels for
+ * AVX-512 builds (see matmul_kernels.h for what each entry point computes).
+ *
+ * GEMM (many tokens). The micro-kernel keeps a tile of MM_U tokens x MM_V
+ * outputs in 24 zmm accumulators: per reduction step it loads MM_V packed
+ * weights (two zmm) and broadcasts MM_U activations from the packed token
+ * panel, 24 FMAs in all. Panels:
+ *   activations  xp[p][k][u]: MM_U tokens per k, packed once per call for all
+ *                threads (f16/bf16 rounding happens here);
+ *   weights      MM_KC x MM_V floats (32 KiB, L1d), packed by each thread for
+ *                its own rows: forward transposes W's rows into k-major order
+ *                (16 x 16 register transposes), backward copies row segments;
+ *                f16/bf16 are widened, block types dequantized, once per panel.
+ * Forward loop per task (MM_FWD_ROWS weight rows): for each k block of MM_KC,
+ * for each 32-row weight panel: pack it, then run it against every token
+ * panel (the k block of all tokens, <= 540 KiB, stays in L2).
+ *
+ * GEMV (few tokens). Each pass reads R weight rows once and applies them to T
+ * tokens, R x T zmm accumulators of 16 lane sums; f16/bf16 are widened in
+ * registers, block types dequantized a 1024-element chunk at a time into L1.
+ */
+#include "matmul_kernels.h"
+
+#include "dtype.h"
+
+int64_t mm_bwd_cols(const mm_src *w) {
+    return w->block_size > MM_BWD_COLS ? w->block_size : MM_BWD_COLS;
+}
+
+int64_t mm_scratch_floats(const mm_src *w, int32_t path) {
+    const int dequant = w->kind == MM_W_DEQUANT;
+    switch (path) {
+    case MM_PATH_FORWARD: /* a packed panel, and the rows it came from */
+        return (int64_t)MM_KC * MM_V * (dequant ? 2 : 1);
+    case MM_PATH_BACKWARD: /* packed panels for a block of rows, and one dequantized row */
+        return (int64_t)MM_BWD_KC * mm_bwd_cols(w) + mm_bwd_cols(w);
+    default: /* dequantized chunks of the rows of one pass */
+        return dequant ? (int64_t)16 * MM_GEMV_G * MM_GEMV_KB : 0;
+    }
+}
+
+#if MM_HAVE_AVX512
+
+#include <immintrin.h>
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+static int64_t min64(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
+
+/* Mask of the low n lanes, n clamped to [0, 16]. */
+static __mmask16 lanes(int64_t n) {
+    if (n <= 0) return 0;
+    if (n >= 16) return 0xffff;
+    return (__mmask16)((1u << n) - 1);
+}
+
+/* Dequantizes rows [r0, r0 + nr), elements [k0, k0 + kc) of a block-type
+ * weight into dst (pitch ld floats). k0 and kc are whole blocks. */
+static void dequant_rows(const mm_src *w, float *dst, int64_t ld, int64_t r0, int64_t nr,
+                         int64_t k0, int64_t kc) {
+    const uint64_t off = (uint64_t)(k0 / w->block_size) * (uint64_t)w->type_size;
+    for (int64_t r = 0; r < nr; r++)
+        cart_to_f32(dst + r * ld, w->dtype, w->data + (uint64_t)(r0 + r) * w->row_bytes + off, kc);
+}
+
+/* Loads 16 consecutive weight elements of a float kind as f32; lanes outside
+ * mask m are 0 and their memory is not touched. */
+static ALWAYS_INLINE __m512 load_w16(const int kind, const uint8_t *p, __mmask16 m) {
+    if (kind == MM_W_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    if (kind == MM_W_BF16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+    return _mm512_maskz_loadu_ps(m, p);
+}
+
+/* The same with all 16 lanes. */
+static ALWAYS_INLINE __m512 load_w16_full(const int kind, const uint8_t *p) {
+    if (kind == MM_W_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    if (kind == MM_W_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    return _mm512_loadu_ps(p);
+}
+
+/* v rounded to f16 or bf16 (nearest, ties to even) and widened back: the same
+ * values as cart_f32_to_f16 / cart_f32_to_bf16 and back, NaN included. */
+static ALWAYS_INLINE __m512 round_act(__m512 v, const int round) {
+    if (round == MM_ROUND_F16)
+        return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (round == MM_ROUND_BF16) {
+        const __m512i u = _mm512_castps_si512(v);
+        const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+        r = _mm512_and_si512(r, hi);
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+            _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+        const __m512i quiet = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), hi);
+        return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, quiet));
+    }
+    return v;
+}
+
+/* Transposes the 16 x 16 matrix held in r[0..15] (row i in r[i]). */
+static ALWAYS_INLINE void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    /* r[4g + c] holds column c, 4 + c, 8 + c, 12 + c of rows 4g..4g+3 */
+    for (int g = 0; g < 4; g++) {
+        r[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xee);
+        r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
+    }
+    for (int c = 0; c < 4; c++) {
+        t[c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);      /* cols c, 8+c of rows 0..7 */
+        t[4 + c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);  /* cols 4+c, 12+c */
+        t[8 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+        r[4 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+        r[12 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xdd);
+    }
+}
+
+/* ---- activations ---------------------------------------------------------- */
+
+static ALWAYS_INLINE void pack_act_panels(const int round, float *xp, const float *x, int64_t ldx,
+                                          int64_t ntok, int64_t depth, int64_t p0, int64_t p1) {
+    const __mmask16 umask = (__mmask16)((1u << MM_U) - 1);
+    for (int64_t p = p0; p < p1; p++) {
+        float *dst = xp + p * depth * MM_U;
+        const int64_t i0 = p * MM_U, nt = min64(MM_U, ntok - i0);
+        for (int64_t k = 0; k < depth; k += 16) {
+            const int64_t kn = min64(16, depth - k);
+            const __mmask16 km = lanes(kn);
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < nt ? round_act(_mm512_maskz_loadu_ps(km, x + (i0 + i) * ldx + k), round)
+                              : _mm512_setzero_ps();
+            transpose16(r);
+            for (int t = 0; t < kn; t++) _mm512_mask_storeu_ps(dst + (k + t) * MM_U, umask, r[t]);
+        }
+    }
+}
+
+void mm512_pack_act(float *xp, const float *x, int64_t ldx, int64_t ntok, int64_t depth,
+                    int32_t round, int64_t p0, int64_t p1) {
+    if (round == MM_ROUND_F16) pack_act_panels(MM_ROUND_F16, xp, x, ldx, ntok, depth, p0, p1);
+    else if (round == MM_ROUND_BF16)
+        pack_act_panels(MM_ROUND_BF16, xp, x, ldx, ntok, depth, p0, p1);
+    else pack_act_panels(MM_ROUND_NONE, xp, x, ldx, ntok, depth, p0, p1);
+}
+
+static ALWAYS_INLINE void round_rows(const int round, float *xr, const float *x, int64_t ldx,
+                                     int64_t cols, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++)
+        for (int64_t k = 0; k < cols; k += 16) {
+            const __mmask16 km = lanes(cols - k);
+            const __m512 v = round_act(_mm512_maskz_loadu_ps(km, x + i * ldx + k), round);
+            _mm512_mask_storeu_ps(xr + i * cols + k, km, v);
+        }
+}
+
+void mm512_round_rows(float *xr, const float *x, int64_t ldx, int64_t cols, int32_t round,
+                      int64_t i0, int64_t i1) {
+    if (round == MM_ROUND_F16) round_rows(MM_ROUND_F16, xr, x, ldx, cols, i0, i1);
+    else if (round == MM_ROUND_BF16) round_rows(MM_ROUND_BF16, xr, x, ldx, cols, i0, i1);
+    else round_rows(MM_ROUND_NONE, xr, x, ldx, cols, i0, i1);
+}
+
+/* ---- the micro-kernel ----------------------------------------------------- */
+
+/* c[i, 0..31] (pitch ldc, lanes masked by m0 | m1 << 16) for tokens i < u:
+ *   c[i, v] = fma chain over k < kc of a[k][i] * b[k][v], starting from c (load)
+ *   or from 0. a: packed token panel (pitch MM_U per k); b: packed weight panel
+ *   (MM_V per k, 64-byte aligned). */
+static ALWAYS_INLINE void micro_tile(const int u, int64_t kc, const float *restrict a,
+                                     const float *restrict b, float *restrict c, int64_t ldc,
+                                     __mmask16 m0, __mmask16 m1, int load) {
+    __m512 c0[MM_U], c1[MM_U];
+    for (int i = 0; i < u; i++) {
+        if (load) {
+            c0[i] = _mm512_maskz_loadu_ps(m0, c + i * ldc);
+            c1[i] = _mm512_maskz_loadu_ps(m1, c + i * ldc + 16);
+        } else {
+            c0[i] = _mm512_setzero_ps();
+            c1[i] = _mm512_setzero_ps();
+        }
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+        for (int i = 0; i < u; i++) {
+            const __m512 ai = _mm512_set1_ps(a[i]);
+            c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
+            c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
+        }
+        a += MM_U;
+        b += MM_V;
+    }
+    for (int i = 0; i < u; i++) {
+        _mm512_mask_storeu_ps(c + i * ldc, m0, c0[i]);
+        _mm512_mask_storeu_ps(c + i * ldc + 16, m1, c1[i]);
+    }
+}
+
+static void micro(int u, int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
+                  __mmask16 m0, __mmask16 m1, int load) {
+    switch (u) {
+    case 12: micro_tile(12, kc, a, b, c, ldc, m0, m1, load); break;
+    case 11: micro_tile(11, kc, a, b, c, ldc, m0, m1, load); break;
+    case 10: micro_tile(10, kc, a, b, c, ldc, m0, m1, load); break;
+    case 9: micro_tile(9, kc, a, b, c, ldc, m0, m1, load); break;
+    case 8: micro_tile(8, kc, a, b, c, ldc, m0, m1, load); break;
+    case 7: micro_tile(7, kc, a, b, c, ldc, m0, m1, load); break;
+    case 6: micro_tile(6, kc, a, b, c, ldc, m0, m1, load); break;
+    case 5: micro_tile(5, kc, a, b, c, ldc, m0, m1, load); break;
+    case 4: micro_tile(4, kc, a, b, c, ldc, m0, m1, load); break;
+    case 3: micro_tile(3, kc, a, b, c, ldc, m0, m1, load); break;
+    case 2: micro_tile(2, kc, a, b, c, ldc, m0, m1, load); break;
+    default: micro_tile(1, kc, a, b, c, ldc, m0, m1, load); break;
+    }
+}
+
+/* ---- forward GEMM --------------------------------------------------------- */
+
+/* panel[k][r] = W[j0 + r, k0 + k] for r < nr and 0 for nr <= r < MM_V, k < kc,
+ * read from rows at `base` with pitch ld bytes, elements of `kind`. */
+static ALWAYS_INLINE void pack_fwd_kind(const int kind, float *panel, const uint8_t *base,
+                                        uint64_t ld, int64_t nr, int64_t kc) {
+    const int64_t esize = kind == MM_W_F32 ? 4 : 2;
+    for (int h = 0; h < MM_V / 16; h++) {
+        const int64_t rn = nr - 16 * h;
+        for (int64_t k = 0; k < kc; k += 16) {
+            const int64_t kn = min64(16, kc - k);
+            const __mmask16 km = lanes(kn);
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < rn ? load_w16(kind, base + (uint64_t)(16 * h + i) * ld + k * esize, km)
+                              : _mm512_setzero_ps();
+            transpose16(r);
+            for (int t = 0; t < kn; t++) _mm512_store_ps(panel + (k + t) * MM_V + 16 * h, r[t]);
+        }
+    }
+}
+
+static void pack_fwd(const mm_src *w, float *panel, float *tmp, int64_t j0, int64_t nr, int64_t k0,
+                     int64_t kc) {
+    switch (w->kind) {
+    case MM_W_F32:
+        pack_fwd_kind(MM_W_F32, panel, w->data + (uint64_t)j0 * w->row_bytes + (uint64_t)k0 * 4,
+                      w->row_bytes, nr, kc);
+        break;
+    case MM_W_F16:
+        pack_fwd_kind(MM_W_F16, panel, w->data + (uint64_t)j0 * w->row_bytes + (uint64_t)k0 * 2,
+                      w->row_bytes, nr, kc);
+        break;
+    case MM_W_BF16:
+        pack_fwd_kind(MM_W_BF16, panel, w->data + (uint64_t)j0 * w->row_bytes + (uint64_t)k0 * 2,
+                      w->row_bytes, nr, kc);
+        break;
+    default:
+        dequant_rows(w, tmp, kc, j0, nr, k0, kc);
+        pack_fwd_kind(MM_W_F32, panel, (const uint8_t *)tmp, (uint64_t)kc * 4, nr, kc);
+        break;
+    }
+}
+
+void mm512_forward_rows(const mm_src *w, float *y, int64_t ldy, const float *xp, int64_t ntok,
+                        int64_t d0, int64_t depth, int64_t r0, int64_t r1, float *scratch) {
+    const int64_t npan = (ntok + MM_U - 1) / MM_U;
+    float *panel = scratch;                       /* (MM_KC, MM_V) */
+    float *tmp = scratch + (int64_t)MM_KC * MM_V; /* (MM_V, MM_KC) dequantized rows */
+    for (int64_t k0 = 0; k0 < depth; k0 += MM_KC) {
+        const int64_t kc = min64(MM_KC, depth - k0);
+        for (int64_t j0 = r0; j0 < r1; j0 += MM_V) {
+            const int64_t nr = min64(MM_V, r1 - j0);
+            pack_fwd(w, panel, tmp, j0, nr, d0 + k0, kc);
+            const __mmask16 m0 = lanes(nr), m1 = lanes(nr - 16);
+            for (int64_t p = 0; p < npan; p++)
+                micro((int)min64(MM_U, ntok - p * MM_U), kc, xp + p * depth * MM_U + k0 * MM_U,
+                      panel, y + p * MM_U * ldy + j0, ldy, m0, m1, d0 + k0 > 0);
+        }
+    }
+}
+
+/* ---- backward GEMM -------------------------------------------------------- */
+
+/* panels[jr][k][v] = W[k0 + k, c0 + jr * MM_V + v] for columns below c0 + nc,
+ * else 0; k < kc. Row segments start at `base` + k * ld bytes. */
+static ALWAYS_INLINE void pack_bwd_row(const int kind, float *panels, const uint8_t *row, int64_t nc,
+                                       int64_t k, int64_t kc) {
+    const int64_t esize = kind == MM_W_F32 ? 4 : 2;
+    for (int64_t c = 0; c < nc; c += MM_V) {
+        float *dst = panels + (c / MM_V) * kc * MM_V + k * MM_V;
+        _mm512_store_ps(dst, load_w16(kind, row + c * esize, lanes(nc - c)));
+        _mm512_store_ps(dst + 16, load_w16(kind, row + (c + 16) * esize, lanes(nc - c - 16)));
+    }
+}
+
+static void pack_bwd(const mm_src *w, float *panels, float *tmp, int64_t c0, int64_t nc, int64_t k0,
+                     int64_t kc) {
+    for (int64_t k = 0; k < kc; k++) {
+        const uint8_t *row = w->data + (uint64_t)(k0 + k) * w->row_bytes;
+        switch (w->kind) {
+        case MM_W_F32: pack_bwd_row(MM_W_F32, panels, row + c0 * 4, nc, k, kc); break;
+        case MM_W_F16: pack_bwd_row(MM_W_F16, panels, row + c0 * 2, nc, k, kc); break;
+        case MM_W_BF16: pack_bwd_row(MM_W_BF16, panels, row + c0 * 2, nc, k, kc); break;
+        default:
+            dequant_rows(w, tmp, nc, k0 + k, 1, c0, nc);
+            pack_bwd_row(MM_W_F32, panels, (const uint8_t *)tmp, nc, k, kc);
+            break;
+        }
+    }
+}
+
+void mm512_backward_cols(const mm_src *w, float *dx, int64_t ldx, const float *dyp, int64_t ntok,
+                         int64_t d0, int64_t depth, int64_t c0, int64_t c1, float *scratch) {
+    const int64_t npan = (ntok + MM_U - 1) / MM_U;
+    const int64_t nc = c1 - c0;
+    float *panels = scratch;                              /* (nc / MM_V, MM_BWD_KC, MM_V) */
+    float *tmp = scratch + (int64_t)MM_BWD_KC * mm_bwd_cols(w); /* one dequantized row */
+    for (int64_t k0 = 0; k0 < depth; k0 += MM_BWD_KC) {
+        const int64_t kc = min64(MM_BWD_KC, depth - k0);
+        pack_bwd(w, panels, tmp, c0, nc, d0 + k0, kc);
+        for (int64_t c = 0; c < nc; c += MM_V) {
+            const __mmask16 m0 = lanes(nc - c), m1 = lanes(nc - c - 16);
+            const float *b = panels + (c / MM_V) * kc * MM_V;
+            for (int64_t p = 0; p < npan; p++)
+                micro((int)min64(MM_U, ntok - p * MM_U), kc, dyp + p * depth * MM_U + k0 * MM_U, b,
+                      dx + p * MM_U * ldx + c0 + c, ldx, m0, m1, 1);
+        }
+    }
+}
+
+/* ---- GEMV ----------------------------------------------------------------- */
+
+/* acc[g][t] (outputs for weight rows 16 g .. 16 g + 15 and token t) continues
+ * its FMA chain over the next kn reduction steps. Each 16 x 16 block of
+ * weights (16 rows x 16 steps) is transposed in registers, so that lane i of
+ * the accumulator is row 16 g + i and the chain runs over k in order, exactly
+ * as in the GEMM micro-kernel. rows[i] points at row i's first element of the
+ * span; x + t * ldx at token t's. */
+static ALWAYS_INLINE void chain_span(const int G, const int T, const int kind,
+                                     const uint8_t *const *rows, const float *x, int64_t ldx,
+                                     int64_t kn, __m512 acc[MM_GEMV_G][MM_GEMV_T]) {
+    const int64_t esize = kind == MM_W_F32 ? 4 : 2;
+    int64_t k = 0;
+    for (; k + 16 <= kn; k += 16)
+        for (int g = 0; g < G; g++) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++) r[i] = load_w16_full(kind, rows[16 * g + i] + k * esize);
+            transpose16(r);
+            for (int i = 0; i < 16; i++)
+                for (int t = 0; t < T; t++)
+                    acc[g][t] = _mm512_fmadd_ps(_mm512_set1_ps(x[t * ldx + k + i]), r[i], acc[g][t]);
+#ifdef MM_BARRIER
+            __asm__ volatile("" ::: "memory");
+#endif
+        }
+    if (k < kn) { /* a ragged end (plain dtypes only): steps one by one from memory */
+        const int64_t rest = kn - k;
+        const __mmask16 km = lanes(rest);
+        for (int g = 0; g < G; g++) {
+            __m512 r[16];
+            float cols[16][16] __attribute__((aligned(64)));
+            for (int i = 0; i < 16; i++) r[i] = load_w16(kind, rows[16 * g + i] + k * esize, km);
+            transpose16(r);
+            for (int i = 0; i < 16; i++) _mm512_store_ps(cols[i], r[i]);
+            for (int64_t i = 0; i < rest; i++) {
+                const __m512 c = _mm512_load_ps(cols[i]);
+                for (int t = 0; t < T; t++)
+                    acc[g][t] = _mm512_fmadd_ps(_mm512_set1_ps(x[t * ldx + k + i]), c, acc[g][t]);
+            }
+        }
+    }
+}
+
+/* y[t, j + r] for r < nr (<= 16 G) and t < T. */
+static ALWAYS_INLINE void chain_tile(const int G, const int T, const int kind, const mm_src *w,
+                                     int64_t j, int64_t nr, const float *x, int64_t ldx, float *y,
+                                     int64_t ldy, float *tmp) {
+    __m512 acc[MM_GEMV_G][MM_GEMV_T];
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < T; t++) acc[g][t] = _mm512_setzero_ps();
+    const uint8_t *rows[16 * MM_GEMV_G];
+    const int64_t depth = w->cols;
+    if (kind == MM_W_DEQUANT) {
+        for (int i = 0; i < 16 * G; i++)
+            rows[i] = (const uint8_t *)(tmp + min64(i, nr - 1) * MM_GEMV_KB);
+        for (int64_t k0 = 0; k0 < depth; k0 += MM_GEMV_KB) {
+            const int64_t kn = min64(MM_GEMV_KB, depth - k0);
+            dequant_rows(w, tmp, MM_GEMV_KB, j, nr, k0, kn);
+            chain_span(G, T, MM_W_F32, rows, x + k0, ldx, kn, acc);
+        }
+    } else {
+        for (int i = 0; i < 16 * G; i++)
+            rows[i] = w->data + (uint64_t)(j + min64(i, nr - 1)) * w->row_bytes;
+        chain_span(G, T, kind, rows, x, ldx, depth, acc);
+    }
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < T; t++)
+            _mm512_mask_storeu_ps(y + t * ldy + j + 16 * g, lanes(nr - 16 * g), acc[g][t]);
+}
+
+/* Rows [r0, r1) for T tokens, 16 G rows at a time. */
+static ALWAYS_INLINE void chain_pass(const int G, const int T, const int kind, const mm_src *w,
+                                     int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y,
+                                     int64_t ldy, float *tmp) {
+    for (int64_t j = r0; j < r1; j += 16 * G)
+        chain_tile(G, T, kind, w, j, min64(16 * G, r1 - j), x, ldx, y, ldy, tmp);
+}
+
+/* G (row groups of 16) for T tokens: enough independent chains to hide the
+ * FMA latency, few enough row streams for the prefetchers. */
+static ALWAYS_INLINE void gemv_kind(const int kind, const mm_src *w, int64_t r0, int64_t r1,
+                                    const float *x, int64_t ldx, int64_t nt, float *y, int64_t ldy,
+                                    float *tmp) {
+    switch (nt) {
+    case 1: chain_pass(MM_GEMV_G1, 1, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 2: chain_pass(2, 2, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 3: chain_pass(2, 3, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 4: chain_pass(2, 4, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 5: chain_pass(1, 5, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 6: chain_pass(1, 6, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 7: chain_pass(1, 7, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    default: chain_pass(1, 8, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    }
+}
+
+void mm512_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x, int64_t ldx,
+                     int64_t n, int64_t r0, int64_t r1, float *scratch) {
+    for (int64_t t0 = 0; t0 < n; t0 += MM_GEMV_T) {
+        const int64_t nt = min64(MM_GEMV_T, n - t0);
+        const float *xt = x + t0 * ldx;
+        float *yt = y + t0 * ldy;
+        switch (w->kind) {
+        case MM_W_F32: gemv_kind(MM_W_F32, w, r0, r1, xt, ldx, nt, yt, ldy, scratch); break;
+        case MM_W_F16: gemv_kind(MM_W_F16, w, r0, r1, xt, ldx, nt, yt, ldy, scratch); break;
+        case MM_W_BF16: gemv_kind(MM_W_BF16, w, r0, r1, xt, ldx, nt, yt, ldy, scratch); break;
+        default: gemv_kind(MM_W_DEQUANT, w, r0, r1, xt, ldx, nt, yt, ldy, scratch); break;
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,586 @@
+/*
+ * model.c - loading qwen3 / llama GGUFs and the batched forward pass.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "internal.h"
+#include "model.h"
+#include "ops.h"
+#include "pool.h"
+
+typedef struct layer_weights {
+    float *attn_norm; /* [n_embd], owned f32 */
+    float *ffn_norm;  /* [n_embd] */
+    float *q_norm;    /* [head_dim] or NULL */
+    float *k_norm;    /* [head_dim] or NULL */
+    cart_weight wq;   /* [n_head * head_dim, n_embd] */
+    cart_weight wk;   /* [n_head_kv * head_dim, n_embd] */
+    cart_weight wv;   /* [n_head_kv * head_dim, n_embd] */
+    cart_weight wo;   /* [n_embd, n_head * head_dim] */
+    cart_weight wgate; /* [n_ff, n_embd] */
+    cart_weight wup;   /* [n_ff, n_embd] */
+    cart_weight wdown; /* [n_embd, n_ff] */
+} layer_weights;
+
+struct cart_model {
+    cart_gguf *gguf;
+    cart_model_config cfg;
+    cart_weight tok_embd;  /* [n_vocab, n_embd], rows looked up by id */
+    cart_weight output;    /* [n_vocab, n_embd]; a copy of tok_embd's view when tied */
+    float *output_norm;    /* [n_embd] */
+    layer_weights *layers; /* [n_layer] */
+    uint64_t weight_bytes;
+    uint64_t widened_bytes;
+    int widened;           /* matrices point at malloc'ed f32 copies */
+};
+
+static const char *arch_names[] = {NULL, "llama", "qwen3"};
+
+/* ---- loading -------------------------------------------------------------- */
+
+typedef struct loader {
+    cart_gguf *g;
+    const char *path;
+    const char *arch;
+    char key[256];
+} loader;
+
+static const char *arch_key(loader *ld, const char *suffix) {
+    snprintf(ld->key, sizeof ld->key, "%s.%s", ld->arch, suffix);
+    return ld->key;
+}
+
+/* A required positive integer hyperparameter. */
+static int get_dim(loader *ld, const char *suffix, int32_t *out) {
+    uint32_t v = 0;
+    const char *key = arch_key(ld, suffix);
+    int rc = cart_gguf_get_u32(&v, ld->g, key);
+    if (rc == CART_E_NOT_FOUND)
+        return cart_fail(CART_E_FORMAT, "%s: missing hyperparameter '%s'", ld->path, key);
+    if (rc) return rc;
+    if (v == 0 || v > (1u << 30))
+        return cart_fail(CART_E_FORMAT, "%s: hyperparameter '%s' = %u is out of range", ld->path,
+                         key, v);
+    *out = (int32_t)v;
+    return CART_OK;
+}
+
+/* An optional integer: *out keeps its default when absent. */
+static int get_dim_opt(loader *ld, const char *suffix, int32_t *out) {
+    if (!cart_gguf_find(ld->g, arch_key(ld, suffix))) return CART_OK;
+    return get_dim(ld, suffix, out);
+}
+
+/* Keys whose presence means a feature this engine does not implement. */
+static int reject_unsupported_keys(loader *ld) {
+    static const char *const unsupported[] = {
+        "rope.scaling.type",       "rope.scaling.factor",       "rope.scale_linear",
+        "rope.scaling.original_context_length", "attention.sliding_window",
+        "attention.clamp_kqv",     "expert_count",              "expert_used_count",
+        "attention.max_alibi_bias", "logit_scale",              "rope.dimension_sections",
+        "attention.layer_indices", "final_logit_softcapping",   "attn_logit_softcapping",
+    };
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
+        const char *key = arch_key(ld, unsupported[i]);
+        const cart_gguf_value *v = cart_gguf_find(ld->g, key);
+        if (!v) continue;
+        /* neutral values are harmless: scaling "none", factor 1, zero experts */
+        if (v->type == CART_GGUF_STRING && v->as.str.len == 4 &&
+            memcmp(v->as.str.data, "none", 4) == 0)
+            continue;
+        if ((v->type == CART_GGUF_FLOAT32 || v->type == CART_GGUF_FLOAT64) &&
+            (v->as.f64 == 1.0 || v->as.f64 == 0.0))
+            continue;
+        if (v->type != CART_GGUF_STRING && v->type != CART_GGUF_ARRAY &&
+            v->type != CART_GGUF_FLOAT32 && v->type != CART_GGUF_FLOAT64 && v->as.u64 == 0)
+            continue;
+        return cart_fail(CART_E_UNSUPPORTED,
+                         "%s: '%s' is set, and this engine does not implement that feature "
+                         "(it would silently compute something else)",
+                         ld->path, key);
+    }
+    return CART_OK;
+}
+
+static int read_config(loader *ld, cart_model_config *c) {
+    memset(c, 0, sizeof *c);
+    cart_str arch;
+    int rc = cart_gguf_get_str(&arch, ld->g, "general.architecture");
+    if (rc == CART_E_NOT_FOUND)
+        return cart_fail(CART_E_FORMAT, "%s: no 'general.architecture' key", ld->path);
+    if (rc) return rc;
+    if (arch.len == 5 && memcmp(arch.data, "qwen3", 5) == 0) c->arch = CART_ARCH_QWEN3;
+    else if (arch.len == 5 && memcmp(arch.data, "llama", 5) == 0) c->arch = CART_ARCH_LLAMA;
+    else
+        return cart_fail(CART_E_UNSUPPORTED,
+                         "%s: architecture '%.*s' is not supported (supported: qwen3, llama)",
+                         ld->path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
+    ld->arch = arch_names[c->arch];
+
+    if ((rc = get_dim(ld, "block_count", &c->n_layer))) return rc;
+    if ((rc = get_dim(ld, "embedding_length", &c->n_embd))) return rc;
+    if ((rc = get_dim(ld, "feed_forward_length", &c->n_ff))) return rc;
+    if ((rc = get_dim(ld, "attention.head_count", &c->n_head))) return rc;
+    c->n_head_kv = c->n_head;
+    if ((rc = get_dim_opt(ld, "attention.head_count_kv", &c->n_head_kv))) return rc;
+    c->head_dim = c->n_embd / c->n_head;
+    if ((rc = get_dim_opt(ld, "attention.key_length", &c->head_dim))) return rc;
+    int32_t value_length = c->head_dim;
+    if ((rc = get_dim_opt(ld, "attention.value_length", &value_length))) return rc;
+    if (value_length != c->head_dim)
+        return cart_fail(CART_E_UNSUPPORTED, "%s: attention.value_length %d differs from "
+                         "key_length %d, which this engine does not support", ld->path,
+                         value_length, c->head_dim);
+    c->n_rot = c->head_dim;
+    if ((rc = get_dim_opt(ld, "rope.dimension_count", &c->n_rot))) return rc;
+    if ((rc = get_dim(ld, "context_length", &c->n_ctx_train))) return rc;
+
+    float eps = 0.0f;
+    rc = cart_gguf_get_f32(&eps, ld->g, arch_key(ld, "attention.layer_norm_rms_epsilon"));
+    if (rc == CART_E_NOT_FOUND)
+        return cart_fail(CART_E_FORMAT, "%s: missing hyperparameter '%s'", ld->path, ld->key);
+    if (rc) return rc;
+    if (!(eps > 0.0f && eps < 1.0f))
+        return cart_fail(CART_E_FORMAT, "%s: '%s' = %g is out of range", ld->path, ld->key, eps);
+    c->rms_eps = eps;
+    c->rope_theta = 10000.0f;
+    rc = cart_gguf_get_f32(&c->rope_theta, ld->g, arch_key(ld, "rope.freq_base"));
+    if (rc && rc != CART_E_NOT_FOUND) return rc;
+    if (!(c->rope_theta > 1.0f))
+        return cart_fail(CART_E_FORMAT, "%s: '%s' = %g is out of range", ld->path, ld->key,
+                         c->rope_theta);
+    c->rope_neox = c->arch == CART_ARCH_QWEN3;
+
+    if (c->n_head % c->n_head_kv != 0)
+        return cart_fail(CART_E_FORMAT, "%s: %d attention heads are not a multiple of %d KV heads",
+                         ld->path, c->n_head, c->n_head_kv);
+    if (c->n_head / c->n_head_kv > 16 || c->head_dim > 256)
+        return cart_fail(CART_E_UNSUPPORTED, "%s: %d query heads per KV head or head_dim %d is "
+                         "beyond this engine's limits (16, 256)", ld->path,
+                         c->n_head / c->n_head_kv, c->head_dim);
+    if (c->n_rot > c->head_dim || c->n_rot % 2)
+        return cart_fail(CART_E_FORMAT, "%s: rope.dimension_count %d must be even and at most "
+                         "head_dim %d", ld->path, c->n_rot, c->head_dim);
+    return reject_unsupported_keys(ld);
+}
+
+/* Looks up a tensor and checks its GGML dims (ne0 = row length). */
+static int find_matrix(loader *ld, const char *name, int64_t ne0, int64_t ne1,
+                       const cart_gguf_tensor_info **out) {
+    const cart_gguf_tensor_info *t = cart_gguf_find_tensor(ld->g, name);
+    *out = t;
+    if (!t) return cart_fail(CART_E_FORMAT, "%s: missing tensor '%s'", ld->path, name);
+    int64_t want_dims = ne1 > 0 ? 2 : 1;
+    int ok = t->ne[0] == ne0 && (ne1 <= 0 || t->ne[1] == ne1) && t->ne[2] == 1 && t->ne[3] == 1 &&
+             (t->n_dims == want_dims || (want_dims == 1 && t->ne[1] == 1));
+    if (!ok) {
+        if (ne1 > 0)
+            return cart_fail(CART_E_FORMAT,
+                             "%s: tensor '%s' has shape [%lld, %lld, %lld, %lld] (GGML order), "
+                             "expected [%lld, %lld]", ld->path, name, (long long)t->ne[0],
+                             (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                             (long long)ne0, (long long)ne1);
+        return cart_fail(CART_E_FORMAT, "%s: tensor '%s' has shape [%lld, %lld, %lld, %lld], "
+                         "expected [%lld]", ld->path, name, (long long)t->ne[0],
+                         (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                         (long long)ne0);
+    }
+    cart_dtype_info info;
+    if (cart_dtype_get_info(&info, t->dtype) != CART_OK || !info.can_dequantize ||
+        t->dtype == CART_I8 || t->dtype == CART_I16 || t->dtype == CART_I32 ||
+        t->dtype == CART_I64)
+        return cart_fail(CART_E_UNSUPPORTED, "%s: tensor '%s' has type %s, which this engine "
+                         "cannot compute with", ld->path, name,
+                         cart_dtype_name(t->dtype) ? cart_dtype_name(t->dtype) : "(unknown)");
+    return CART_OK;
+}
+
+static int load_weight(loader *ld, const char *name, int64_t cols, int64_t rows, cart_weight *w,
+                       uint64_t *bytes) {
+    const cart_gguf_tensor_info *t;
+    int rc = find_matrix(ld, name, cols, rows, &t);
+    if (rc) return rc;
+    rc = cart_weight_init(w, t->dtype, t->data, rows, cols);
+    if (rc) return cart_fail_context(rc, "%s: tensor '%s'", ld->path, name);
+    *bytes += t->nbytes;
+    return CART_OK;
+}
+
+static int load_vector(loader *ld, const char *name, int64_t n, float **out, uint64_t *bytes) {
+    const cart_gguf_tensor_info *t;
+    int rc = find_matrix(ld, name, n, 0, &t);
+    if (rc) return rc;
+    float *v = cart_malloc((size_t)n * sizeof(float), name);
+    if (!v) return CART_E_NOMEM;
+    rc = cart_to_f32(v, t->dtype, t->data, n);
+    if (rc) {
+        free(v);
+        return cart_fail_context(rc, "%s: tensor '%s'", ld->path, name);
+    }
+    *out = v;
+    *bytes += t->nbytes;
+    return CART_OK;
+}
+
+/* Every tensor in the file must be one the model uses (llama.cpp refuses
+ * extra tensors too: they mean a different architecture variant). */
+static int check_no_extra_tensors(loader *ld, int64_t expected) {
+    int64_t n = cart_gguf_tensor_count(ld->g);
+    if (n == expected) return CART_OK;
+    /* find one that is not ours to name it */
+    for (int64_t i = 0; i < n; i++) {
+        const cart_gguf_tensor_info *t = cart_gguf_tensor_at(ld->g, i);
+        const char *known[] = {"token_embd.weight", "output_norm.weight", "output.weight"};
+        int ok = 0;
+        for (size_t j = 0; j < 3; j++)
+            if (t->name.len == strlen(known[j]) && memcmp(t->name.data, known[j], t->name.len) == 0)
+                ok = 1;
+        int layer = -1, used = 0;
+        char suffix[64];
+        if (!ok && t->name.len < 96) {
+            char name[128];
+            memcpy(name, t->name.data, t->name.len);
+            name[t->name.len] = '\0';
+            if (sscanf(name, "blk.%d.%63s%n", &layer, suffix, &used) == 2 && used == (int)t->name.len) {
+                static const char *const parts[] = {
+                    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                    "attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight",
+                    "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+                for (size_t j = 0; j < sizeof parts / sizeof parts[0]; j++)
+                    if (strcmp(suffix, parts[j]) == 0) ok = 1;
+            }
+        }
+        if (!ok)
+            return cart_fail(CART_E_UNSUPPORTED, "%s: tensor '%.*s' is not part of the %s "
+                             "architecture this engine implements", ld->path, (int)t->name.len,
+                             t->name.data, ld->arch);
+    }
+    return cart_fail(CART_E_FORMAT, "%s: %lld tensors, expected %lld", ld->path, (long long)n,
+                     (long long)expected);
+}
+
+static void free_layers(cart_model *m) {
+    if (!m->layers) return;
+    for (int32_t l = 0; l < m->cfg.n_layer; l++) {
+        layer_weights *L = &m->layers[l];
+        free(L->attn_norm);
+        free(L->ffn_norm);
+        free(L->q_norm);
+        free(L->k_norm);
+        if (m->widened) {
+            cart_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
+            for (size_t i = 0; i < 7; i++) cart_weight_free_data(ws[i]);
+        }
+    }
+    free(m->layers);
+    m->layers = NULL;
+}
+
+void cart_model_free(cart_model *m) {
+    if (!m) return;
+    free_layers(m);
+    free(m->output_norm);
+    if (m->widened) {
+        if (!m->cfg.tied_output) cart_weight_free_data(&m->output);
+        cart_weight_free_data(&m->tok_embd);
+    }
+    cart_gguf_close(m->gguf);
+    free(m);
+}
+
+/* Replaces *w by an f32 copy, counting the bytes. */
+static int widen(cart_weight *w, uint64_t *bytes) {
+    cart_weight wide;
+    int rc = cart_weight_widen(&wide, w, cart_default_pool());
+    if (rc) return rc;
+    *w = wide;
+    *bytes += (uint64_t)wide.rows * (uint64_t)wide.cols * 4;
+    return CART_OK;
+}
+
+static int load_weights(cart_model *m, loader *ld, const cart_model_options *opts) {
+    const cart_model_config *c = &m->cfg;
+    int64_t E = c->n_embd, F = c->n_ff, D = c->head_dim;
+    int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+    uint64_t *bytes = &m->weight_bytes;
+    int rc;
+
+    const cart_gguf_tensor_info *emb = cart_gguf_find_tensor(ld->g, "token_embd.weight");
+    if (!emb) return cart_fail(CART_E_FORMAT, "%s: missing tensor 'token_embd.weight'", ld->path);
+    if (emb->ne[1] < 1 || emb->ne[1] > INT32_MAX)
+        return cart_fail(CART_E_FORMAT, "%s: token_embd.weight has %lld rows", ld->path,
+                         (long long)emb->ne[1]);
+    m->cfg.n_vocab = (int32_t)emb->ne[1];
+    if ((rc = load_weight(ld, "token_embd.weight", E, c->n_vocab, &m->tok_embd, bytes))) return rc;
+    if ((rc = load_vector(ld, "output_norm.weight", E, &m->output_norm, bytes))) return rc;
+    int64_t expected = 2;
+    if (cart_gguf_find_tensor(ld->g, "output.weight")) {
+        if ((rc = load_weight(ld, "output.weight", E, c->n_vocab, &m->output, bytes))) return rc;
+        expected++;
+    } else {
+        m->cfg.tied_output = 1;
+        m->output = m->tok_embd;
+    }
+
+    m->layers = cart_calloc((size_t)c->n_layer, sizeof *m->layers, "model layers");
+    if (!m->layers) return CART_E_NOMEM;
+    m->cfg.qk_norm = c->arch == CART_ARCH_QWEN3;
+    char name[96];
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        layer_weights *L = &m->layers[l];
+#define NAME(part) (snprintf(name, sizeof name, "blk.%d." part, (int)l), name)
+        if ((rc = load_vector(ld, NAME("attn_norm.weight"), E, &L->attn_norm, bytes))) return rc;
+        if ((rc = load_vector(ld, NAME("ffn_norm.weight"), E, &L->ffn_norm, bytes))) return rc;
+        if ((rc = load_weight(ld, NAME("attn_q.weight"), E, HD, &L->wq, bytes))) return rc;
+        if ((rc = load_weight(ld, NAME("attn_k.weight"), E, KD, &L->wk, bytes))) return rc;
+        if ((rc = load_weight(ld, NAME("attn_v.weight"), E, KD, &L->wv, bytes))) return rc;
+        if ((rc = load_weight(ld, NAME("attn_output.weight"), HD, E, &L->wo, bytes))) return rc;
+        if ((rc = load_weight(ld, NAME("ffn_gate.weight"), E, F, &L->wgate, bytes))) return rc;
+        if ((rc = load_weight(ld, NAME("ffn_up.weight"), E, F, &L->wup, bytes))) return rc;
+        if ((rc = load_weight(ld, NAME("ffn_down.weight"), F, E, &L->wdown, bytes))) return rc;
+        expected += 9;
+        if (m->cfg.qk_norm) {
+            if ((rc = load_vector(ld, NAME("attn_q_norm.weight"), D, &L->q_norm, bytes))) return rc;
+            if ((rc = load_vector(ld, NAME("attn_k_norm.weight"), D, &L->k_norm, bytes))) return rc;
+            expected += 2;
+        }
+#undef NAME
+    }
+    if ((rc = check_no_extra_tensors(ld, expected))) return rc;
+
+    if (opts && opts->widen_f32) {
+        m->widened = 1;
+        uint64_t *wb = &m->widened_bytes;
+        if ((rc = widen(&m->tok_embd, wb))) return rc;
+        if (m->cfg.tied_output) m->output = m->tok_embd;
+        else if ((rc = widen(&m->output, wb))) return rc;
+        for (int32_t l = 0; l < c->n_layer; l++) {
+            layer_weights *L = &m->layers[l];
+            cart_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
+            for (size_t i = 0; i < 7; i++)
+                if ((rc = widen(ws[i], wb))) return rc;
+        }
+    }
+    return CART_OK;
+}
+
+int cart_model_load(cart_model **out, const char *path, const cart_model_options *opts) {
+    *out = NULL;
+    cart_model *m = cart_calloc(1, sizeof *m, "model");
+    if (!m) return CART_E_NOMEM;
+    int rc = cart_gguf_open(&m->gguf, path);
+    if (rc) {
+        free(m);
+        return rc;
+    }
+    loader ld = {.g = m->gguf, .path = path};
+    if ((rc = read_config(&ld, &m->cfg)) || (rc = load_weights(m, &ld, opts))) {
+        cart_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return CART_OK;
+}
+
+const cart_model_config *cart_model_get_config(const cart_model *m) {
+    return &m->cfg;
+}
+
+const cart_gguf *cart_model_gguf(const cart_model *m) {
+    return m->gguf;
+}
+
+uint64_t cart_model_weight_bytes(const cart_model *m) {
+    return m->weight_bytes;
+}
+
+uint64_t cart_model_widened_bytes(const cart_model *m) {
+    return m->widened_bytes;
+}
+
+int cart_model_new_kv(cart_kv **out, const cart_model *m, int64_t capacity, int32_t dtype) {
+    return cart_kv_new(out, m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, capacity, dtype);
+}
+
+/* ---- forward -------------------------------------------------------------- */
+
+typedef struct forward_state {
+    const cart_model *m;
+    const cart_model_config *c;
+    int64_t T;       /* tokens in the pass */
+    float *x;        /* [T, E] residual stream */
+    float *xn;       /* [T, E] normed input of a block */
+    float *q;        /* [T, H*D] */
+    float *k;        /* [T, KV*D] */
+    float *v;        /* [T, KV*D] */
+    float *att;      /* [T, H*D] attention output */
+    float *gate;     /* [T, F] */
+    float *up;       /* [T, F] */
+    float *tmp;      /* [T, E] */
+    float *angles;   /* [T, n_rot] cos/sin pairs per token */
+    int64_t *pos;    /* [T] position of each token */
+    int32_t *stream; /* [T] stream of each token */
+    cart_kv *const *kvs;
+    int32_t layer;
+} forward_state;
+
+/* q/k norm and RoPE for tokens [begin, end). */
+static void qk_prepare_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    forward_state *s = ctx;
+    const cart_model_config *c = s->c;
+    const layer_weights *L = &s->m->layers[s->layer];
+    int64_t D = c->head_dim;
+    for (int64_t t = begin; t < end; t++) {
+        float *qt = s->q + t * c->n_head * D;
+        float *kt = s->k + t * c->n_head_kv * D;
+        if (c->qk_norm) {
+            rmsnorm_forward(qt, qt, L->q_norm, c->n_head, D, c->rms_eps);
+            rmsnorm_forward(kt, kt, L->k_norm, c->n_head_kv, D, c->rms_eps);
+        }
+        const float *cs = s->angles + t * c->n_rot;
+        rope_forward(qt, cs, c->n_head, (int32_t)D, c->n_rot, c->rope_neox);
+        rope_forward(kt, cs, c->n_head_kv, (int32_t)D, c->n_rot, c->rope_neox);
+    }
+}
+
+/* Attention for work items [begin, end): item = token * n_head_kv + kv head. */
+static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    forward_state *s = ctx;
+    const cart_model_config *c = s->c;
+    int64_t D = c->head_dim, KV = c->n_head_kv, rep = c->n_head / c->n_head_kv;
+    float scale = 1.0f / sqrtf((float)D);
+    for (int64_t item = begin; item < end; item++) {
+        int64_t t = item / KV, g = item % KV;
+        cart_kv *kv = s->kvs[s->stream[t]];
+        int32_t dtype = cart_kv_dtype(kv);
+        size_t el = dtype == CART_F16 ? 2 : 4;
+        const uint8_t *krows = cart_kv_rows(kv, s->layer, 0);
+        const uint8_t *vrows = cart_kv_rows(kv, s->layer, 1);
+        attention_forward(s->att + t * c->n_head * D + g * rep * D,
+                          s->q + t * c->n_head * D + g * rep * D, krows + (size_t)(g * D) * el,
+                          vrows + (size_t)(g * D) * el, dtype, s->pos[t] + 1, KV * D,
+                          (int32_t)rep, 1, (int32_t)D, scale);
+    }
+}
+
+int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
+                       const int32_t *tokens, const int64_t *n_tokens, const int64_t *logit_rows,
+                       int64_t n_logit_rows, float *logits) {
+    const cart_model_config *c = &m->cfg;
+    if (n_streams < 1)
+        return cart_fail(CART_E_ARG, "cart_model_forward: %d streams", (int)n_streams);
+    /* validate everything before touching a cache */
+    int64_t T = 0;
+    for (int32_t b = 0; b < n_streams; b++) {
+        cart_kv *kv = kvs[b];
+        if (!kv) return cart_fail(CART_E_ARG, "cart_model_forward: stream %d has no cache", b);
+        if (cart_kv_n_layer(kv) != c->n_layer || cart_kv_heads(kv) != c->n_head_kv ||
+            cart_kv_head_dim(kv) != c->head_dim)
+            return cart_fail(CART_E_ARG, "cart_model_forward: stream %d's cache is shaped %d "
+                             "layers x %d heads x %d, the model needs %d x %d x %d", b,
+                             cart_kv_n_layer(kv), cart_kv_heads(kv), cart_kv_head_dim(kv),
+                             c->n_layer, c->n_head_kv, c->head_dim);
+        if (n_tokens[b] < 0)
+            return cart_fail(CART_E_ARG, "cart_model_forward: stream %d has %lld tokens", b,
+                             (long long)n_tokens[b]);
+        if (n_tokens[b] > cart_kv_capacity(kv) - cart_kv_len(kv))
+            return cart_fail(CART_E_ARG, "cart_model_forward: stream %d: %lld new tokens after "
+                             "%lld cached do not fit its context of %lld", b,
+                             (long long)n_tokens[b], (long long)cart_kv_len(kv),
+                             (long long)cart_kv_capacity(kv));
+        for (int32_t o = 0; o < b; o++)
+            if (kvs[o] == kv && n_tokens[b] > 0 && n_tokens[o] > 0)
+                return cart_fail(CART_E_ARG, "cart_model_forward: streams %d and %d share a cache",
+                                 o, b);
+        T += n_tokens[b];
+    }
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
+            return cart_fail(CART_E_ARG, "cart_model_forward: token %lld is id %d, outside the "
+                             "vocabulary of %d", (long long)t, tokens[t], c->n_vocab);
+    for (int64_t j = 0; j < n_logit_rows; j++)
+        if (logit_rows[j] < 0 || logit_rows[j] >= T)
+            return cart_fail(CART_E_ARG, "cart_model_forward: logit row %lld asks for token %lld "
+                             "of %lld", (long long)j, (long long)logit_rows[j], (long long)T);
+    if (T == 0) return CART_OK;
+
+    const int64_t E = c->n_embd, F = c->n_ff, D = c->head_dim;
+    const int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+    /* one arena for the pass: floats first, then the index arrays */
+    size_t floats = (size_t)T * (size_t)(3 * E + HD * 2 + KD * 2 + 2 * F + c->n_rot);
+    size_t bytes = floats * sizeof(float) + (size_t)T * (sizeof(int64_t) + sizeof(int32_t)) + 64;
+    float *arena = cart_malloc(bytes, "forward activations");
+    if (!arena) return CART_E_NOMEM;
+    forward_state s = {.m = m, .c = c, .T = T, .kvs = kvs};
+    float *p = arena;
+    s.x = p, p += T * E;
+    s.xn = p, p += T * E;
+    s.tmp = p, p += T * E;
+    s.q = p, p += T * HD;
+    s.att = p, p += T * HD;
+    s.k = p, p += T * KD;
+    s.v = p, p += T * KD;
+    s.gate = p, p += T * F;
+    s.up = p, p += T * F;
+    s.angles = p, p += T * c->n_rot;
+    s.pos = (int64_t *)p;
+    s.stream = (int32_t *)(s.pos + T);
+
+    for (int32_t b = 0, t = 0; b < n_streams; b++)
+        for (int64_t i = 0; i < n_tokens[b]; i++, t++) {
+            s.pos[t] = cart_kv_len(kvs[b]) + i;
+            s.stream[t] = b;
+        }
+    for (int64_t t = 0; t < T; t++) {
+        rope_angles(s.angles + t * c->n_rot, s.pos[t], c->n_rot, c->rope_theta);
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
+        cart_to_f32(s.x + t * E, m->tok_embd.dtype, row, E);
+    }
+
+    cart_pool *pool = cart_default_pool();
+    int rc = CART_OK;
+    for (int32_t l = 0; l < c->n_layer && !rc; l++) {
+        const layer_weights *L = &m->layers[l];
+        s.layer = l;
+        rmsnorm_forward(s.xn, s.x, L->attn_norm, T, E, c->rms_eps);
+        if ((rc = cart_matmul_forward(s.q, HD, s.xn, E, &L->wq, T, pool))) break;
+        if ((rc = cart_matmul_forward(s.k, KD, s.xn, E, &L->wk, T, pool))) break;
+        if ((rc = cart_matmul_forward(s.v, KD, s.xn, E, &L->wv, T, pool))) break;
+        cart_pool_for(pool, T, 16, qk_prepare_range, &s);
+        for (int32_t b = 0, t = 0; b < n_streams; t += (int32_t)n_tokens[b], b++)
+            if (n_tokens[b] > 0)
+                cart_kv_write(kvs[b], l, cart_kv_len(kvs[b]), n_tokens[b], s.k + t * KD,
+                              s.v + t * KD);
+        cart_pool_for(pool, T * c->n_head_kv, 1, attention_range, &s);
+        if ((rc = cart_matmul_forward(s.tmp, E, s.att, HD, &L->wo, T, pool))) break;
+        for (int64_t i = 0; i < T * E; i++) s.x[i] += s.tmp[i];
+        rmsnorm_forward(s.xn, s.x, L->ffn_norm, T, E, c->rms_eps);
+        if ((rc = cart_matmul_forward(s.gate, F, s.xn, E, &L->wgate, T, pool))) break;
+        if ((rc = cart_matmul_forward(s.up, F, s.xn, E, &L->wup, T, pool))) break;
+        swiglu_forward(s.gate, s.up, T * F);
+        if ((rc = cart_matmul_forward(s.tmp, E, s.gate, F, &L->wdown, T, pool))) break;
+        for (int64_t i = 0; i < T * E; i++) s.x[i] += s.tmp[i];
+    }
+    if (!rc && n_logit_rows > 0) {
+        /* gather the wanted rows (T at a time: xn has room for T), norm them,
+         * one head product per chunk */
+        int64_t done = 0;
+        while (!rc && done < n_logit_rows) {
+            int64_t chunk = n_logit_rows - done < T ? n_logit_rows - done : T;
+            for (int64_t j = 0; j < chunk; j++)
+                memcpy(s.xn + j * E, s.x + logit_rows[done + j] * E, (size_t)E * sizeof(float));
+            rmsnorm_forward(s.xn, s.xn, m->output_norm, chunk, E, c->rms_eps);
+            rc = cart_matmul_forward(logits + done * (int64_t)c->n_vocab, c->n_vocab, s.xn, E,
+                                     &m->output, chunk, pool);
+            done += chunk;
+        }
+    }
+    if (!rc)
+        for (int32_t b = 0; b < n_streams; b++)
+            cart_kv_set_len(kvs[b], cart_kv_len(kvs[b]) + n_tokens[b]);
+    free(arena);
+    return rc;
+}

@@ -1,0 +1,114 @@
+/*
+ * model.h - a transformer loaded from GGUF, and its forward pass.
+ *
+ * Architectures: "qwen3" (pre-norm RMSNorm, per-head q/k RMSNorm, NeoX RoPE,
+ * GQA, SwiGLU, output tied to token_embd when output.weight is absent) and
+ * "llama" (the same without q/k norm, RoPE on adjacent pairs as llama.cpp's
+ * "normal" mode; GGUF stores llama Q/K permuted for it).
+ *
+ * Hyperparameters come from the GGUF keys llama.cpp uses:
+ * <arch>.block_count, .embedding_length, .feed_forward_length,
+ * .attention.head_count, .attention.head_count_kv, .attention.key_length,
+ * .attention.layer_norm_rms_epsilon, .rope.freq_base, .rope.dimension_count,
+ * .context_length. A key the engine cannot honour (rope scaling, sliding
+ * window, ...) is an error, as are missing tensors and wrong shapes, each
+ * naming the key or tensor.
+ *
+ * Weights stay in the file's dtype and in the file's mapping (any dtype
+ * cart_to_f32 handles); options.widen_f32 converts the matrices to f32 once at
+ * load instead (cart_model_widened_bytes says what that costs).
+ *
+ * Numerics mirror GGML's CPU backend (see matmul.h for the products):
+ * RMSNorm sums in double; RoPE angles are built as GGML does (theta = pos,
+ * then multiplied by base^(-2/n_rot) per pair, in f32); softmax in f32 with a
+ * double sum; SiLU x / (1 + exp(-x)).
+ *
+ * A model may serve many caches, but forward calls on one model must not run
+ * concurrently (they share the thread pool).
+ */
+#ifndef CART_MODEL_H
+#define CART_MODEL_H
+
+#include <stdint.h>
+#include "gguf.h"
+#include "kv.h"
+#include "matmul.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cart_arch {
+    CART_ARCH_LLAMA = 1,
+    CART_ARCH_QWEN3 = 2
+} cart_arch;
+
+typedef struct cart_model_config {
+    int32_t arch;        /* cart_arch */
+    int32_t n_layer;
+    int32_t n_embd;      /* hidden size */
+    int32_t n_ff;        /* feed-forward size */
+    int32_t n_head;      /* query heads */
+    int32_t n_head_kv;   /* key/value heads (GQA: n_head % n_head_kv == 0) */
+    int32_t head_dim;
+    int32_t n_rot;       /* leading dims of each head that RoPE rotates */
+    int32_t n_vocab;     /* rows of token_embd */
+    int32_t n_ctx_train; /* <arch>.context_length */
+    int32_t rope_neox;   /* 1: pairs (i, i + n_rot/2); 0: pairs (2i, 2i + 1) */
+    int32_t qk_norm;     /* 1 when q/k RMSNorm weights are present */
+    int32_t tied_output; /* 1 when the head reuses token_embd */
+    int32_t reserved;    /* 0 */
+    float rms_eps;
+    float rope_theta;
+} cart_model_config;
+
+typedef struct cart_model_options {
+    int32_t widen_f32; /* 1: keep f32 copies of all matrices (faster prefill, more memory) */
+    int32_t reserved;  /* 0 */
+} cart_model_options;
+
+typedef struct cart_model cart_model;
+
+/* Loads a model: maps the file, reads the config, checks every tensor's
+ * presence, dtype and shape. opts may be NULL. Free with cart_model_free. */
+int cart_model_load(cart_model **out, const char *path, const cart_model_options *opts);
+void cart_model_free(cart_model *m);
+
+/* The config (borrowed, lives with m) and the underlying GGUF (borrowed; for
+ * the tokenizer and metadata). */
+const cart_model_config *cart_model_get_config(const cart_model *m);
+const cart_gguf *cart_model_gguf(const cart_model *m);
+
+/* Bytes of weight data as stored in the file, and extra bytes held by f32
+ * copies (0 unless widen_f32). */
+uint64_t cart_model_weight_bytes(const cart_model *m);
+uint64_t cart_model_widened_bytes(const cart_model *m);
+
+/* A new empty KV cache shaped for m (dtype CART_F16 or CART_F32). */
+int cart_model_new_kv(cart_kv **out, const cart_model *m, int64_t capacity, int32_t dtype);
+
+/* Runs tokens through the model, appending their K/V rows to the caches.
+ *
+ * n_streams independent streams run in one weight pass: stream b owns the
+ * n_tokens[b] consecutive entries of `tokens` after those of streams 0..b-1,
+ * which sit at positions len(kvs[b]), len(kvs[b]) + 1, ... and attend to
+ * rows 0..their own position of kvs[b] (causal). Every cache grows by its
+ * stream's count; a stream with 0 tokens is left alone. Caches must differ.
+ *
+ * logit_rows lists indices into the concatenated tokens (0..total-1) whose
+ * logits are wanted; row j of `logits` ([n_logit_rows, n_vocab]) receives
+ * those of token logit_rows[j]. Only those rows pay for the output head.
+ *
+ * Errors: CART_E_ARG for a token id outside the vocabulary, a cache that is
+ * too small for its new tokens (the message gives the numbers: a prompt
+ * longer than the context is this error), a cache of another geometry. On an
+ * error no cache has been changed. */
+int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
+                       const int32_t *tokens, const int64_t *n_tokens, const int64_t *logit_rows,
+                       int64_t n_logit_rows, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,139 @@
+/*
+ * ops.c - RMSNorm, RoPE, SwiGLU and tiled causal attention (see ops.h).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "ops.h"
+
+void rmsnorm_forward(float *y, const float *x, const float *w, int64_t rows, int64_t dim,
+                     float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float *yr = y + r * dim;
+        double sum = 0.0;
+        for (int64_t i = 0; i < dim; i++) sum += (double)(xr[i] * xr[i]);
+        float mean = (float)(sum / (double)dim);
+        float scale = 1.0f / sqrtf(mean + eps);
+        for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale * w[i];
+    }
+}
+
+void rope_angles(float *cs, int64_t pos, int32_t n_rot, float base) {
+    float theta_scale = powf(base, -2.0f / (float)n_rot);
+    float theta = (float)pos;
+    for (int32_t i = 0; i < n_rot / 2; i++) {
+        cs[2 * i] = cosf(theta);
+        cs[2 * i + 1] = sinf(theta);
+        theta *= theta_scale;
+    }
+}
+
+static void rotate(float *x, const float *cs, int32_t n_rot, int32_t neox, float sign) {
+    int32_t half = n_rot / 2;
+    for (int32_t i = 0; i < half; i++) {
+        int32_t a = neox ? i : 2 * i;
+        int32_t b = neox ? i + half : 2 * i + 1;
+        float c = cs[2 * i], s = sign * cs[2 * i + 1];
+        float x0 = x[a], x1 = x[b];
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
+
+void rope_forward(float *x, const float *cs, int32_t n_heads, int32_t head_dim, int32_t n_rot,
+                  int32_t neox) {
+    for (int32_t h = 0; h < n_heads; h++) rotate(x + (int64_t)h * head_dim, cs, n_rot, neox, 1.0f);
+}
+
+void rope_backward(float *dy, const float *cs, int32_t n_heads, int32_t head_dim, int32_t n_rot,
+                   int32_t neox) {
+    for (int32_t h = 0; h < n_heads; h++)
+        rotate(dy + (int64_t)h * head_dim, cs, n_rot, neox, -1.0f);
+}
+
+void swiglu_forward(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* ---- attention ----------------------------------------------------------- */
+
+enum { TILE = 64, LANES = 16, MAX_HEAD_DIM = 256, MAX_REP = 16 };
+
+/* A dot product with LANES partial sums combined in a fixed order: the
+ * compiler vectorizes it without reassociation flags, and the result does not
+ * depend on anything but the inputs. */
+static float dot(const float *a, const float *b, int32_t n) {
+    float part[LANES] = {0};
+    int32_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int32_t l = 0; l < LANES; l++) part[l] += a[i + l] * b[i + l];
+    float tail = 0.0f;
+    for (; i < n; i++) tail += a[i] * b[i];
+    for (int32_t w = LANES / 2; w > 0; w /= 2)
+        for (int32_t l = 0; l < w; l++) part[l] += part[l + w];
+    return part[0] + tail;
+}
+
+/* rows [n, stride] of `dtype` starting at element `offset` of each row ->
+ * f32 [n, dim] */
+static void load_tile(float *dst, const void *src, int32_t dtype, int64_t first, int64_t n,
+                      int64_t stride, int64_t offset, int32_t dim) {
+    for (int64_t j = 0; j < n; j++) {
+        int64_t at = (first + j) * stride + offset;
+        if (dtype == CART_F32) memcpy(dst + j * dim, (const float *)src + at, (size_t)dim * 4);
+        else cart_f16_to_f32_n(dst + j * dim, (const uint16_t *)src + at, dim);
+    }
+}
+
+void attention_forward(float *out, const float *q, const void *k, const void *v, int32_t dtype,
+                       int64_t n_ctx, int64_t stride, int32_t n_head, int32_t n_head_kv,
+                       int32_t head_dim, float scale) {
+    const int32_t n_rep = n_head / n_head_kv;
+    float kt[TILE * MAX_HEAD_DIM], vt[TILE * MAX_HEAD_DIM];
+    float score[TILE];
+    float run_max[MAX_REP], run_sum[MAX_REP];
+
+    for (int32_t g = 0; g < n_head_kv; g++) {
+        float *acc = out + (int64_t)g * n_rep * head_dim; /* heads g*n_rep .. +n_rep-1 */
+        memset(acc, 0, sizeof(float) * (size_t)n_rep * (size_t)head_dim);
+        for (int32_t r = 0; r < n_rep; r++) {
+            run_max[r] = -INFINITY;
+            run_sum[r] = 0.0f;
+        }
+        for (int64_t t0 = 0; t0 < n_ctx; t0 += TILE) {
+            int64_t nt = n_ctx - t0 < TILE ? n_ctx - t0 : TILE;
+            load_tile(kt, k, dtype, t0, nt, stride, (int64_t)g * head_dim, head_dim);
+            load_tile(vt, v, dtype, t0, nt, stride, (int64_t)g * head_dim, head_dim);
+            for (int32_t r = 0; r < n_rep; r++) {
+                const float *qh = q + ((int64_t)g * n_rep + r) * head_dim;
+                float *acc_h = acc + (int64_t)r * head_dim;
+                float tile_max = -INFINITY;
+                for (int64_t j = 0; j < nt; j++) {
+                    score[j] = dot(qh, kt + j * head_dim, head_dim) * scale;
+                    if (score[j] > tile_max) tile_max = score[j];
+                }
+                float new_max = tile_max > run_max[r] ? tile_max : run_max[r];
+                float correction = expf(run_max[r] - new_max); /* 0 on the first tile */
+                run_sum[r] *= correction;
+                for (int32_t d = 0; d < head_dim; d++) acc_h[d] *= correction;
+                for (int64_t j = 0; j < nt; j++) {
+                    float p = expf(score[j] - new_max);
+                    run_sum[r] += p;
+                    const float *vj = vt + j * head_dim;
+                    for (int32_t d = 0; d < head_dim; d++) acc_h[d] += p * vj[d];
+                }
+                run_max[r] = new_max;
+            }
+        }
+        for (int32_t r = 0; r < n_rep; r++) {
+            float inv = 1.0f / run_sum[r];
+            float *acc_h = acc + (int64_t)r * head_dim;
+            for (int32_t d = 0; d < head_dim; d++) acc_h[d] *= inv;
+        }
+    }
+}

@@ -1,0 +1,57 @@
+/*
+ * ops.h - the transformer's elementwise and attention kernels, shared by the
+ * inference forward (model.c) and the training passes. Internal: not part of
+ * the public API (hidden visibility, never read by the FFI).
+ *
+ * Kernels are <op>_forward / <op>_backward, outputs first, inputs const,
+ * dims last; backward kernels accumulate into their gradient outputs (+=).
+ */
+#ifndef CART_OPS_H
+#define CART_OPS_H
+
+#include <stdint.h>
+
+#pragma GCC visibility push(hidden)
+
+/* y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w, for r in [0, rows).
+ * The sum of squares is taken in double, as GGML does. y may equal x. */
+void rmsnorm_forward(float *y, const float *x, const float *w, int64_t rows, int64_t dim,
+                     float eps);
+
+/* The RoPE angle table for one position: cs[2i] = cos(theta_i), cs[2i+1] =
+ * sin(theta_i) for pair i in [0, n_rot/2), theta_i built as GGML builds it:
+ * theta_0 = pos, theta_{i+1} = theta_i * base^(-2/n_rot), all in f32. */
+void rope_angles(float *cs, int64_t pos, int32_t n_rot, float base);
+
+/* Rotates the first n_rot dims of each of n_heads heads of x ([n_heads,
+ * head_dim], in place) by the angles in cs. neox: pairs (i, i + n_rot/2);
+ * otherwise pairs (2i, 2i + 1). */
+void rope_forward(float *x, const float *cs, int32_t n_heads, int32_t head_dim, int32_t n_rot,
+                  int32_t neox);
+
+/* The inverse rotation, for gradients: dx = R^T dy, in place on dy. */
+void rope_backward(float *dy, const float *cs, int32_t n_heads, int32_t head_dim, int32_t n_rot,
+                   int32_t neox);
+
+/* gate[i] = silu(gate[i]) * up[i] over n values; silu(x) = x / (1 + exp(-x)). */
+void swiglu_forward(float *gate, const float *up, int64_t n);
+
+/* Attention of one token's query heads over n_ctx cache rows.
+ *   out [n_head, head_dim]   result
+ *   q   [n_head, head_dim]   queries (already normed and rotated)
+ *   k   n_ctx rows of `dtype` (CART_F16 or CART_F32), `stride` elements
+ *       apart; each row holds n_head_kv heads of head_dim values from the
+ *       pointer on (pass a pointer offset by g * head_dim to start at kv
+ *       head g)
+ *   v   the same for values
+ * Query head h reads kv head h / (n_head / n_head_kv); head_dim <= 256 and
+ * n_head / n_head_kv <= 16. scale multiplies the scores. The softmax runs
+ * over the rows in tiles with a running maximum, so nothing of size n_ctx is
+ * materialized. Causality is the caller's: pass n_ctx = position + 1. */
+void attention_forward(float *out, const float *q, const void *k, const void *v, int32_t dtype,
+                       int64_t n_ctx, int64_t stride, int32_t n_head, int32_t n_head_kv,
+                       int32_t head_dim, float scale);
+
+#pragma GCC visibility pop
+
+#endif

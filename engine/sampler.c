@@ -1,0 +1,197 @@
+/*
+ * sampler.c - greedy and stochastic token choice (see sampler.h).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "sampler.h"
+
+typedef struct candidate {
+    float logit;
+    int32_t id;
+} candidate;
+
+struct cart_sampler {
+    cart_sampler_params p;
+    cart_rng rng;
+    int32_t *history; /* ring of the last repeat_last_n accepted ids */
+    int32_t history_len;
+    int32_t history_pos;
+    /* scratch, grown to the vocabulary size */
+    int64_t cap;
+    float *logit;     /* penalized logits */
+    candidate *cand;  /* survivors, best first */
+};
+
+void cart_sampler_default_params(cart_sampler_params *p) {
+    memset(p, 0, sizeof *p);
+    p->temperature = 0.0f;
+    p->top_k = 0;
+    p->top_p = 1.0f;
+    p->min_p = 0.0f;
+    p->repeat_penalty = 1.0f;
+    p->repeat_last_n = 64;
+    p->seed = 0;
+}
+
+int cart_sampler_new(cart_sampler **out, const cart_sampler_params *p) {
+    *out = NULL;
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return cart_fail(CART_E_ARG, "sampler: top_p %g must be in (0, 1]", p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return cart_fail(CART_E_ARG, "sampler: min_p %g must be in [0, 1]", p->min_p);
+    if (p->top_k < 0) return cart_fail(CART_E_ARG, "sampler: top_k %d is negative", p->top_k);
+    if (!(p->repeat_penalty > 0.0f))
+        return cart_fail(CART_E_ARG, "sampler: repeat_penalty %g must be positive",
+                         p->repeat_penalty);
+    if (p->repeat_last_n < 0 || p->repeat_last_n > 1 << 20)
+        return cart_fail(CART_E_ARG, "sampler: repeat_last_n %d is out of range",
+                         p->repeat_last_n);
+    if (isnan(p->temperature))
+        return cart_fail(CART_E_ARG, "sampler: temperature is NaN");
+    cart_sampler *s = cart_calloc(1, sizeof *s, "sampler");
+    if (!s) return CART_E_NOMEM;
+    s->p = *p;
+    if (p->repeat_last_n > 0) {
+        s->history = cart_calloc((size_t)p->repeat_last_n, sizeof(int32_t), "sampler history");
+        if (!s->history) {
+            free(s);
+            return CART_E_NOMEM;
+        }
+    }
+    cart_rng_seed(&s->rng, p->seed);
+    *out = s;
+    return CART_OK;
+}
+
+void cart_sampler_free(cart_sampler *s) {
+    if (!s) return;
+    free(s->history);
+    free(s->logit);
+    free(s->cand);
+    free(s);
+}
+
+void cart_sampler_reset(cart_sampler *s, uint64_t seed) {
+    s->history_len = 0;
+    s->history_pos = 0;
+    cart_rng_seed(&s->rng, seed);
+}
+
+void cart_sampler_accept(cart_sampler *s, int32_t id) {
+    if (s->p.repeat_last_n <= 0) return;
+    s->history[s->history_pos] = id;
+    s->history_pos = (s->history_pos + 1) % s->p.repeat_last_n;
+    if (s->history_len < s->p.repeat_last_n) s->history_len++;
+}
+
+int32_t cart_argmax(const float *logits, int64_t n) {
+    if (n <= 0) return -1;
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (logits[i] > logits[best]) best = i; /* strict: ties keep the lowest id */
+    return (int32_t)best;
+}
+
+/* Logit descending, id ascending on ties: a total order, so the result does
+ * not depend on the sort algorithm. */
+static int before(const candidate *a, const candidate *b) {
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+static int compare_candidates(const void *pa, const void *pb) {
+    const candidate *a = pa, *b = pb;
+    return before(a, b) ? -1 : before(b, a) ? 1 : 0;
+}
+
+/* Min-heap on `before` (the root is the worst kept candidate). */
+static void sift_down(candidate *h, int64_t n, int64_t i) {
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, worst = i;
+        if (l < n && before(&h[worst], &h[l])) worst = l;
+        if (r < n && before(&h[worst], &h[r])) worst = r;
+        if (worst == i) return;
+        candidate t = h[i];
+        h[i] = h[worst];
+        h[worst] = t;
+        i = worst;
+    }
+}
+
+/* Leaves the best k of c[0..n) sorted at c[0..k) and returns k (k <= 0 or
+ * k >= n: all of them, sorted). */
+static int64_t best_k(candidate *c, int64_t n, int64_t k) {
+    if (k <= 0 || k >= n) {
+        qsort(c, (size_t)n, sizeof *c, compare_candidates);
+        return n;
+    }
+    for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(c, k, i);
+    for (int64_t i = k; i < n; i++)
+        if (before(&c[i], &c[0])) {
+            c[0] = c[i];
+            sift_down(c, k, 0);
+        }
+    qsort(c, (size_t)k, sizeof *c, compare_candidates);
+    return k;
+}
+
+int32_t cart_sampler_sample(cart_sampler *s, const float *logits, int64_t n_vocab) {
+    if (n_vocab <= 0) return -1;
+    if (s->cap < n_vocab) {
+        float *l = realloc(s->logit, sizeof(float) * (size_t)n_vocab);
+        if (l) s->logit = l;
+        candidate *c = realloc(s->cand, sizeof(candidate) * (size_t)n_vocab);
+        if (c) s->cand = c;
+        if (!l || !c) return cart_argmax(logits, n_vocab); /* out of memory: degrade to greedy */
+        s->cap = n_vocab;
+    }
+    float *logit = s->logit;
+    memcpy(logit, logits, sizeof(float) * (size_t)n_vocab);
+    /* 1. repetition penalty, once per distinct id in the history */
+    if (s->p.repeat_penalty != 1.0f)
+        for (int32_t i = 0; i < s->history_len; i++) {
+            int32_t t = s->history[i];
+            if (t < 0 || t >= n_vocab) continue;
+            int seen = 0;
+            for (int32_t j = 0; j < i; j++) seen |= s->history[j] == t;
+            if (seen) continue;
+            logit[t] = logit[t] > 0 ? logit[t] / s->p.repeat_penalty
+                                    : logit[t] * s->p.repeat_penalty;
+        }
+    if (s->p.temperature <= 0.0f) return cart_argmax(logit, n_vocab);
+
+    /* 2. top-k (everything, sorted, when off) */
+    candidate *c = s->cand;
+    for (int64_t i = 0; i < n_vocab; i++) c[i] = (candidate){logit[i], (int32_t)i};
+    int64_t n = best_k(c, n_vocab, s->p.top_k);
+    /* 3. top-p on the untempered softmax of the survivors */
+    double max = c[0].logit, sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += exp((double)c[i].logit - max);
+    if (s->p.top_p < 1.0f) {
+        double cum = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            cum += exp((double)c[i].logit - max) / sum;
+            if (cum >= s->p.top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    /* 4. min-p: p_i / p_0 = exp(l_i - l_0) */
+    if (s->p.min_p > 0.0f) {
+        int64_t keep = 1;
+        while (keep < n && exp((double)c[keep].logit - max) >= s->p.min_p) keep++;
+        n = keep;
+    }
+    /* 5./6. temperature, then one uniform through the CDF */
+    double total = 0.0;
+    for (int64_t i = 0; i < n; i++) total += exp(((double)c[i].logit - max) / s->p.temperature);
+    double u = (double)cart_rng_uniform(&s->rng) * total, cum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        cum += exp(((double)c[i].logit - max) / s->p.temperature);
+        if (u < cum) return c[i].id;
+    }
+    return c[n - 1].id;
+}

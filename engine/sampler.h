@@ -1,0 +1,65 @@
+/*
+ * sampler.h - choosing the next token from a row of logits.
+ *
+ * Greedy (temperature <= 0) takes the argmax, ties to the lowest id, as
+ * llama.cpp's greedy sampler does. Otherwise the steps run in llama.cpp's
+ * default order:
+ *   1. repetition penalty over the last repeat_last_n accepted tokens
+ *      (positive logits divided by the penalty, negative ones multiplied);
+ *   2. top-k (0 = off);
+ *   3. top-p: the smallest set of most likely tokens whose probability
+ *      reaches top_p (1 = off), probabilities from the untempered softmax of
+ *      what survived step 2;
+ *   4. min-p: drop tokens whose probability is below min_p times the top
+ *      token's (0 = off);
+ *   5. temperature: divide the surviving logits by it;
+ *   6. draw from their softmax with the sampler's own cart_rng (rng.h),
+ *      seeded by `seed`: one uniform per draw, inverse CDF over the
+ *      survivors sorted by logit descending (ties by id).
+ * The same seed, logits and accepted tokens give the same draws everywhere.
+ */
+#ifndef CART_SAMPLER_H
+#define CART_SAMPLER_H
+
+#include <stdint.h>
+#include "rng.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cart_sampler_params {
+    float temperature;     /* <= 0: greedy */
+    int32_t top_k;         /* 0: off */
+    float top_p;           /* 1: off */
+    float min_p;           /* 0: off */
+    float repeat_penalty;  /* 1: off */
+    int32_t repeat_last_n; /* tokens of history the penalty looks at */
+    uint64_t seed;
+} cart_sampler_params;
+
+typedef struct cart_sampler cart_sampler;
+
+/* Defaults: greedy, top_k 0, top_p 1, min_p 0, penalty 1 over 64, seed 0. */
+void cart_sampler_default_params(cart_sampler_params *p);
+
+int cart_sampler_new(cart_sampler **out, const cart_sampler_params *p);
+void cart_sampler_free(cart_sampler *s);
+
+/* Picks a token id from logits[0..n_vocab) (not modified). */
+int32_t cart_sampler_sample(cart_sampler *s, const float *logits, int64_t n_vocab);
+
+/* Records an emitted token for the repetition penalty. */
+void cart_sampler_accept(cart_sampler *s, int32_t id);
+
+/* Forgets the history and reseeds. */
+void cart_sampler_reset(cart_sampler *s, uint64_t seed);
+
+/* Argmax of logits[0..n), lowest index on ties; -1 for n <= 0. */
+int32_t cart_argmax(const float *logits, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

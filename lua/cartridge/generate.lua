@@ -1,0 +1,117 @@
+-- cartridge.generate: the decode loop recipes share.
+--
+--   local generate = require("cartridge.generate")
+--   local r = generate.run{
+--       model = m, tokenizer = tok,
+--       prompt_ids = ids,             -- Lua list
+--       kv = kv,                      -- optional: a cache to continue (its rows stay in front)
+--       max_tokens = 128,
+--       sampling = { temperature = 0.7, top_p = 0.9, seed = 1 },  -- default greedy
+--       stop = { "\n\n" },            -- optional stop strings (not included in the text)
+--       on_text = io.write,           -- optional: receives text as soon as it is final
+--   }
+--   r.ids, r.text, r.finish ("stop" | "length"), r.prompt_tokens, r.timings
+--
+-- Generation stops at an end-of-generation token (the tokenizer's is_eog; it
+-- is not part of the text or the ids), at a stop string, or after max_tokens.
+-- Streaming holds back text that may still turn into a stop string and bytes
+-- of an unfinished UTF-8 character.
+
+local sampler_mod = require("cartridge.sampler")
+local core = require("cartridge.core")
+local C = core.C
+
+local generate = {}
+
+local function now()
+    return C.cart_now_seconds()
+end
+
+-- The length of the longest suffix of text that is a proper prefix of a stop string.
+local function pending_stop(text, stops)
+    local keep = 0
+    for _, s in ipairs(stops) do
+        for n = math.min(#s - 1, #text), 1, -1 do
+            if n > keep and text:sub(-n) == s:sub(1, n) then
+                keep = n
+                break
+            end
+        end
+    end
+    return keep
+end
+
+function generate.run(opts)
+    local m, tok = opts.model, opts.tokenizer
+    local prompt = opts.prompt_ids
+    local max_tokens = opts.max_tokens or 128
+    local stops = opts.stop or {}
+    if #prompt == 0 then error("generate: the prompt is empty (no tokens to start from)", 0) end
+    local kv, own_kv = opts.kv, false
+    if not kv then
+        kv = m:new_kv(#prompt + max_tokens + 1, opts.kv_dtype)
+        own_kv = true
+    end
+    if kv:len() + #prompt + max_tokens > kv:capacity() then
+        error(("generate: %d cached + %d prompt + %d new tokens exceed the cache of %d rows"):format(
+            kv:len(), #prompt, max_tokens, kv:capacity()), 0)
+    end
+    local s = sampler_mod.new(opts.sampling)
+    local stream = tok:stream()
+
+    local t0 = now()
+    local logits = m:forward(kv, prompt)
+    local t1 = now()
+    local ids, text, shown = {}, "", 0
+    local finish = "length"
+    local emit = opts.on_text
+    for _ = 1, max_tokens do
+        local id = s:sample(logits, m.n_vocab)
+        if tok:is_eog(id) then
+            finish = "stop"
+            break
+        end
+        s:accept(id)
+        ids[#ids + 1] = id
+        text = text .. stream:push(id)
+        local cut
+        for _, stop in ipairs(stops) do
+            local at = text:find(stop, 1, true)
+            if at and (not cut or at < cut) then cut = at end
+        end
+        if cut then
+            text = text:sub(1, cut - 1)
+            finish = "stop"
+            break
+        end
+        if emit then
+            local ready = #text - pending_stop(text, stops)
+            if ready > shown then
+                emit(text:sub(shown + 1, ready))
+                shown = ready
+            end
+        end
+        if #ids == max_tokens then break end
+        logits = m:forward(kv, { id })
+    end
+    if finish == "length" then text = text .. stream:flush() end
+    if emit and #text > shown then emit(text:sub(shown + 1)) end
+    local t2 = now()
+    s:free()
+    if own_kv then kv:free() end
+    local decode_s = t2 - t1
+    return {
+        ids = ids,
+        text = text,
+        finish = finish,
+        prompt_tokens = #prompt,
+        timings = {
+            prompt_s = t1 - t0,
+            decode_s = decode_s,
+            prompt_tok_s = #prompt / math.max(t1 - t0, 1e-9),
+            decode_tok_s = #ids / math.max(decode_s, 1e-9),
+        },
+    }
+end
+
+return generate

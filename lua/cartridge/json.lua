@@ -1,0 +1,252 @@
+-- cartridge.json: JSON encoding and strict decoding in plain Lua.
+--
+--   json.encode({ ids = { 1, 2 }, text = "hi" })   --> {"ids":[1,2],"text":"hi"}
+--   json.decode('{"a":[1,true,null]}')             --> { a = { 1, true, json.null } }
+--
+-- Encoding: tables with keys 1..n (n >= 1) are arrays, other tables objects
+-- with keys sorted (so output is deterministic); json.array({}) marks an empty
+-- table as [] and json.object({}) as {}. Strings are written as UTF-8 with
+-- control characters, quotes and backslashes escaped; integers without a
+-- decimal point; other numbers in the shortest of 15-17 digits that reads back exactly; nan/inf raise.
+--
+-- Decoding (RFC 8259): raises "json: <what> at byte N" on anything malformed,
+-- including trailing garbage, invalid escapes, unpaired surrogates, depth
+-- beyond 200 and duplicate keys are kept last-wins. null decodes to json.null
+-- (a unique value) so that arrays keep their length.
+
+local json = {}
+
+json.null = setmetatable({}, { __tostring = function() return "null" end })
+
+local ARRAY, OBJECT = {}, {}
+local kind_of = setmetatable({}, { __mode = "k" })
+
+function json.array(t)
+    t = t or {}
+    kind_of[t] = ARRAY
+    return t
+end
+
+function json.object(t)
+    t = t or {}
+    kind_of[t] = OBJECT
+    return t
+end
+
+local escapes = {
+    ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f",
+    ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t",
+}
+
+local function encode_string(s)
+    return '"' .. s:gsub('[%c"\\]', function(c)
+        return escapes[c] or ("\\u%04x"):format(c:byte())
+    end) .. '"'
+end
+
+local function is_array(t)
+    local mark = kind_of[t]
+    if mark then return mark == ARRAY end
+    local n = #t
+    if n == 0 then return false end
+    local count = 0
+    for _ in pairs(t) do count = count + 1 end
+    return count == n
+end
+
+local encode_value
+
+local function encode_table(t, out, depth)
+    if depth > 200 then error("json.encode: nesting deeper than 200", 0) end
+    if is_array(t) then
+        out[#out + 1] = "["
+        for i = 1, #t do
+            if i > 1 then out[#out + 1] = "," end
+            encode_value(t[i], out, depth + 1)
+        end
+        out[#out + 1] = "]"
+        return
+    end
+    local keys = {}
+    for k in pairs(t) do
+        if type(k) ~= "string" then
+            error("json.encode: object key " .. tostring(k) .. " is not a string", 0)
+        end
+        keys[#keys + 1] = k
+    end
+    table.sort(keys)
+    out[#out + 1] = "{"
+    for i, k in ipairs(keys) do
+        if i > 1 then out[#out + 1] = "," end
+        out[#out + 1] = encode_string(k)
+        out[#out + 1] = ":"
+        encode_value(t[k], out, depth + 1)
+    end
+    out[#out + 1] = "}"
+end
+
+function encode_value(v, out, depth)
+    local t = type(v)
+    if v == json.null or v == nil then
+        out[#out + 1] = "null"
+    elseif t == "boolean" then
+        out[#out + 1] = v and "true" or "false"
+    elseif t == "number" then
+        if v ~= v or v == math.huge or v == -math.huge then
+            error("json.encode: cannot encode " .. tostring(v), 0)
+        end
+        if v == math.floor(v) and math.abs(v) < 2 ^ 53 then
+            out[#out + 1] = ("%d"):format(v)
+        else
+            local text
+            for digits = 15, 17 do -- the shortest form that reads back exactly
+                text = ("%." .. digits .. "g"):format(v)
+                if tonumber(text) == v then break end
+            end
+            out[#out + 1] = text
+        end
+    elseif t == "string" then
+        out[#out + 1] = encode_string(v)
+    elseif t == "table" then
+        encode_table(v, out, depth)
+    elseif t == "cdata" and tonumber(v) then
+        out[#out + 1] = tostring(tonumber(v))
+    else
+        error("json.encode: cannot encode a " .. t, 0)
+    end
+end
+
+function json.encode(v)
+    local out = {}
+    encode_value(v, out, 0)
+    return table.concat(out)
+end
+
+-- ---------------------------------------------------------------------------
+
+local function fail(what, pos)
+    error(("json: %s at byte %d"):format(what, pos), 0)
+end
+
+local function skip_ws(s, pos)
+    return s:find("[^ \t\r\n]", pos) or #s + 1
+end
+
+local function utf8_char(cp)
+    if cp < 0x80 then return string.char(cp) end
+    if cp < 0x800 then return string.char(0xc0 + math.floor(cp / 64), 0x80 + cp % 64) end
+    if cp < 0x10000 then
+        return string.char(0xe0 + math.floor(cp / 4096), 0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
+    end
+    return string.char(0xf0 + math.floor(cp / 262144), 0x80 + math.floor(cp / 4096) % 64,
+        0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
+end
+
+local decode_value
+
+local function decode_string(s, pos)
+    -- pos is at the opening quote
+    local parts, i = {}, pos + 1
+    while true do
+        local j = s:find('["\\%c]', i)
+        if not j then fail("unterminated string", pos) end
+        parts[#parts + 1] = s:sub(i, j - 1)
+        local c = s:sub(j, j)
+        if c == '"' then return table.concat(parts), j + 1 end
+        if c ~= "\\" then fail("control character in string", j) end
+        local e = s:sub(j + 1, j + 1)
+        if e == "u" then
+            local hex = s:sub(j + 2, j + 5)
+            if not hex:match("^%x%x%x%x$") then fail("bad \\u escape", j) end
+            local cp = tonumber(hex, 16)
+            local next_i = j + 6
+            if cp >= 0xd800 and cp <= 0xdbff then
+                local lo = s:match("^\\u(%x%x%x%x)", next_i)
+                local low = lo and tonumber(lo, 16)
+                if not low or low < 0xdc00 or low > 0xdfff then fail("unpaired surrogate", j) end
+                cp = 0x10000 + (cp - 0xd800) * 0x400 + (low - 0xdc00)
+                next_i = next_i + 6
+            elseif cp >= 0xdc00 and cp <= 0xdfff then
+                fail("unpaired surrogate", j)
+            end
+            parts[#parts + 1] = utf8_char(cp)
+            i = next_i
+        else
+            local map = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t" }
+            if not map[e] then fail("bad escape \\" .. e, j) end
+            parts[#parts + 1] = map[e]
+            i = j + 2
+        end
+    end
+end
+
+local function decode_number(s, pos)
+    local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", pos)
+    if not num or not num:match("^-?0$") and not num:match("^-?[1-9]") and not num:match("^-?0[.eE]") then
+        fail("bad number", pos)
+    end
+    if not num:match("^-?%d+$") and not num:match("^-?%d+%.%d+$") and not num:match("^-?%d+%.%d+[eE][-+]?%d+$")
+        and not num:match("^-?%d+[eE][-+]?%d+$") then
+        fail("bad number", pos)
+    end
+    return tonumber(num), pos + #num
+end
+
+function decode_value(s, pos, depth)
+    if depth > 200 then fail("nesting deeper than 200", pos) end
+    pos = skip_ws(s, pos)
+    local c = s:sub(pos, pos)
+    if c == "{" then
+        local obj = json.object({})
+        pos = skip_ws(s, pos + 1)
+        if s:sub(pos, pos) == "}" then return obj, pos + 1 end
+        while true do
+            if s:sub(pos, pos) ~= '"' then fail("expected a string key", pos) end
+            local key
+            key, pos = decode_string(s, pos)
+            pos = skip_ws(s, pos)
+            if s:sub(pos, pos) ~= ":" then fail("expected ':'", pos) end
+            obj[key], pos = decode_value(s, pos + 1, depth + 1)
+            pos = skip_ws(s, pos)
+            local d = s:sub(pos, pos)
+            if d == "}" then return obj, pos + 1 end
+            if d ~= "," then fail("expected ',' or '}'", pos) end
+            pos = skip_ws(s, pos + 1)
+        end
+    elseif c == "[" then
+        local arr, n = json.array({}), 0
+        pos = skip_ws(s, pos + 1)
+        if s:sub(pos, pos) == "]" then return arr, pos + 1 end
+        while true do
+            n = n + 1
+            arr[n], pos = decode_value(s, pos, depth + 1)
+            pos = skip_ws(s, pos)
+            local d = s:sub(pos, pos)
+            if d == "]" then return arr, pos + 1 end
+            if d ~= "," then fail("expected ',' or ']'", pos) end
+            pos = pos + 1
+        end
+    elseif c == '"' then
+        return decode_string(s, pos)
+    elseif c == "-" or c:match("%d") then
+        return decode_number(s, pos)
+    elseif s:sub(pos, pos + 3) == "true" then
+        return true, pos + 4
+    elseif s:sub(pos, pos + 4) == "false" then
+        return false, pos + 5
+    elseif s:sub(pos, pos + 3) == "null" then
+        return json.null, pos + 4
+    end
+    if c == "" then fail("unexpected end of input", pos) end
+    fail("unexpected character '" .. c .. "'", pos)
+end
+
+function json.decode(s)
+    if type(s) ~= "string" then error("json.decode: expected a string, got " .. type(s), 0) end
+    local value, pos = decode_value(s, 1, 0)
+    pos = skip_ws(s, pos)
+    if pos <= #s then fail("trailing characters", pos) end
+    return value
+end
+
+return json

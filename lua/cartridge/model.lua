@@ -1,0 +1,197 @@
+-- cartridge.model: a GGUF transformer, its KV caches and its forward pass.
+--
+--   local model = require("cartridge.model")
+--   local m = model.load("model.gguf", { widen = false })
+--   local kv = m:new_kv(512)                       -- f16 cache of 512 rows ("f32" as 2nd arg)
+--   local logits = m:forward(kv, { 1, 403, 407 })  -- float* of the last token's logits
+--   local next_id = m:argmax(logits)
+--   m:forward(kv, { next_id })                     -- decode one more
+--   kv:free(); m:free()
+--
+-- Ids in Lua lists are token ids as the model knows them (0-based), stored in
+-- 1-based Lua lists. Logits come back as a float* into a buffer the model
+-- reuses: copy what you need before the next forward call.
+
+local core = require("cartridge.core")
+local gguf = require("cartridge.gguf")
+local ffi = core.ffi
+local C = core.C
+
+local model = {}
+
+local Model = {}
+Model.__index = Model
+
+local KV = {}
+KV.__index = KV
+
+local ARCH = { [1] = "llama", [2] = "qwen3" }
+
+local function config_table(c)
+    return {
+        arch = ARCH[c.arch] or tostring(c.arch),
+        n_layer = c.n_layer,
+        n_embd = c.n_embd,
+        n_ff = c.n_ff,
+        n_head = c.n_head,
+        n_head_kv = c.n_head_kv,
+        head_dim = c.head_dim,
+        n_rot = c.n_rot,
+        n_vocab = c.n_vocab,
+        n_ctx_train = c.n_ctx_train,
+        rope_neox = c.rope_neox ~= 0,
+        qk_norm = c.qk_norm ~= 0,
+        tied_output = c.tied_output ~= 0,
+        rms_eps = c.rms_eps,
+        rope_theta = c.rope_theta,
+    }
+end
+
+-- Loads a model. opts.widen = true keeps f32 copies of all matrices.
+function model.load(path, opts)
+    opts = opts or {}
+    local o = ffi.new("cart_model_options")
+    o.widen_f32 = opts.widen and 1 or 0
+    local out = ffi.new("cart_model *[1]")
+    core.check(C.cart_model_load(out, path, o), "model.load")
+    local handle = ffi.gc(out[0], C.cart_model_free)
+    local self = setmetatable({
+        handle = handle,
+        path = path,
+        config = config_table(C.cart_model_get_config(handle)),
+        weight_bytes = core.int(C.cart_model_weight_bytes(handle)),
+        widened_bytes = core.int(C.cart_model_widened_bytes(handle)),
+    }, Model)
+    self.n_vocab = self.config.n_vocab
+    self.file = gguf.borrow(C.cart_model_gguf(handle), self, path)
+    return self
+end
+
+function Model:free()
+    if self.file then self.file:close() end
+    if self.handle ~= nil then
+        C.cart_model_free(ffi.gc(self.handle, nil))
+        self.handle = nil
+    end
+end
+
+-- The model's tokenizer (loaded on first use).
+function Model:tokenizer()
+    if not self._tokenizer then
+        self._tokenizer = require("cartridge.tokenizer").load(self.file)
+    end
+    return self._tokenizer
+end
+
+-- A new empty KV cache: capacity rows, dtype "f16" (default) or "f32".
+function Model:new_kv(capacity, dtype)
+    local id = (dtype or "f16") == "f32" and 0 or 1
+    if dtype and dtype ~= "f16" and dtype ~= "f32" then
+        error("model:new_kv: cache dtype must be f16 or f32, not " .. tostring(dtype), 0)
+    end
+    local out = ffi.new("cart_kv *[1]")
+    core.check(C.cart_model_new_kv(out, self.handle, capacity, id), "model:new_kv")
+    return setmetatable({ handle = ffi.gc(out[0], C.cart_kv_free), model = self }, KV)
+end
+
+function KV:len() return core.int(C.cart_kv_len(self.handle)) end
+function KV:capacity() return core.int(C.cart_kv_capacity(self.handle)) end
+function KV:bytes() return core.int(C.cart_kv_bytes(self.handle)) end
+
+function KV:truncate(len)
+    core.check(C.cart_kv_truncate(self.handle, len), "kv:truncate")
+end
+
+function KV:set_len(len)
+    core.check(C.cart_kv_set_len(self.handle, len), "kv:set_len")
+end
+
+function KV:free()
+    if self.handle ~= nil then
+        C.cart_kv_free(ffi.gc(self.handle, nil))
+        self.handle = nil
+    end
+end
+
+-- Copies the first n rows of `src` into this cache (len becomes n).
+function KV:copy_from(src, n)
+    core.check(C.cart_kv_copy(self.handle, src.handle, n or src:len()), "kv:copy_from")
+end
+
+local function ensure(self, field, ctype, n)
+    local cap = self[field .. "_cap"] or 0
+    if cap < n then
+        self[field] = ffi.new(ctype, n)
+        self[field .. "_cap"] = n
+    end
+    return self[field]
+end
+
+-- Runs one stream's tokens (a Lua list of ids, or a cdata int32_t* with n).
+-- logits: "last" (default), "all", "none", or a list of 0-based indices into
+-- the tokens. Returns a float* to [rows, n_vocab] logits (nil for "none").
+function Model:forward(kv, ids, logits, n)
+    return self:forward_batch({ kv }, { ids }, logits, n and { n } or nil)
+end
+
+-- Runs several streams in one weight pass. kvs: list of caches; ids: list of
+-- id lists (one per stream, possibly empty); logits: as for forward, applied
+-- to every stream ("last" gives one row per non-empty stream, in stream
+-- order). Returns the float* of the logit rows and the number of rows.
+function Model:forward_batch(kvs, ids, logits, counts)
+    local B = #kvs
+    local total = 0
+    local n_tokens = ensure(self, "_counts", "int64_t[?]", B)
+    for b = 1, B do
+        local n = counts and counts[b] or #ids[b]
+        n_tokens[b - 1] = n
+        total = total + n
+    end
+    local tokens = ensure(self, "_tokens", "int32_t[?]", math.max(total, 1))
+    local at = 0
+    for b = 1, B do
+        local list, n = ids[b], tonumber(n_tokens[b - 1])
+        if type(list) == "cdata" then
+            ffi.copy(tokens + at, list, n * 4)
+        else
+            for i = 1, n do tokens[at + i - 1] = list[i] end
+        end
+        at = at + n
+    end
+    local mode = logits or "last"
+    local rows = ensure(self, "_rows", "int64_t[?]", math.max(total, 1))
+    local n_rows = 0
+    if mode == "all" then
+        for i = 0, total - 1 do rows[i] = i end
+        n_rows = total
+    elseif mode == "last" then
+        at = 0
+        for b = 0, B - 1 do
+            at = at + tonumber(n_tokens[b])
+            if n_tokens[b] > 0 then
+                rows[n_rows] = at - 1
+                n_rows = n_rows + 1
+            end
+        end
+    elseif type(mode) == "table" then
+        for j, r in ipairs(mode) do rows[j - 1] = r end
+        n_rows = #mode
+    elseif mode ~= "none" then
+        error("model:forward: logits must be 'last', 'all', 'none' or a list of rows", 0)
+    end
+    local out = n_rows > 0 and ensure(self, "_logits", "float[?]", n_rows * self.n_vocab) or nil
+    local handles = ensure(self, "_kvs", "cart_kv *[?]", B)
+    for b = 1, B do handles[b - 1] = kvs[b].handle end
+    core.check(C.cart_model_forward(self.handle, handles, B, tokens, n_tokens, rows, n_rows, out),
+        "model:forward")
+    return out, n_rows
+end
+
+-- Argmax of one row of logits (ties to the lowest id).
+function Model:argmax(logits, row)
+    return C.cart_argmax(logits + (row or 0) * self.n_vocab, self.n_vocab)
+end
+
+model.Model = Model
+model.KV = KV
+return model

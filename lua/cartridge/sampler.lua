@@ -1,0 +1,61 @@
+-- cartridge.sampler: picking tokens from logits (engine/sampler.h).
+--
+--   local s = sampler.new{ temperature = 0.7, top_p = 0.9, seed = 42 }
+--   local id = s:sample(logits, n_vocab)   -- logits: a float*
+--   s:accept(id)                           -- feeds the repetition penalty
+--
+-- Fields (defaults): temperature 0 (greedy), top_k 0 (off), top_p 1 (off),
+-- min_p 0 (off), repeat_penalty 1 (off), repeat_last_n 64, seed 0. The steps
+-- run in llama.cpp's order; see engine/sampler.h.
+
+local core = require("cartridge.core")
+local ffi = core.ffi
+local C = core.C
+
+local sampler = {}
+
+local Sampler = {}
+Sampler.__index = Sampler
+
+local FIELDS = { "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed" }
+
+function sampler.new(params)
+    params = params or {}
+    local p = ffi.new("cart_sampler_params")
+    C.cart_sampler_default_params(p)
+    for key in pairs(params) do
+        local known = false
+        for _, f in ipairs(FIELDS) do known = known or f == key end
+        if not known then
+            error("sampler.new: unknown parameter '" .. tostring(key) .. "' (known: " ..
+                table.concat(FIELDS, ", ") .. ")", 0)
+        end
+    end
+    for _, f in ipairs(FIELDS) do
+        if params[f] ~= nil then p[f] = params[f] end
+    end
+    local out = ffi.new("cart_sampler *[1]")
+    core.check(C.cart_sampler_new(out, p), "sampler.new")
+    return setmetatable({ handle = ffi.gc(out[0], C.cart_sampler_free), greedy = p.temperature <= 0 }, Sampler)
+end
+
+function Sampler:sample(logits, n_vocab)
+    return C.cart_sampler_sample(self.handle, logits, n_vocab)
+end
+
+function Sampler:accept(id)
+    C.cart_sampler_accept(self.handle, id)
+end
+
+function Sampler:reset(seed)
+    C.cart_sampler_reset(self.handle, seed or 0)
+end
+
+function Sampler:free()
+    if self.handle ~= nil then
+        C.cart_sampler_free(ffi.gc(self.handle, nil))
+        self.handle = nil
+    end
+end
+
+return sampler

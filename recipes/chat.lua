@@ -1,0 +1,98 @@
+-- chat.lua: talk to a GGUF model in the terminal, in its own chat template.
+--
+--   cartridge run recipes/chat.lua --model models/Qwen3-0.6B-f16.gguf --system "Be brief."
+--
+-- Each turn re-renders the whole conversation, keeps the cached rows of the
+-- longest common token prefix and prefills only the rest, so a long chat does
+-- not re-read its history. Commands: /reset forgets the conversation, /quit
+-- (or Ctrl-D) leaves.
+
+local cartridge = require("cartridge")
+local options = require("cartridge.options")
+local defaults = require("cartridge.defaults")
+local generate = require("cartridge.generate")
+local chat = require("cartridge.chat")
+local repl = require("cartridge.repl")
+
+local opts = options.parse(arg, {
+    summary = "Chat with a GGUF model in its chat template.",
+    flags = {
+        { "model", help = "GGUF model (default: " .. defaults.user_model .. ", else the embedded demo model)" },
+        { "system", help = "a system message to start with" },
+        { "n", type = "int", default = 512, help = "tokens per reply at most" },
+        { "ctx", type = "int", default = 4096, help = "context (KV cache rows)" },
+        { "temp", type = "number", default = 0.7, help = "temperature; 0 is greedy" },
+        { "top-p", type = "number", default = 0.9, help = "nucleus sampling mass" },
+        { "seed", type = "int", default = 0, help = "sampling seed" },
+        { "kv", default = "f16", choices = { "f16", "f32" }, help = "KV cache dtype" },
+        { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
+    },
+})
+
+cartridge.set_threads(opts.threads)
+local m = cartridge.model.load(defaults.pick_model(opts.model))
+local tok = m:tokenizer()
+local template = chat.for_model(m)
+local kv = m:new_kv(math.min(opts.ctx, m.config.n_ctx_train), opts.kv)
+local cached = {} -- the token ids whose rows are in kv, in order
+local messages = {}
+local function reset()
+    messages = {}
+    if opts.system then messages[1] = { role = "system", content = opts.system } end
+    kv:truncate(0)
+    cached = {}
+end
+reset()
+
+io.stderr:write(("chat with %s (%s template, %d-row cache). /reset, /quit or Ctrl-D.\n"):format(
+    m.path, template.name, kv:capacity()))
+local read_line, finish = repl.line_reader(false)
+local turn = 0
+while true do
+    local line = read_line("you> ")
+    if not line or line == "/quit" then break end
+    if line == "/reset" then
+        reset()
+        io.stderr:write("(conversation forgotten)\n")
+    elseif line:match("%S") then
+        messages[#messages + 1] = { role = "user", content = line }
+        local ids = tok:encode(chat.render(template, messages), { special = true, add_special = true })
+        -- reuse the cached prefix, prefill the rest (at least one token, for fresh logits)
+        local keep = 0
+        while keep < #cached and keep < #ids - 1 and cached[keep + 1] == ids[keep + 1] do keep = keep + 1 end
+        kv:truncate(keep)
+        local rest = {}
+        for i = keep + 1, #ids do rest[#rest + 1] = ids[i] end
+        if #ids + opts.n > kv:capacity() then
+            io.stderr:write(("(the conversation needs %d rows but the cache has %d; /reset or raise --ctx)\n"):format(
+                #ids + opts.n, kv:capacity()))
+            messages[#messages] = nil
+        else
+            turn = turn + 1
+            io.write("model> ")
+            local r = generate.run({
+                model = m, tokenizer = tok, prompt_ids = rest, kv = kv, max_tokens = opts.n,
+                sampling = { temperature = opts.temp, top_p = opts.top_p, seed = opts.seed + turn },
+                on_text = function(s)
+                    io.write(s)
+                    io.flush()
+                end,
+            })
+            io.write("\n")
+            io.stderr:write(("(%d reused + %d new prompt tokens, %.1f tok/s)\n"):format(keep, #rest,
+                r.timings.decode_tok_s))
+            messages[#messages + 1] = { role = "assistant", content = r.text }
+            cached = {}
+            for i = 1, #ids do cached[i] = ids[i] end
+            for _, id in ipairs(r.ids) do cached[#cached + 1] = id end
+            -- the cache holds the prompt and the reply except the token that
+            -- ended it (an end-of-turn, or the last one at --n, whose rows
+            -- were never computed); the next render's reuse check sees where
+            -- the two part.
+            for i = #cached, kv:len() + 1, -1 do cached[i] = nil end
+        end
+    end
+end
+finish()
+kv:free()
+m:free()

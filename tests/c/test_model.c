@@ -1,0 +1,361 @@
+/*
+ * test_model.c - the forward pass against llama.cpp's reference outputs
+ * (the greedy.json files in ../shared/reference, see its README): identical greedy ids
+ * for 48 steps (a divergence is accepted only where the reference margin is
+ * below our logit error), top-10 logits within the README's tolerances, and
+ * the full last-prompt logits row where the file has one. Also: batched
+ * streams and chunked prefill give the same logits as one stream, bad input
+ * fails cleanly, and the KV cache operations behave.
+ */
+#include <cjson/cJSON.h>
+
+#include "check.h"
+#include "dtype.h"
+#include "internal.h"
+#include "model.h"
+#include "sampler.h"
+
+static char *slurp(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (fread(buf, 1, (size_t)n, fp) != (size_t)n) n = 0;
+    buf[n] = 0;
+    fclose(fp);
+    return buf;
+}
+
+static int shared_present(void) {
+    FILE *fp = fopen(CART_SHARED_DIR "/reference/README.md", "rb");
+    if (fp) fclose(fp);
+    return fp != NULL;
+}
+
+/* Runs every prompt of one greedy.json against a model file. */
+static void check_reference(const char *model_path, const char *json_path, double tol) {
+    char *text = slurp(json_path);
+    CHECK_MSG(text != NULL, "cannot read %s", json_path);
+    if (!text) return;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    cart_model *m = NULL;
+    CHECK_OK(cart_model_load(&m, model_path, NULL));
+    if (!m || !root) {
+        cJSON_Delete(root);
+        cart_model_free(m);
+        return;
+    }
+    const cart_model_config *c = cart_model_get_config(m);
+    float *logits = malloc(sizeof(float) * (size_t)c->n_vocab);
+    double worst = 0, worst_full = 0;
+    int full_rows = 0;
+    int steps_checked = 0, near_tie_flips = 0, prompts = 0;
+    cJSON *prompt;
+    cJSON_ArrayForEach(prompt, cJSON_GetObjectItem(root, "prompts")) {
+        cJSON *ids = cJSON_GetObjectItem(prompt, "prompt_token_ids");
+        cJSON *evaluated = cJSON_GetObjectItem(prompt, "evaluated");
+        if (evaluated && cJSON_IsFalse(evaluated)) continue;
+        int n = cJSON_GetArraySize(ids);
+        if (n == 0) continue;
+        prompts++;
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
+        for (int i = 0; i < n; i++) toks[i] = cJSON_GetArrayItem(ids, i)->valueint;
+        cart_kv *kv = NULL;
+        CHECK_OK(cart_model_new_kv(&kv, m, 512, CART_F32));
+        int64_t count = n, last = n - 1;
+        CHECK_OK(cart_model_forward(m, &kv, 1, toks, &count, &last, 1, logits));
+        cJSON *full = cJSON_GetObjectItem(prompt, "last_prompt_logits");
+        if (full) {
+            full_rows++;
+            for (int i = 0; i < cJSON_GetArraySize(full); i++)
+                worst_full = fmax(worst_full, fabs(logits[i] - cJSON_GetArrayItem(full, i)->valuedouble));
+        }
+        cJSON *step;
+        int diverged = 0;
+        cJSON_ArrayForEach(step, cJSON_GetObjectItem(prompt, "steps")) {
+            int want = cJSON_GetObjectItem(step, "token")->valueint;
+            double margin = cJSON_GetObjectItem(step, "margin")->valuedouble;
+            double step_worst = 0;
+            cJSON *top;
+            cJSON_ArrayForEach(top, cJSON_GetObjectItem(step, "top")) {
+                int id = cJSON_GetArrayItem(top, 0)->valueint;
+                double ref = cJSON_GetArrayItem(top, 1)->valuedouble;
+                step_worst = fmax(step_worst, fabs(logits[id] - ref));
+            }
+            worst = fmax(worst, step_worst);
+            steps_checked++;
+            int got = cart_argmax(logits, c->n_vocab);
+            if (got != want) {
+                /* acceptable only as a near-tie: the reference margin is
+                 * below our logit error at this step */
+                CHECK_MSG(margin < 2 * step_worst + 1e-6,
+                          "%s prompt %d step %d: got %d, llama.cpp %d (margin %g, our error %g)",
+                          model_path, prompts, cJSON_GetObjectItem(step, "step")->valueint, got,
+                          want, margin, step_worst);
+                near_tie_flips++;
+                diverged = 1;
+                break; /* the sequences part here: compare nothing after */
+            }
+            count = 1, last = 0;
+            CHECK_OK(cart_model_forward(m, &kv, 1, &want, &count, &last, 1, logits));
+        }
+        (void)diverged;
+        cart_kv_free(kv);
+        free(toks);
+    }
+    printf("  %s: %d prompts, %d steps, %d near-tie flips\n", strrchr(model_path, '/') + 1,
+           prompts, steps_checked, near_tie_flips);
+    CHECK_MAXDIFF("top-10 logits vs llama.cpp", worst, tol);
+    if (full_rows) CHECK_MAXDIFF("last prompt logits (full row) vs llama.cpp", worst_full, tol);
+    CHECK(steps_checked >= 48 * 3);
+    free(logits);
+    cart_model_free(m);
+    cJSON_Delete(root);
+}
+
+static void test_stories260K_continues_like_llama_cpp(void) {
+    check_reference(CART_SHARED_DIR "/models/stories260K.gguf",
+                    CART_SHARED_DIR "/reference/stories260K.greedy.json", 1e-3);
+}
+
+static void test_qwen3_tiny_f32_matches_llama_cpp(void) {
+    check_reference(CART_SHARED_DIR "/reference/qwen3-tiny-f32.gguf",
+                    CART_SHARED_DIR "/reference/qwen3-tiny-f32.greedy.json", 1e-3);
+}
+
+static void test_qwen3_tiny_f16_matches_llama_cpp(void) {
+    check_reference(CART_SHARED_DIR "/reference/qwen3-tiny-f16.gguf",
+                    CART_SHARED_DIR "/reference/qwen3-tiny-f16.greedy.json", 1e-2);
+}
+
+static void test_qwen3_realvocab_f16_matches_llama_cpp(void) {
+    check_reference(CART_SHARED_DIR "/reference/qwen3-tiny-realvocab-f16.gguf",
+                    CART_SHARED_DIR "/reference/qwen3-tiny-realvocab-f16.greedy.json", 1e-2);
+}
+
+
+/* Logits of every position of `toks` through one cache, fed in chunks of
+ * `chunk` tokens. */
+static void logits_in_chunks(cart_model *m, const int32_t *toks, int64_t n, int64_t chunk,
+                             int32_t kv_dtype, float *out) {
+    const cart_model_config *c = cart_model_get_config(m);
+    cart_kv *kv = NULL;
+    CHECK_OK(cart_model_new_kv(&kv, m, 256, kv_dtype));
+    for (int64_t at = 0; at < n; at += chunk) {
+        int64_t count = n - at < chunk ? n - at : chunk;
+        int64_t rows[256];
+        for (int64_t j = 0; j < count; j++) rows[j] = j;
+        CHECK_OK(cart_model_forward(m, &kv, 1, toks + at, &count, rows, count,
+                                    out + at * c->n_vocab));
+    }
+    CHECK(cart_kv_len(kv) == n);
+    cart_kv_free(kv);
+}
+
+static double max_diff(const float *a, const float *b, int64_t n) {
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
+    return worst;
+}
+
+static const int32_t story[] = {1, 403, 407, 261, 378, 282, 395, 317, 309, 284, 261, 342,
+                                427, 268, 314, 492, 372, 306, 271, 321, 266, 325, 388, 270};
+enum { STORY_LEN = sizeof story / sizeof story[0] };
+
+static void test_chunked_prefill_and_decode_give_the_logits_of_one_pass(void) {
+    cart_model *m = NULL;
+    CHECK_OK(cart_model_load(&m, CART_SHARED_DIR "/models/stories260K.gguf", NULL));
+    if (!m) return;
+    int64_t V = cart_model_get_config(m)->n_vocab;
+    float *one = malloc(sizeof(float) * STORY_LEN * V), *parts = malloc(sizeof(float) * STORY_LEN * V);
+    logits_in_chunks(m, story, STORY_LEN, STORY_LEN, CART_F32, one);
+    logits_in_chunks(m, story, STORY_LEN, 1, CART_F32, parts);
+    CHECK_MAXDIFF("token-by-token vs one pass (f32 cache)", max_diff(one, parts, STORY_LEN * V), 1e-5);
+    logits_in_chunks(m, story, STORY_LEN, 5, CART_F32, parts);
+    CHECK_MAXDIFF("chunks of 5 vs one pass (f32 cache)", max_diff(one, parts, STORY_LEN * V), 1e-5);
+    /* f16 rounds every cached K/V value (relative error up to 2^-11); through
+     * 5 layers that moves logits of magnitude ~15 by a few hundredths */
+    logits_in_chunks(m, story, STORY_LEN, STORY_LEN, CART_F16, parts);
+    CHECK_MAXDIFF("f16 cache vs f32 cache", max_diff(one, parts, STORY_LEN * V), 5e-2);
+    free(one), free(parts);
+    cart_model_free(m);
+}
+
+static void test_lockstep_streams_match_running_them_alone(void) {
+    cart_model *m = NULL;
+    CHECK_OK(cart_model_load(&m, CART_SHARED_DIR "/models/stories260K.gguf", NULL));
+    if (!m) return;
+    int64_t V = cart_model_get_config(m)->n_vocab;
+    /* three streams of different lengths and histories, one of them idle */
+    cart_kv *kv[4];
+    for (int i = 0; i < 4; i++) CHECK_OK(cart_model_new_kv(&kv[i], m, 64, CART_F32));
+    int64_t pre[4] = {3, 7, 0, 11};
+    int32_t flat[32];
+    int64_t at = 0;
+    for (int i = 0; i < 4; i++)
+        for (int64_t j = 0; j < pre[i]; j++) flat[at++] = story[(i * 5 + j) % STORY_LEN];
+    CHECK_OK(cart_model_forward(m, kv, 4, flat, pre, NULL, 0, NULL));
+    /* one batched step: streams 0, 1, 3 get one token, stream 2 two */
+    int64_t step[4] = {1, 1, 2, 1};
+    int32_t next[5] = {300, 301, 302, 303, 304};
+    int64_t rows[5] = {0, 1, 2, 3, 4};
+    float *batched = malloc(sizeof(float) * 5 * V);
+    CHECK_OK(cart_model_forward(m, kv, 4, next, step, rows, 5, batched));
+    /* the same, one stream at a time, from fresh caches */
+    double worst = 0;
+    int64_t token = 0;
+    for (int i = 0; i < 4; i++) {
+        cart_kv *solo = NULL;
+        CHECK_OK(cart_model_new_kv(&solo, m, 64, CART_F32));
+        int32_t seq[32];
+        int64_t n = 0;
+        for (int64_t j = 0; j < pre[i]; j++) seq[n++] = story[(i * 5 + j) % STORY_LEN];
+        for (int64_t j = 0; j < step[i]; j++) seq[n++] = next[token + j];
+        float *alone = malloc(sizeof(float) * (size_t)n * V);
+        int64_t all[32];
+        for (int64_t j = 0; j < n; j++) all[j] = j;
+        CHECK_OK(cart_model_forward(m, &solo, 1, seq, &n, all, n, alone));
+        for (int64_t j = 0; j < step[i]; j++)
+            worst = fmax(worst, max_diff(batched + (token + j) * V,
+                                         alone + (pre[i] + j) * V, V));
+        token += step[i];
+        CHECK(cart_kv_len(kv[i]) == n);
+        free(alone);
+        cart_kv_free(solo);
+    }
+    CHECK_MAXDIFF("4 lockstep streams vs each alone", worst, 1e-5);
+    free(batched);
+    for (int i = 0; i < 4; i++) cart_kv_free(kv[i]);
+    cart_model_free(m);
+}
+
+static void test_bad_forward_input_fails_and_leaves_caches_alone(void) {
+    cart_model *m = NULL;
+    CHECK_OK(cart_model_load(&m, CART_SHARED_DIR "/models/stories260K.gguf", NULL));
+    if (!m) return;
+    cart_kv *kv = NULL, *other = NULL;
+    CHECK_OK(cart_model_new_kv(&kv, m, 8, CART_F32));
+    int64_t n = 4, last = 3;
+    float logits[512];
+    CHECK_OK(cart_model_forward(m, &kv, 1, story, &n, &last, 1, logits));
+    int32_t bad[2] = {5, 512};
+    n = 2;
+    CHECK_ERR(cart_model_forward(m, &kv, 1, bad, &n, NULL, 0, NULL), CART_E_ARG);
+    CHECK_ERROR_MENTIONS("outside the vocabulary of 512");
+    n = 5; /* 4 cached + 5 > 8: a prompt longer than the context */
+    CHECK_ERR(cart_model_forward(m, &kv, 1, story, &n, NULL, 0, NULL), CART_E_ARG);
+    CHECK_ERROR_MENTIONS("do not fit its context of 8");
+    CHECK(cart_kv_len(kv) == 4);
+    n = 1;
+    int64_t row = 1;
+    CHECK_ERR(cart_model_forward(m, &kv, 1, story, &n, &row, 1, logits), CART_E_ARG);
+    CHECK_OK(cart_kv_new(&other, 5, 4, 16, 8, CART_F32));
+    CHECK_ERR(cart_model_forward(m, &other, 1, story, &n, NULL, 0, NULL), CART_E_ARG);
+    CHECK_ERROR_MENTIONS("the model needs 5 x 4 x 8");
+    cart_kv_free(other);
+    cart_kv_free(kv);
+    cart_model_free(m);
+}
+
+/* Writes a copy of stories260K with one change, for the loader's errors. */
+typedef enum { DROP_TENSOR, RESHAPE_TENSOR, RETYPE_TENSOR, ADD_KEY, CHANGE_ARCH } mutation;
+
+static void write_mutant(const char *out, mutation what, const char *target) {
+    cart_gguf *g = NULL;
+    CHECK_OK(cart_gguf_open(&g, CART_SHARED_DIR "/models/stories260K.gguf"));
+    cart_gguf_writer *w = NULL;
+    CHECK_OK(cart_gguf_writer_new(&w));
+    for (int64_t i = 0; i < cart_gguf_kv_count(g); i++) {
+        const cart_gguf_kv *kv = cart_gguf_kv_at(g, i);
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.data);
+        if (what == CHANGE_ARCH && strcmp(key, "general.architecture") == 0)
+            CHECK_OK(cart_gguf_writer_set_str(w, key, target));
+        else
+            CHECK_OK(cart_gguf_writer_set(w, key, &kv->value));
+    }
+    if (what == ADD_KEY) CHECK_OK(cart_gguf_writer_set_str(w, target, "linear"));
+    static uint8_t zeros[1 << 20];
+    for (int64_t i = 0; i < cart_gguf_tensor_count(g); i++) {
+        const cart_gguf_tensor_info *t = cart_gguf_tensor_at(g, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.data);
+        int hit = strcmp(name, target) == 0;
+        if (hit && what == DROP_TENSOR) continue;
+        int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        int32_t dtype = t->dtype;
+        const void *data = t->data;
+        if (hit && what == RESHAPE_TENSOR) ne[1] += 1, data = zeros;
+        if (hit && what == RETYPE_TENSOR) dtype = CART_I32, data = zeros;
+        CHECK_OK(cart_gguf_writer_add_tensor(w, name, dtype, t->n_dims, ne, data));
+    }
+    CHECK_OK(cart_gguf_writer_write(w, out));
+    cart_gguf_writer_free(w);
+    cart_gguf_close(g);
+}
+
+static void test_loading_names_the_tensor_or_key_that_is_wrong(void) {
+    const char *path = "/tmp/cart_test_model_mutant.gguf";
+    cart_model *m = NULL;
+    write_mutant(path, DROP_TENSOR, "blk.3.ffn_up.weight");
+    CHECK_ERR(cart_model_load(&m, path, NULL), CART_E_FORMAT);
+    CHECK_ERROR_MENTIONS("missing tensor 'blk.3.ffn_up.weight'");
+    write_mutant(path, RESHAPE_TENSOR, "blk.0.attn_k.weight");
+    CHECK_ERR(cart_model_load(&m, path, NULL), CART_E_FORMAT);
+    CHECK_ERROR_MENTIONS("'blk.0.attn_k.weight' has shape [64, 33");
+    write_mutant(path, RETYPE_TENSOR, "blk.1.attn_v.weight");
+    CHECK_ERR(cart_model_load(&m, path, NULL), CART_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("'blk.1.attn_v.weight' has type i32");
+    write_mutant(path, ADD_KEY, "llama.rope.scaling.type");
+    CHECK_ERR(cart_model_load(&m, path, NULL), CART_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("llama.rope.scaling.type");
+    write_mutant(path, CHANGE_ARCH, "gemma2");
+    CHECK_ERR(cart_model_load(&m, path, NULL), CART_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("supported: qwen3, llama");
+    CHECK(m == NULL);
+    remove(path);
+}
+
+static void test_kv_cache_rows_round_trip_and_copy(void) {
+    cart_kv *a = NULL, *b = NULL;
+    CHECK_OK(cart_kv_new(&a, 2, 2, 4, 10, CART_F16));
+    CHECK_OK(cart_kv_new(&b, 2, 2, 4, 10, CART_F32));
+    float k[3 * 8], v[3 * 8], back[3 * 8];
+    for (int i = 0; i < 24; i++) k[i] = 0.25f * i, v[i] = -0.5f * i;
+    CHECK_OK(cart_kv_write(a, 1, 2, 3, k, v));
+    CHECK_OK(cart_kv_set_len(a, 5));
+    CHECK_OK(cart_kv_read(a, 1, 2, 3, back, NULL));
+    CHECK_MAXDIFF("f16 cache round trip (exact for these values)", max_diff(k, back, 24), 0.0);
+    CHECK_OK(cart_kv_copy(b, a, 5));
+    CHECK(cart_kv_len(b) == 5);
+    CHECK_OK(cart_kv_read(b, 1, 2, 3, NULL, back));
+    CHECK_MAXDIFF("f16 -> f32 copy", max_diff(v, back, 24), 0.0);
+    CHECK_OK(cart_kv_truncate(b, 2));
+    CHECK_ERR(cart_kv_truncate(b, 3), CART_E_ARG);
+    CHECK_ERR(cart_kv_write(a, 2, 0, 1, k, v), CART_E_ARG);
+    CHECK_ERR(cart_kv_write(a, 0, 8, 3, k, v), CART_E_ARG);
+    CHECK_ERR(cart_kv_new(&b, 2, 2, 4, 10, CART_Q8_0), CART_E_ARG);
+    cart_kv_free(a);
+    cart_kv_free(b);
+}
+
+int main(void) {
+    if (!shared_present()) {
+        printf("skipping: %s not found (the ../shared fixtures are absent)\n",
+               CART_SHARED_DIR "/reference/README.md");
+        return CHECK_SKIP;
+    }
+    RUN(test_stories260K_continues_like_llama_cpp);
+    RUN(test_qwen3_tiny_f32_matches_llama_cpp);
+    RUN(test_qwen3_tiny_f16_matches_llama_cpp);
+    RUN(test_qwen3_realvocab_f16_matches_llama_cpp);
+    RUN(test_chunked_prefill_and_decode_give_the_logits_of_one_pass);
+    RUN(test_lockstep_streams_match_running_them_alone);
+    RUN(test_bad_forward_input_fails_and_leaves_caches_alone);
+    RUN(test_loading_names_the_tensor_or_key_that_is_wrong);
+    RUN(test_kv_cache_rows_round_trip_and_copy);
+    return check_finish("model");
+}
