@@ -27,8 +27,11 @@
 #include "matmul.h"
 #include "matmul_kernels.h"
 
+#ifndef MM_SMALL_N_TUNE
+#define MM_SMALL_N_TUNE 8
+#endif
 enum {
-    SMALL_N = 8,        /* forward: at most this many tokens use the GEMV kernels */
+    SMALL_N = MM_SMALL_N_TUNE, /* forward: at most this many tokens use the GEMV kernels */
     MM_MC = 44 * MM_U,  /* tokens per GEMM block: their packed k block fits L2 */
     GEMV_ROWS = 48,     /* weight rows per GEMV task: whole GEMV passes of 8, 6, 4, 3 */
     PORTABLE_CHUNK = 1 << 22, /* floats of widened weight per cart_gemm call (16 MiB) */

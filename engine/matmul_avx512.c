@@ -36,7 +36,7 @@ int64_t mm_scratch_floats(const mm_src *w, int32_t path) {
     case MM_PATH_BACKWARD: /* packed panels for a block of rows, and one dequantized row */
         return (int64_t)MM_BWD_KC * mm_bwd_cols(w) + mm_bwd_cols(w);
     default: /* dequantized chunks of the rows of one pass */
-        return dequant ? (int64_t)16 * MM_GEMV_G * MM_GEMV_KB : 0;
+        return dequant ? (int64_t)MM_GEMV_MAXR * MM_GEMV_KB : 0;
     }
 }
 
@@ -344,96 +344,77 @@ void mm512_backward_cols(const mm_src *w, float *dx, int64_t ldx, const float *d
 
 /* ---- GEMV ----------------------------------------------------------------- */
 
-/* acc[g][t] (outputs for weight rows 16 g .. 16 g + 15 and token t) continues
- * its FMA chain over the next kn reduction steps. Each 16 x 16 block of
- * weights (16 rows x 16 steps) is transposed in registers, so that lane i of
- * the accumulator is row 16 g + i and the chain runs over k in order, exactly
- * as in the GEMM micro-kernel. rows[i] points at row i's first element of the
- * span; x + t * ldx at token t's. */
-static ALWAYS_INLINE void chain_span(const int G, const int T, const int kind,
-                                     const uint8_t *const *rows, const float *x, int64_t ldx,
-                                     int64_t kn, __m512 acc[MM_GEMV_G][MM_GEMV_T]) {
+/* acc[r][t] += lane-wise products of weight rows w[r] (elements of `kind`)
+ * and token rows x + t * ldx over kn elements. */
+static ALWAYS_INLINE void gemv_span(const int R, const int T, const int kind,
+                                    const uint8_t *const *wr, const float *x, int64_t ldx,
+                                    int64_t kn, __m512 acc[MM_GEMV_MAXR][MM_GEMV_T]) {
     const int64_t esize = kind == MM_W_F32 ? 4 : 2;
     int64_t k = 0;
-    for (; k + 16 <= kn; k += 16)
-        for (int g = 0; g < G; g++) {
-            __m512 r[16];
-            for (int i = 0; i < 16; i++) r[i] = load_w16_full(kind, rows[16 * g + i] + k * esize);
-            transpose16(r);
-            for (int i = 0; i < 16; i++)
-                for (int t = 0; t < T; t++)
-                    acc[g][t] = _mm512_fmadd_ps(_mm512_set1_ps(x[t * ldx + k + i]), r[i], acc[g][t]);
-#ifdef MM_BARRIER
-            __asm__ volatile("" ::: "memory");
-#endif
+    for (; k + 16 <= kn; k += 16) {
+        __m512 wv[MM_GEMV_MAXR];
+        for (int r = 0; r < R; r++) wv[r] = load_w16_full(kind, wr[r] + k * esize);
+        for (int t = 0; t < T; t++) {
+            const __m512 xv = _mm512_loadu_ps(x + t * ldx + k);
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
         }
-    if (k < kn) { /* a ragged end (plain dtypes only): steps one by one from memory */
-        const int64_t rest = kn - k;
-        const __mmask16 km = lanes(rest);
-        for (int g = 0; g < G; g++) {
-            __m512 r[16];
-            float cols[16][16] __attribute__((aligned(64)));
-            for (int i = 0; i < 16; i++) r[i] = load_w16(kind, rows[16 * g + i] + k * esize, km);
-            transpose16(r);
-            for (int i = 0; i < 16; i++) _mm512_store_ps(cols[i], r[i]);
-            for (int64_t i = 0; i < rest; i++) {
-                const __m512 c = _mm512_load_ps(cols[i]);
-                for (int t = 0; t < T; t++)
-                    acc[g][t] = _mm512_fmadd_ps(_mm512_set1_ps(x[t * ldx + k + i]), c, acc[g][t]);
-            }
+    }
+    if (k < kn) {
+        const __mmask16 km = lanes(kn - k);
+        __m512 wv[MM_GEMV_MAXR];
+        for (int r = 0; r < R; r++) wv[r] = load_w16(kind, wr[r] + k * esize, km);
+        for (int t = 0; t < T; t++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(km, x + t * ldx + k);
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
         }
     }
 }
 
-/* y[t, j + r] for r < nr (<= 16 G) and t < T. */
-static ALWAYS_INLINE void chain_tile(const int G, const int T, const int kind, const mm_src *w,
-                                     int64_t j, int64_t nr, const float *x, int64_t ldx, float *y,
-                                     int64_t ldy, float *tmp) {
-    __m512 acc[MM_GEMV_G][MM_GEMV_T];
-    for (int g = 0; g < G; g++)
-        for (int t = 0; t < T; t++) acc[g][t] = _mm512_setzero_ps();
-    const uint8_t *rows[16 * MM_GEMV_G];
+/* y[t, j + r] = W[j + r, :] . x[t, :] for r < nr (<= R), t < T. */
+static ALWAYS_INLINE void gemv_tile(const int R, const int T, const int kind, const mm_src *w,
+                                    int64_t j, int64_t nr, const float *x, int64_t ldx, float *y,
+                                    int64_t ldy, float *tmp) {
+    __m512 acc[MM_GEMV_MAXR][MM_GEMV_T];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    const uint8_t *wr[MM_GEMV_MAXR];
     const int64_t depth = w->cols;
     if (kind == MM_W_DEQUANT) {
-        for (int i = 0; i < 16 * G; i++)
-            rows[i] = (const uint8_t *)(tmp + min64(i, nr - 1) * MM_GEMV_KB);
+        for (int r = 0; r < R; r++) wr[r] = (const uint8_t *)(tmp + min64(r, nr - 1) * MM_GEMV_KB);
         for (int64_t k0 = 0; k0 < depth; k0 += MM_GEMV_KB) {
             const int64_t kn = min64(MM_GEMV_KB, depth - k0);
             dequant_rows(w, tmp, MM_GEMV_KB, j, nr, k0, kn);
-            chain_span(G, T, MM_W_F32, rows, x + k0, ldx, kn, acc);
+            gemv_span(R, T, MM_W_F32, wr, x + k0, ldx, kn, acc);
         }
     } else {
-        for (int i = 0; i < 16 * G; i++)
-            rows[i] = w->data + (uint64_t)(j + min64(i, nr - 1)) * w->row_bytes;
-        chain_span(G, T, kind, rows, x, ldx, depth, acc);
+        for (int r = 0; r < R; r++) wr[r] = w->data + (uint64_t)(j + min64(r, nr - 1)) * w->row_bytes;
+        gemv_span(R, T, kind, wr, x, ldx, depth, acc);
     }
-    for (int g = 0; g < G; g++)
-        for (int t = 0; t < T; t++)
-            _mm512_mask_storeu_ps(y + t * ldy + j + 16 * g, lanes(nr - 16 * g), acc[g][t]);
+    for (int r = 0; r < R; r++)
+        if (r < nr)
+            for (int t = 0; t < T; t++) y[t * ldy + j + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-/* Rows [r0, r1) for T tokens, 16 G rows at a time. */
-static ALWAYS_INLINE void chain_pass(const int G, const int T, const int kind, const mm_src *w,
-                                     int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y,
-                                     int64_t ldy, float *tmp) {
-    for (int64_t j = r0; j < r1; j += 16 * G)
-        chain_tile(G, T, kind, w, j, min64(16 * G, r1 - j), x, ldx, y, ldy, tmp);
+/* Rows [r0, r1) for T tokens, R rows at a time. */
+static ALWAYS_INLINE void gemv_pass(const int R, const int T, const int kind, const mm_src *w,
+                                    int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y,
+                                    int64_t ldy, float *tmp) {
+    for (int64_t j = r0; j < r1; j += R) gemv_tile(R, T, kind, w, j, min64(R, r1 - j), x, ldx, y, ldy, tmp);
 }
 
-/* G (row groups of 16) for T tokens: enough independent chains to hide the
- * FMA latency, few enough row streams for the prefetchers. */
+/* R for T tokens: as many rows as keep R x T accumulators within 24 zmm. */
 static ALWAYS_INLINE void gemv_kind(const int kind, const mm_src *w, int64_t r0, int64_t r1,
                                     const float *x, int64_t ldx, int64_t nt, float *y, int64_t ldy,
                                     float *tmp) {
     switch (nt) {
-    case 1: chain_pass(MM_GEMV_G1, 1, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    case 2: chain_pass(2, 2, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    case 3: chain_pass(2, 3, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    case 4: chain_pass(2, 4, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    case 5: chain_pass(1, 5, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    case 6: chain_pass(1, 6, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    case 7: chain_pass(1, 7, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    default: chain_pass(1, 8, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 1: gemv_pass(8, 1, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 2: gemv_pass(8, 2, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 3: gemv_pass(6, 3, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 4: gemv_pass(6, 4, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 5: gemv_pass(4, 5, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 6: gemv_pass(4, 6, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 7: gemv_pass(3, 7, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    default: gemv_pass(3, 8, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
     }
 }
 

@@ -27,10 +27,6 @@
 
 #pragma GCC visibility push(hidden)
 
-#ifndef MM_GEMV_G1
-#define MM_GEMV_G1 4
-#endif
-
 enum {
     MM_U = 12,   /* tokens per micro-tile: the broadcast operand, 12 x 2 zmm accumulators */
     MM_V = 32,   /* weight rows (forward) or columns (backward) per micro-tile: two zmm */
@@ -42,8 +38,8 @@ enum {
     MM_DEPTH = 4096,   /* reduction elements per packed activation block: 8.6 MiB for 528
                           tokens; longer reductions run in several blocks */
     MM_GEMV_T = 8,     /* most tokens one GEMV pass applies a weight row to */
-    MM_GEMV_G = 4,     /* most groups of 16 weight rows one GEMV pass reads at once */
-    MM_GEMV_KB = 256,  /* elements per dequantized chunk of a weight row in the GEMV */
+    MM_GEMV_KB = 1024, /* elements per dequantized chunk of a weight row in the GEMV */
+    MM_GEMV_MAXR = 8,  /* most weight rows one GEMV pass reads at once */
 };
 
 /* How the activations are rounded before the product (matmul.h's contract). */
