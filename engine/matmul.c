@@ -41,10 +41,6 @@ static int64_t min64(int64_t a, int64_t b) {
     return a < b ? a : b;
 }
 
-static int64_t ceil_div(int64_t a, int64_t b) {
-    return (a + b - 1) / b;
-}
-
 /* 64-byte aligned memory for `n` bytes (at least 64), freed with free(). */
 static void *alloc_aligned(size_t n, const char *what) {
     void *p = n <= SIZE_MAX - 64 ? aligned_alloc(64, n ? (n + 63) & ~(size_t)63 : 64) : NULL;
@@ -246,7 +242,23 @@ typedef struct job {
     int64_t r0;
 } job;
 
+/* Carves one workspace into per-thread scratch (each floats per thread) and
+ * `packed` floats for the activations. */
+static int workspace_for(job *j, workspace *ws, int32_t threads, int64_t each, int64_t packed) {
+    j->scratch_floats = (each + 15) & ~(int64_t)15; /* keep every part 64-byte aligned */
+    int64_t scratch = j->scratch_floats * threads;
+    if (workspace_get(ws, float_bytes(scratch + packed, 1), "matmul workspace") != CART_OK)
+        return CART_E_NOMEM;
+    j->scratch = ws->p;
+    j->packed = ws->p + scratch;
+    return CART_OK;
+}
+
 #if MM_HAVE_AVX512
+
+static int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
 
 static void pack_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     job *j = ctx;
@@ -278,18 +290,6 @@ static void backward_task(void *ctx, int64_t begin, int64_t end, int32_t thread)
         mm512_backward_cols(j->w, j->out, j->ldo, j->packed, j->n, j->d0, j->depth, c0, c1,
                             scratch);
     }
-}
-
-/* Carves one workspace into per-thread scratch (each floats per thread) and
- * `packed` floats for the activations. */
-static int workspace_for(job *j, workspace *ws, int32_t threads, int64_t each, int64_t packed) {
-    j->scratch_floats = (each + 15) & ~(int64_t)15; /* keep every part 64-byte aligned */
-    int64_t scratch = j->scratch_floats * threads;
-    if (workspace_get(ws, float_bytes(scratch + packed, 1), "matmul workspace") != CART_OK)
-        return CART_E_NOMEM;
-    j->scratch = ws->p;
-    j->packed = ws->p + scratch;
-    return CART_OK;
 }
 
 static int forward_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w,
@@ -400,29 +400,32 @@ static void widen_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     for (int64_t r = begin; r < end; r++) widen_row(j->w, j->wide + r * j->w->cols, j->r0 + r);
 }
 
+/* Rows of widened weight per cart_gemm call: PORTABLE_CHUNK floats in all. */
+static int64_t portable_chunk(const mm_src *w) {
+    int64_t chunk = PORTABLE_CHUNK / w->cols;
+    return chunk < 1 ? 1 : min64(chunk, w->rows);
+}
+
 static int forward_portable(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w,
                             int64_t n, cart_pool *pool) {
-    const int32_t threads = cart_pool_size(pool);
-    const int64_t cols = w->cols;
+    const int64_t cols = w->cols, chunk = portable_chunk(w);
+    const int small = n <= SMALL_N;
     job j = {.w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
-    int rc = CART_OK;
-    if (j.round != MM_ROUND_NONE) {
-        j.packed = alloc_aligned(float_bytes(n, cols), "rounded activations");
-        if (!j.packed) return CART_E_NOMEM;
+    const int64_t rounded = j.round != MM_ROUND_NONE ? n * cols : 0;
+    workspace ws;
+    if (workspace_for(&j, &ws, small ? cart_pool_size(pool) : 1, small ? cols : chunk * cols,
+                      rounded) != CART_OK)
+        return CART_E_NOMEM;
+    if (rounded) {
         cart_pool_for(pool, n, 16, round_task, &j);
         j.in = j.packed;
         j.ldi = cols;
     }
-    if (n <= SMALL_N) {
-        j.scratch_floats = cols;
-        j.scratch = alloc_aligned(float_bytes(cols, threads), "matmul scratch");
-        if (!j.scratch) rc = CART_E_NOMEM;
-        else cart_pool_for(pool, w->rows, 16, dot_task, &j);
+    int rc = CART_OK;
+    if (small) {
+        cart_pool_for(pool, w->rows, 16, dot_task, &j);
     } else {
-        int64_t chunk = cols > 0 ? PORTABLE_CHUNK / cols : w->rows;
-        chunk = chunk < 1 ? 1 : min64(chunk, w->rows);
-        j.wide = alloc_aligned(float_bytes(chunk, cols), "widened weight rows");
-        if (!j.wide) rc = CART_E_NOMEM;
+        j.wide = j.scratch;
         for (int64_t r0 = 0; rc == CART_OK && r0 < w->rows; r0 += chunk) {
             int64_t nr = min64(chunk, w->rows - r0);
             j.r0 = r0;
@@ -430,20 +433,17 @@ static int forward_portable(float *y, int64_t ldy, const float *x, int64_t ldx, 
             rc = cart_gemm(y + r0, ldy, j.in, j.ldi, 0, j.wide, cols, 1, n, nr, cols, 1.0f, 0.0f);
         }
     }
-    free(j.wide);
-    free(j.scratch);
-    free(j.packed);
+    workspace_put(&ws);
     return rc;
 }
 
 static int backward_portable(float *dx, int64_t ldx, const float *dy, int64_t ldy, const mm_src *w,
                              int64_t n, cart_pool *pool) {
-    const int64_t cols = w->cols;
+    const int64_t cols = w->cols, chunk = portable_chunk(w);
     job j = {.w = w};
-    int64_t chunk = PORTABLE_CHUNK / cols;
-    chunk = chunk < 1 ? 1 : min64(chunk, w->rows);
-    j.wide = alloc_aligned(float_bytes(chunk, cols), "widened weight rows");
-    if (!j.wide) return CART_E_NOMEM;
+    workspace ws;
+    if (workspace_for(&j, &ws, 1, chunk * cols, 0) != CART_OK) return CART_E_NOMEM;
+    j.wide = j.scratch;
     int rc = CART_OK;
     for (int64_t r0 = 0; rc == CART_OK && r0 < w->rows; r0 += chunk) {
         int64_t nr = min64(chunk, w->rows - r0);
@@ -451,7 +451,7 @@ static int backward_portable(float *dx, int64_t ldx, const float *dy, int64_t ld
         cart_pool_for(pool, nr, 16, widen_task, &j);
         rc = cart_gemm(dx, ldx, dy + r0, ldy, 0, j.wide, cols, 0, n, cols, nr, 1.0f, 1.0f);
     }
-    free(j.wide);
+    workspace_put(&ws);
     return rc;
 }
 

@@ -148,13 +148,14 @@ function File:metadata(lazy)
     local h, out = live(self), {}
     for i = 0, tonumber(C.cart_gguf_kv_count(h)) - 1 do
         local kv = C.cart_gguf_kv_at(h, i)
-        out[#out + 1] = {
+        local entry = {
             key = core.str(kv.key),
             type = type_label(kv.value),
             count = tonumber(kv.value.count),
             raw = kv.value,
-            value = (not lazy) and to_lua(kv.value) or nil,
         }
+        if not lazy then entry.value = to_lua(kv.value) end -- (false is a value too)
+        out[#out + 1] = entry
     end
     return out
 end
