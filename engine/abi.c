@@ -23,6 +23,9 @@ static const cart_abi_struct abi_table[] = {
     {"cart_model_config", sizeof(cart_model_config), alignof(cart_model_config)},
     {"cart_model_options", sizeof(cart_model_options), alignof(cart_model_options)},
     {"cart_sampler_params", sizeof(cart_sampler_params), alignof(cart_sampler_params)},
+    {"cart_adam_params", sizeof(cart_adam_params), alignof(cart_adam_params)},
+    {"cart_distill_targets", sizeof(cart_distill_targets), alignof(cart_distill_targets)},
+    {"cart_trainer_options", sizeof(cart_trainer_options), alignof(cart_trainer_options)},
     {"cart_abi_struct", sizeof(cart_abi_struct), alignof(cart_abi_struct)},
 };
 

@@ -22,6 +22,8 @@
 #include "kv.h"
 #include "model.h"
 #include "sampler.h"
+#include "adam.h"
+#include "train.h"
 #include "abi.h"
 
 #endif

@@ -4,7 +4,7 @@
  * without AVX-512. The AVX-512 kernels are in matmul_avx512.c.
  *
  * Forward, AVX-512:
- *   n <= SMALL_N tokens: GEMV kernels read each weight row once for up to 8
+ *   n <= GEMV_MAX_N (16) tokens: GEMV kernels read each weight row once per 8
  *     tokens (memory-bound decode). Tasks are groups of weight rows.
  *   more tokens: GEMM. Tokens go in blocks of MM_MC; per block the
  *     activations are rounded and packed once (split over token panels), then
@@ -27,13 +27,16 @@
 #include "matmul.h"
 #include "matmul_kernels.h"
 
-#ifndef MM_SMALL_N_TUNE
-#define MM_SMALL_N_TUNE 8
-#endif
 enum {
-    SMALL_N = MM_SMALL_N_TUNE, /* forward: at most this many tokens use the GEMV kernels */
-    MM_MC = 44 * MM_U,  /* tokens per GEMM block: their packed k block fits L2 */
-    GEMV_ROWS = 48,     /* weight rows per GEMV task: whole GEMV passes of 8, 6, 4, 3 */
+    /* Forward products of at most this many tokens take the GEMV path. The
+     * crossover measured on Zen 5 with weights streamed from DRAM: below about
+     * 16 tokens the GEMM's packing costs more than its reuse gains (for block
+     * types the two are even from 10 to 16). One limit for every dtype, so
+     * that a widened copy takes the same path as its original and gives the
+     * same bits. */
+    GEMV_MAX_N = 16,
+    MM_MC = 44 * MM_U,        /* tokens per GEMM block: their packed k block fits L2 */
+    GEMV_ROWS = 48,           /* weight rows per GEMV task: whole GEMV passes of 8, 6, 4, 3 */
     PORTABLE_CHUNK = 1 << 22, /* floats of widened weight per cart_gemm call (16 MiB) */
 };
 
@@ -170,10 +173,12 @@ static int check_weight(mm_src *src, const cart_weight *w, const char *fn) {
         return cart_fail(CART_E_ARG, "%s: weight has a negative shape (%lld rows, %lld cols)", fn,
                          (long long)w->rows, (long long)w->cols);
     if (w->cols % info.block_size != 0)
-        return cart_fail(CART_E_ARG, "%s: weight cols %lld is not a whole number of %s blocks of %d",
-                         fn, (long long)w->cols, info.name, (int)info.block_size);
+        return cart_fail(CART_E_ARG,
+                         "%s: weight cols %lld is not a whole number of %s blocks of %d", fn,
+                         (long long)w->cols, info.name, (int)info.block_size);
     uint64_t need;
-    if (cart_dtype_nbytes(&need, w->dtype, w->cols) != CART_OK) return cart_fail_context(CART_E_ARG, "%s", fn);
+    if (cart_dtype_nbytes(&need, w->dtype, w->cols) != CART_OK)
+        return cart_fail_context(CART_E_ARG, "%s", fn);
     if (w->row_bytes < need)
         return cart_fail(CART_E_ARG, "%s: weight row_bytes %llu is below the %llu bytes of a row",
                          fn, (unsigned long long)w->row_bytes, (unsigned long long)need);
@@ -182,8 +187,8 @@ static int check_weight(mm_src *src, const cart_weight *w, const char *fn) {
     src->data = w->data;
     src->row_bytes = w->row_bytes;
     src->dtype = w->dtype;
-    src->kind = w->dtype == CART_F32   ? MM_W_F32
-                : w->dtype == CART_F16 ? MM_W_F16
+    src->kind = w->dtype == CART_F32    ? MM_W_F32
+                : w->dtype == CART_F16  ? MM_W_F16
                 : w->dtype == CART_BF16 ? MM_W_BF16
                                         : MM_W_DEQUANT;
     src->block_size = info.block_size;
@@ -227,18 +232,18 @@ static int32_t round_for(int32_t dtype) {
 
 typedef struct job {
     const mm_src *w;
-    float *out;      /* y (forward) or dx (backward) */
+    float *out; /* y (forward) or dx (backward) */
     int64_t ldo;
     const float *in; /* x or dy as given, or rounded */
     int64_t ldi;
-    int64_t n;       /* tokens in this block */
+    int64_t n; /* tokens in this block */
     int32_t round;
-    float *packed;   /* packed activations of this block */
-    float *scratch;  /* per-thread scratch, scratch_floats each */
+    float *packed;  /* packed activations of this block */
+    float *scratch; /* per-thread scratch, scratch_floats each */
     int64_t scratch_floats;
-    int64_t d0;      /* first reduction index of the packed block */
-    int64_t depth;   /* reduction length of the packed block */
-    float *wide;     /* portable: widened weight chunk (rows r0.., cols floats each) */
+    int64_t d0;    /* first reduction index of the packed block */
+    int64_t depth; /* reduction length of the packed block */
+    float *wide;   /* portable: widened weight chunk (rows r0.., cols floats each) */
     int64_t r0;
 } job;
 
@@ -295,9 +300,10 @@ static void backward_task(void *ctx, int64_t begin, int64_t end, int32_t thread)
 static int forward_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w,
                           int64_t n, cart_pool *pool) {
     const int32_t threads = cart_pool_size(pool);
-    job j = {.w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
+    job j = {
+        .w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
     workspace ws;
-    if (n <= SMALL_N) {
+    if (n <= GEMV_MAX_N) {
         int64_t rounded = j.round != MM_ROUND_NONE ? n * w->cols : 0;
         if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_GEMV), rounded) != CART_OK)
             return CART_E_NOMEM;
@@ -409,8 +415,9 @@ static int64_t portable_chunk(const mm_src *w) {
 static int forward_portable(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w,
                             int64_t n, cart_pool *pool) {
     const int64_t cols = w->cols, chunk = portable_chunk(w);
-    const int small = n <= SMALL_N;
-    job j = {.w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
+    const int small = n <= GEMV_MAX_N;
+    job j = {
+        .w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
     const int64_t rounded = j.round != MM_ROUND_NONE ? n * cols : 0;
     workspace ws;
     if (workspace_for(&j, &ws, small ? cart_pool_size(pool) : 1, small ? cols : chunk * cols,
@@ -480,8 +487,8 @@ int cart_matmul_forward(float *y, int64_t ldy, const float *x, int64_t ldx, cons
 #endif
 }
 
-int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy,
-                         const cart_weight *w, int64_t n, cart_pool *pool) {
+int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy, const cart_weight *w,
+                         int64_t n, cart_pool *pool) {
     static const char fn[] = "cart_matmul_backward";
     mm_src src;
     int rc = check_weight(&src, w, fn);

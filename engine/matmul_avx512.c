@@ -22,10 +22,16 @@
  */
 #include "matmul_kernels.h"
 
+#include <string.h>
+
 #include "dtype.h"
 
 int64_t mm_bwd_cols(const mm_src *w) {
     return w->block_size > MM_BWD_COLS ? w->block_size : MM_BWD_COLS;
+}
+
+int64_t mm_bwd_kc(const mm_src *w) {
+    return MM_BWD_BLOCK / mm_bwd_cols(w);
 }
 
 int64_t mm_scratch_floats(const mm_src *w, int32_t path) {
@@ -34,7 +40,7 @@ int64_t mm_scratch_floats(const mm_src *w, int32_t path) {
     case MM_PATH_FORWARD: /* a packed panel, and the rows it came from */
         return (int64_t)MM_KC * MM_V * (dequant ? 2 : 1);
     case MM_PATH_BACKWARD: /* packed panels for a block of rows, and one dequantized row */
-        return (int64_t)MM_BWD_KC * mm_bwd_cols(w) + mm_bwd_cols(w);
+        return (int64_t)MM_BWD_BLOCK + mm_bwd_cols(w);
     default: /* dequantized chunks of the rows of one pass */
         return dequant ? (int64_t)MM_GEMV_MAXR * MM_GEMV_KB : 0;
     }
@@ -57,13 +63,137 @@ static __mmask16 lanes(int64_t n) {
     return (__mmask16)((1u << n) - 1);
 }
 
+/* ---- dequantization -------------------------------------------------------
+ * Vector versions of quant.c's dequantizers for the block types GGUF models
+ * use most. Each forms the same f32 products and differences from the same
+ * operands as the scalar code (and so as GGML's reference dequantizers), so
+ * the values are identical; the tests compare products with cart_to_f32's
+ * values bit for bit. Other types go through cart_to_f32. */
+
+static float f16_scale(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h); /* exact for every f16, subnormals included */
+}
+
+/* 16 signed bytes to floats. */
+static ALWAYS_INLINE __m512 i8x16_to_ps(__m128i v) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+}
+
+/* q8_0: value q * d. */
+static void dequant_q8_0(float *y, const uint8_t *x, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 34, y += 32) {
+        const __m512 d = _mm512_set1_ps(f16_scale(x));
+        _mm512_storeu_ps(y,
+                         _mm512_mul_ps(i8x16_to_ps(_mm_loadu_si128((const __m128i *)(x + 2))), d));
+        _mm512_storeu_ps(y + 16,
+                         _mm512_mul_ps(i8x16_to_ps(_mm_loadu_si128((const __m128i *)(x + 18))), d));
+    }
+}
+
+/* q4_0: value (q - 8) * d, low nibbles first. */
+static void dequant_q4_0(float *y, const uint8_t *x, int64_t nb) {
+    const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    for (int64_t i = 0; i < nb; i++, x += 18, y += 32) {
+        const __m512 d = _mm512_set1_ps(f16_scale(x));
+        const __m128i q = _mm_loadu_si128((const __m128i *)(x + 2));
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, low4), eight);
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low4), eight);
+        _mm512_storeu_ps(y, _mm512_mul_ps(i8x16_to_ps(lo), d));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(i8x16_to_ps(hi), d));
+    }
+}
+
+/* Scale and min of sub-block j of a q4_K block (quant.c's scale_min_k4). */
+static void scale_min_k4(int j, const uint8_t *s, int *scale, int *min) {
+    if (j < 4) {
+        *scale = s[j] & 63;
+        *min = s[j + 4] & 63;
+    } else {
+        *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* q4_K: value (d * scale) * q - dmin * min per 32-element sub-block. The
+ * product is exact (17 + 4 significant bits), so whether a compiler fuses it
+ * with the subtraction cannot change the result. */
+static void dequant_q4_K(float *y, const uint8_t *x, int64_t nb) {
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    for (int64_t i = 0; i < nb; i++, x += 144, y += 256) {
+        const float d = f16_scale(x), dmin = f16_scale(x + 2);
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *q = x + 16 + 32 * c;
+            for (int half = 0; half < 2; half++) { /* low nibbles: sub-block 2c; high: 2c + 1 */
+                int sc, mn;
+                scale_min_k4(2 * c + half, x + 4, &sc, &mn);
+                const __m512 d1 = _mm512_set1_ps(d * (float)sc),
+                             m1 = _mm512_set1_ps(dmin * (float)mn);
+                for (int l = 0; l < 32; l += 16) {
+                    __m128i v = _mm_loadu_si128((const __m128i *)(q + l));
+                    v = _mm_and_si128(half ? _mm_srli_epi16(v, 4) : v, low4);
+                    const __m512 p = _mm512_mul_ps(d1, i8x16_to_ps(v));
+                    _mm512_storeu_ps(y + 64 * c + 32 * half + l, _mm512_sub_ps(p, m1));
+                }
+            }
+        }
+    }
+}
+
+/* q6_K: value (d * scale) * (q - 32), layout as in quant.c. */
+static void dequant_q6_K(float *y, const uint8_t *x, int64_t nb) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(3);
+    const __m256i bias = _mm256_set1_epi8(32);
+    for (int64_t i = 0; i < nb; i++, x += 210, y += 256) {
+        const float d = f16_scale(x + 208);
+        const int8_t *sc = (const int8_t *)(x + 192);
+        for (int h = 0; h < 2; h++) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(x + 128 + 32 * h));
+            for (int g = 0; g < 4; g++) { /* elements 128h + 32g .. + 31 */
+                __m256i ql = _mm256_loadu_si256((const __m256i *)(x + 64 * h + 32 * (g & 1)));
+                if (g >= 2) ql = _mm256_srli_epi16(ql, 4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), low2);
+                const __m256i q = _mm256_sub_epi8(
+                    _mm256_or_si256(_mm256_and_si256(ql, low4), _mm256_slli_epi16(hi, 4)), bias);
+                float *yy = y + 128 * h + 32 * g;
+                const __m512 s0 = _mm512_set1_ps(d * (float)sc[8 * h + 2 * g]);
+                const __m512 s1 = _mm512_set1_ps(d * (float)sc[8 * h + 2 * g + 1]);
+                _mm512_storeu_ps(yy, _mm512_mul_ps(s0, i8x16_to_ps(_mm256_castsi256_si128(q))));
+                _mm512_storeu_ps(yy + 16,
+                                 _mm512_mul_ps(s1, i8x16_to_ps(_mm256_extracti128_si256(q, 1))));
+            }
+        }
+    }
+}
+
 /* Dequantizes rows [r0, r0 + nr), elements [k0, k0 + kc) of a block-type
  * weight into dst (pitch ld floats). k0 and kc are whole blocks. */
 static void dequant_rows(const mm_src *w, float *dst, int64_t ld, int64_t r0, int64_t nr,
                          int64_t k0, int64_t kc) {
     const uint64_t off = (uint64_t)(k0 / w->block_size) * (uint64_t)w->type_size;
-    for (int64_t r = 0; r < nr; r++)
-        cart_to_f32(dst + r * ld, w->dtype, w->data + (uint64_t)(r0 + r) * w->row_bytes + off, kc);
+    const int64_t nb = kc / w->block_size;
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *src = w->data + (uint64_t)(r0 + r) * w->row_bytes + off;
+        float *out = dst + r * ld;
+        switch (w->dtype) {
+        case CART_Q8_0:
+            dequant_q8_0(out, src, nb);
+            break;
+        case CART_Q4_0:
+            dequant_q4_0(out, src, nb);
+            break;
+        case CART_Q4_K:
+            dequant_q4_K(out, src, nb);
+            break;
+        case CART_Q6_K:
+            dequant_q6_K(out, src, nb);
+            break;
+        default:
+            cart_to_f32(out, w->dtype, src, kc);
+            break;
+        }
+    }
 }
 
 /* Loads 16 consecutive weight elements of a float kind as f32; lanes outside
@@ -80,8 +210,8 @@ static ALWAYS_INLINE __m512 load_w16(const int kind, const uint8_t *p, __mmask16
 static ALWAYS_INLINE __m512 load_w16_full(const int kind, const uint8_t *p) {
     if (kind == MM_W_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
     if (kind == MM_W_BF16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
     return _mm512_loadu_ps(p);
 }
 
@@ -98,7 +228,8 @@ static ALWAYS_INLINE __m512 round_act(__m512 v, const int round) {
         r = _mm512_and_si512(r, hi);
         const __mmask16 nan = _mm512_cmpgt_epu32_mask(
             _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-        const __m512i quiet = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), hi);
+        const __m512i quiet =
+            _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), hi);
         return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, quiet));
     }
     return v;
@@ -119,8 +250,8 @@ static ALWAYS_INLINE void transpose16(__m512 r[16]) {
         r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
     }
     for (int c = 0; c < 4; c++) {
-        t[c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);      /* cols c, 8+c of rows 0..7 */
-        t[4 + c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);  /* cols 4+c, 12+c */
+        t[c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);     /* cols c, 8+c of rows 0..7 */
+        t[4 + c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd); /* cols 4+c, 12+c */
         t[8 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
         t[12 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
     }
@@ -155,10 +286,12 @@ static ALWAYS_INLINE void pack_act_panels(const int round, float *xp, const floa
 
 void mm512_pack_act(float *xp, const float *x, int64_t ldx, int64_t ntok, int64_t depth,
                     int32_t round, int64_t p0, int64_t p1) {
-    if (round == MM_ROUND_F16) pack_act_panels(MM_ROUND_F16, xp, x, ldx, ntok, depth, p0, p1);
+    if (round == MM_ROUND_F16)
+        pack_act_panels(MM_ROUND_F16, xp, x, ldx, ntok, depth, p0, p1);
     else if (round == MM_ROUND_BF16)
         pack_act_panels(MM_ROUND_BF16, xp, x, ldx, ntok, depth, p0, p1);
-    else pack_act_panels(MM_ROUND_NONE, xp, x, ldx, ntok, depth, p0, p1);
+    else
+        pack_act_panels(MM_ROUND_NONE, xp, x, ldx, ntok, depth, p0, p1);
 }
 
 static ALWAYS_INLINE void round_rows(const int round, float *xr, const float *x, int64_t ldx,
@@ -173,9 +306,12 @@ static ALWAYS_INLINE void round_rows(const int round, float *xr, const float *x,
 
 void mm512_round_rows(float *xr, const float *x, int64_t ldx, int64_t cols, int32_t round,
                       int64_t i0, int64_t i1) {
-    if (round == MM_ROUND_F16) round_rows(MM_ROUND_F16, xr, x, ldx, cols, i0, i1);
-    else if (round == MM_ROUND_BF16) round_rows(MM_ROUND_BF16, xr, x, ldx, cols, i0, i1);
-    else round_rows(MM_ROUND_NONE, xr, x, ldx, cols, i0, i1);
+    if (round == MM_ROUND_F16)
+        round_rows(MM_ROUND_F16, xr, x, ldx, cols, i0, i1);
+    else if (round == MM_ROUND_BF16)
+        round_rows(MM_ROUND_BF16, xr, x, ldx, cols, i0, i1);
+    else
+        round_rows(MM_ROUND_NONE, xr, x, ldx, cols, i0, i1);
 }
 
 /* ---- the micro-kernel ----------------------------------------------------- */
@@ -216,18 +352,42 @@ static ALWAYS_INLINE void micro_tile(const int u, int64_t kc, const float *restr
 static void micro(int u, int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
                   __mmask16 m0, __mmask16 m1, int load) {
     switch (u) {
-    case 12: micro_tile(12, kc, a, b, c, ldc, m0, m1, load); break;
-    case 11: micro_tile(11, kc, a, b, c, ldc, m0, m1, load); break;
-    case 10: micro_tile(10, kc, a, b, c, ldc, m0, m1, load); break;
-    case 9: micro_tile(9, kc, a, b, c, ldc, m0, m1, load); break;
-    case 8: micro_tile(8, kc, a, b, c, ldc, m0, m1, load); break;
-    case 7: micro_tile(7, kc, a, b, c, ldc, m0, m1, load); break;
-    case 6: micro_tile(6, kc, a, b, c, ldc, m0, m1, load); break;
-    case 5: micro_tile(5, kc, a, b, c, ldc, m0, m1, load); break;
-    case 4: micro_tile(4, kc, a, b, c, ldc, m0, m1, load); break;
-    case 3: micro_tile(3, kc, a, b, c, ldc, m0, m1, load); break;
-    case 2: micro_tile(2, kc, a, b, c, ldc, m0, m1, load); break;
-    default: micro_tile(1, kc, a, b, c, ldc, m0, m1, load); break;
+    case 12:
+        micro_tile(12, kc, a, b, c, ldc, m0, m1, load);
+        break;
+    case 11:
+        micro_tile(11, kc, a, b, c, ldc, m0, m1, load);
+        break;
+    case 10:
+        micro_tile(10, kc, a, b, c, ldc, m0, m1, load);
+        break;
+    case 9:
+        micro_tile(9, kc, a, b, c, ldc, m0, m1, load);
+        break;
+    case 8:
+        micro_tile(8, kc, a, b, c, ldc, m0, m1, load);
+        break;
+    case 7:
+        micro_tile(7, kc, a, b, c, ldc, m0, m1, load);
+        break;
+    case 6:
+        micro_tile(6, kc, a, b, c, ldc, m0, m1, load);
+        break;
+    case 5:
+        micro_tile(5, kc, a, b, c, ldc, m0, m1, load);
+        break;
+    case 4:
+        micro_tile(4, kc, a, b, c, ldc, m0, m1, load);
+        break;
+    case 3:
+        micro_tile(3, kc, a, b, c, ldc, m0, m1, load);
+        break;
+    case 2:
+        micro_tile(2, kc, a, b, c, ldc, m0, m1, load);
+        break;
+    default:
+        micro_tile(1, kc, a, b, c, ldc, m0, m1, load);
+        break;
     }
 }
 
@@ -240,12 +400,22 @@ static ALWAYS_INLINE void pack_fwd_kind(const int kind, float *panel, const uint
     const int64_t esize = kind == MM_W_F32 ? 4 : 2;
     for (int h = 0; h < MM_V / 16; h++) {
         const int64_t rn = nr - 16 * h;
-        for (int64_t k = 0; k < kc; k += 16) {
+        const uint8_t *rows = base + (uint64_t)(16 * h) * ld;
+        int64_t k = 0;
+        if (rn >= 16) /* whole 16 x 16 blocks: unmasked loads and stores */
+            for (; k + 16 <= kc; k += 16) {
+                __m512 r[16];
+                for (int i = 0; i < 16; i++)
+                    r[i] = load_w16_full(kind, rows + (uint64_t)i * ld + k * esize);
+                transpose16(r);
+                for (int t = 0; t < 16; t++) _mm512_store_ps(panel + (k + t) * MM_V + 16 * h, r[t]);
+            }
+        for (; k < kc; k += 16) { /* ragged edges: missing rows are zeros */
             const int64_t kn = min64(16, kc - k);
             const __mmask16 km = lanes(kn);
             __m512 r[16];
             for (int i = 0; i < 16; i++)
-                r[i] = i < rn ? load_w16(kind, base + (uint64_t)(16 * h + i) * ld + k * esize, km)
+                r[i] = i < rn ? load_w16(kind, rows + (uint64_t)i * ld + k * esize, km)
                               : _mm512_setzero_ps();
             transpose16(r);
             for (int t = 0; t < kn; t++) _mm512_store_ps(panel + (k + t) * MM_V + 16 * h, r[t]);
@@ -275,30 +445,53 @@ static void pack_fwd(const mm_src *w, float *panel, float *tmp, int64_t j0, int6
     }
 }
 
-void mm512_forward_rows(const mm_src *w, float *y, int64_t ldy, const float *xp, int64_t ntok,
-                        int64_t d0, int64_t depth, int64_t r0, int64_t r1, float *scratch) {
-    const int64_t npan = (ntok + MM_U - 1) / MM_U;
+/* Asks for the weight bytes of rows [j0, j0 + nr), elements [k0, k0 + kc) to
+ * be brought into cache: the panel after the current one, so that its DRAM
+ * latency overlaps the current panel's arithmetic. */
+static void prefetch_panel(const mm_src *w, int64_t j0, int64_t nr, int64_t k0, int64_t kc) {
+    const uint64_t from = (uint64_t)(k0 / w->block_size) * (uint64_t)w->type_size;
+    const uint64_t bytes = (uint64_t)(kc / w->block_size) * (uint64_t)w->type_size;
+    for (int64_t r = 0; r < nr; r++) {
+        const char *row = (const char *)w->data + (uint64_t)(j0 + r) * w->row_bytes + from;
+        for (uint64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+    }
+}
+
+/* One packed panel (weight rows j0.., reduction steps k0..) against every
+ * token panel. */
+static void forward_panel(const mm_src *w, float *y, int64_t ldy, const float *xp, int64_t ntok,
+                          int64_t d0, int64_t depth, int64_t j0, int64_t nr, int64_t k0,
+                          float *scratch) {
+    const int64_t npan = (ntok + MM_U - 1) / MM_U, kc = min64(MM_KC, depth - k0);
     float *panel = scratch;                       /* (MM_KC, MM_V) */
     float *tmp = scratch + (int64_t)MM_KC * MM_V; /* (MM_V, MM_KC) dequantized rows */
-    for (int64_t k0 = 0; k0 < depth; k0 += MM_KC) {
-        const int64_t kc = min64(MM_KC, depth - k0);
+    pack_fwd(w, panel, tmp, j0, nr, d0 + k0, kc);
+    const __mmask16 m0 = lanes(nr), m1 = lanes(nr - 16);
+    for (int64_t p = 0; p < npan; p++)
+        micro((int)min64(MM_U, ntok - p * MM_U), kc, xp + p * depth * MM_U + k0 * MM_U, panel,
+              y + p * MM_U * ldy + j0, ldy, m0, m1, d0 + k0 > 0);
+}
+
+void mm512_forward_rows(const mm_src *w, float *y, int64_t ldy, const float *xp, int64_t ntok,
+                        int64_t d0, int64_t depth, int64_t r0, int64_t r1, float *scratch) {
+    /* Panels go k block by k block, all the task's rows in each, so that one
+     * k block of the activations stays in L2 for all of them. */
+    for (int64_t k0 = 0; k0 < depth; k0 += MM_KC)
         for (int64_t j0 = r0; j0 < r1; j0 += MM_V) {
-            const int64_t nr = min64(MM_V, r1 - j0);
-            pack_fwd(w, panel, tmp, j0, nr, d0 + k0, kc);
-            const __mmask16 m0 = lanes(nr), m1 = lanes(nr - 16);
-            for (int64_t p = 0; p < npan; p++)
-                micro((int)min64(MM_U, ntok - p * MM_U), kc, xp + p * depth * MM_U + k0 * MM_U,
-                      panel, y + p * MM_U * ldy + j0, ldy, m0, m1, d0 + k0 > 0);
+            int64_t nj = j0 + MM_V, nk = k0; /* the next panel */
+            if (nj >= r1) nj = r0, nk += MM_KC;
+            if (nk < depth)
+                prefetch_panel(w, nj, min64(MM_V, r1 - nj), d0 + nk, min64(MM_KC, depth - nk));
+            forward_panel(w, y, ldy, xp, ntok, d0, depth, j0, min64(MM_V, r1 - j0), k0, scratch);
         }
-    }
 }
 
 /* ---- backward GEMM -------------------------------------------------------- */
 
 /* panels[jr][k][v] = W[k0 + k, c0 + jr * MM_V + v] for columns below c0 + nc,
  * else 0; k < kc. Row segments start at `base` + k * ld bytes. */
-static ALWAYS_INLINE void pack_bwd_row(const int kind, float *panels, const uint8_t *row, int64_t nc,
-                                       int64_t k, int64_t kc) {
+static ALWAYS_INLINE void pack_bwd_row(const int kind, float *panels, const uint8_t *row,
+                                       int64_t nc, int64_t k, int64_t kc) {
     const int64_t esize = kind == MM_W_F32 ? 4 : 2;
     for (int64_t c = 0; c < nc; c += MM_V) {
         float *dst = panels + (c / MM_V) * kc * MM_V + k * MM_V;
@@ -312,9 +505,15 @@ static void pack_bwd(const mm_src *w, float *panels, float *tmp, int64_t c0, int
     for (int64_t k = 0; k < kc; k++) {
         const uint8_t *row = w->data + (uint64_t)(k0 + k) * w->row_bytes;
         switch (w->kind) {
-        case MM_W_F32: pack_bwd_row(MM_W_F32, panels, row + c0 * 4, nc, k, kc); break;
-        case MM_W_F16: pack_bwd_row(MM_W_F16, panels, row + c0 * 2, nc, k, kc); break;
-        case MM_W_BF16: pack_bwd_row(MM_W_BF16, panels, row + c0 * 2, nc, k, kc); break;
+        case MM_W_F32:
+            pack_bwd_row(MM_W_F32, panels, row + c0 * 4, nc, k, kc);
+            break;
+        case MM_W_F16:
+            pack_bwd_row(MM_W_F16, panels, row + c0 * 2, nc, k, kc);
+            break;
+        case MM_W_BF16:
+            pack_bwd_row(MM_W_BF16, panels, row + c0 * 2, nc, k, kc);
+            break;
         default:
             dequant_rows(w, tmp, nc, k0 + k, 1, c0, nc);
             pack_bwd_row(MM_W_F32, panels, (const uint8_t *)tmp, nc, k, kc);
@@ -327,10 +526,11 @@ void mm512_backward_cols(const mm_src *w, float *dx, int64_t ldx, const float *d
                          int64_t d0, int64_t depth, int64_t c0, int64_t c1, float *scratch) {
     const int64_t npan = (ntok + MM_U - 1) / MM_U;
     const int64_t nc = c1 - c0;
-    float *panels = scratch;                              /* (nc / MM_V, MM_BWD_KC, MM_V) */
-    float *tmp = scratch + (int64_t)MM_BWD_KC * mm_bwd_cols(w); /* one dequantized row */
-    for (int64_t k0 = 0; k0 < depth; k0 += MM_BWD_KC) {
-        const int64_t kc = min64(MM_BWD_KC, depth - k0);
+    const int64_t kcb = mm_bwd_kc(w);
+    float *panels = scratch;             /* (nc / MM_V, kcb, MM_V) */
+    float *tmp = scratch + MM_BWD_BLOCK; /* one dequantized row segment */
+    for (int64_t k0 = 0; k0 < depth; k0 += kcb) {
+        const int64_t kc = min64(kcb, depth - k0);
         pack_bwd(w, panels, tmp, c0, nc, d0 + k0, kc);
         for (int64_t c = 0; c < nc; c += MM_V) {
             const __mmask16 m0 = lanes(nc - c), m1 = lanes(nc - c - 16);
@@ -387,7 +587,8 @@ static ALWAYS_INLINE void gemv_tile(const int R, const int T, const int kind, co
             gemv_span(R, T, MM_W_F32, wr, x + k0, ldx, kn, acc);
         }
     } else {
-        for (int r = 0; r < R; r++) wr[r] = w->data + (uint64_t)(j + min64(r, nr - 1)) * w->row_bytes;
+        for (int r = 0; r < R; r++)
+            wr[r] = w->data + (uint64_t)(j + min64(r, nr - 1)) * w->row_bytes;
         gemv_span(R, T, kind, wr, x, ldx, depth, acc);
     }
     for (int r = 0; r < R; r++)
@@ -399,7 +600,8 @@ static ALWAYS_INLINE void gemv_tile(const int R, const int T, const int kind, co
 static ALWAYS_INLINE void gemv_pass(const int R, const int T, const int kind, const mm_src *w,
                                     int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y,
                                     int64_t ldy, float *tmp) {
-    for (int64_t j = r0; j < r1; j += R) gemv_tile(R, T, kind, w, j, min64(R, r1 - j), x, ldx, y, ldy, tmp);
+    for (int64_t j = r0; j < r1; j += R)
+        gemv_tile(R, T, kind, w, j, min64(R, r1 - j), x, ldx, y, ldy, tmp);
 }
 
 /* R for T tokens: as many rows as keep R x T accumulators within 24 zmm. */
@@ -407,28 +609,52 @@ static ALWAYS_INLINE void gemv_kind(const int kind, const mm_src *w, int64_t r0,
                                     const float *x, int64_t ldx, int64_t nt, float *y, int64_t ldy,
                                     float *tmp) {
     switch (nt) {
-    case 1: gemv_pass(8, 1, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    case 2: gemv_pass(8, 2, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    case 3: gemv_pass(6, 3, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    case 4: gemv_pass(6, 4, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    case 5: gemv_pass(4, 5, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    case 6: gemv_pass(4, 6, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    case 7: gemv_pass(3, 7, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
-    default: gemv_pass(3, 8, kind, w, r0, r1, x, ldx, y, ldy, tmp); break;
+    case 1:
+        gemv_pass(8, 1, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        break;
+    case 2:
+        gemv_pass(8, 2, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        break;
+    case 3:
+        gemv_pass(6, 3, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        break;
+    case 4:
+        gemv_pass(6, 4, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        break;
+    case 5:
+        gemv_pass(4, 5, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        break;
+    case 6:
+        gemv_pass(4, 6, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        break;
+    case 7:
+        gemv_pass(3, 7, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        break;
+    default:
+        gemv_pass(3, 8, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        break;
     }
 }
 
-void mm512_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x, int64_t ldx,
-                     int64_t n, int64_t r0, int64_t r1, float *scratch) {
+void mm512_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t n,
+                     int64_t r0, int64_t r1, float *scratch) {
     for (int64_t t0 = 0; t0 < n; t0 += MM_GEMV_T) {
         const int64_t nt = min64(MM_GEMV_T, n - t0);
         const float *xt = x + t0 * ldx;
         float *yt = y + t0 * ldy;
         switch (w->kind) {
-        case MM_W_F32: gemv_kind(MM_W_F32, w, r0, r1, xt, ldx, nt, yt, ldy, scratch); break;
-        case MM_W_F16: gemv_kind(MM_W_F16, w, r0, r1, xt, ldx, nt, yt, ldy, scratch); break;
-        case MM_W_BF16: gemv_kind(MM_W_BF16, w, r0, r1, xt, ldx, nt, yt, ldy, scratch); break;
-        default: gemv_kind(MM_W_DEQUANT, w, r0, r1, xt, ldx, nt, yt, ldy, scratch); break;
+        case MM_W_F32:
+            gemv_kind(MM_W_F32, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            break;
+        case MM_W_F16:
+            gemv_kind(MM_W_F16, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            break;
+        case MM_W_BF16:
+            gemv_kind(MM_W_BF16, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            break;
+        default:
+            gemv_kind(MM_W_DEQUANT, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            break;
         }
     }
 }

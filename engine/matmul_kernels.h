@@ -18,8 +18,7 @@
 
 #include <stdint.h>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&                     \
-    defined(__AVX512DQ__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define MM_HAVE_AVX512 1
 #else
 #define MM_HAVE_AVX512 0
@@ -28,18 +27,19 @@
 #pragma GCC visibility push(hidden)
 
 enum {
-    MM_U = 12,   /* tokens per micro-tile: the broadcast operand, 12 x 2 zmm accumulators */
-    MM_V = 32,   /* weight rows (forward) or columns (backward) per micro-tile: two zmm */
-    MM_KC = 256, /* reduction depth of one packed weight panel (32 KiB, in L1d); a multiple of
-                    every block size so a panel never splits a quantization block */
-    MM_FWD_ROWS = 64,  /* weight rows per forward task (two micro-panels) */
-    MM_BWD_COLS = 128, /* weight columns per backward task for plain dtypes */
-    MM_BWD_KC = 256,   /* weight rows per packed backward block */
-    MM_DEPTH = 4096,   /* reduction elements per packed activation block: 8.6 MiB for 528
-                          tokens; longer reductions run in several blocks */
-    MM_GEMV_T = 8,     /* most tokens one GEMV pass applies a weight row to */
-    MM_GEMV_KB = 1024, /* elements per dequantized chunk of a weight row in the GEMV */
-    MM_GEMV_MAXR = 8,  /* most weight rows one GEMV pass reads at once */
+    MM_U = 12,        /* tokens per micro-tile: the broadcast operand, 12 x 2 zmm accumulators */
+    MM_V = 32,        /* weight rows (forward) or columns (backward) per micro-tile: two zmm */
+    MM_KC = 256,      /* reduction depth of one packed weight panel (32 KiB, in L1d); a multiple of
+                         every block size so a panel never splits a quantization block */
+    MM_FWD_ROWS = 64, /* weight rows per forward task (two micro-panels) */
+    MM_BWD_COLS = 64, /* weight columns per backward task for plain dtypes */
+    MM_BWD_BLOCK = 32768, /* floats of weight one backward task packs at a time (128 KiB,
+                             in L2): 512 rows of 64 columns */
+    MM_DEPTH = 4096,      /* reduction elements per packed activation block: 8.6 MiB for 528
+                             tokens; longer reductions run in several blocks */
+    MM_GEMV_T = 8,        /* most tokens one GEMV pass applies a weight row to */
+    MM_GEMV_KB = 1024,    /* elements per dequantized chunk of a weight row in the GEMV */
+    MM_GEMV_MAXR = 8,     /* most weight rows one GEMV pass reads at once */
 };
 
 /* How the activations are rounded before the product (matmul.h's contract). */
@@ -67,8 +67,9 @@ typedef enum mm_path { MM_PATH_FORWARD = 0, MM_PATH_BACKWARD = 1, MM_PATH_GEMV =
 int64_t mm_scratch_floats(const mm_src *w, int32_t path);
 
 /* Columns one backward task covers: MM_BWD_COLS, or a whole block for
- * 256-element block types. */
+ * 256-element block types; and the weight rows it packs at a time. */
 int64_t mm_bwd_cols(const mm_src *w);
+int64_t mm_bwd_kc(const mm_src *w);
 
 #if MM_HAVE_AVX512
 
@@ -98,8 +99,8 @@ void mm512_backward_cols(const mm_src *w, float *dx, int64_t ldx, const float *d
 
 /* Forward GEMV for few tokens, weight rows [r0, r1): each weight row is read
  * once per MM_GEMV_T tokens. x is (n, cols) with pitch ldx, already rounded. */
-void mm512_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x, int64_t ldx,
-                     int64_t n, int64_t r0, int64_t r1, float *scratch);
+void mm512_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t n,
+                     int64_t r0, int64_t r1, float *scratch);
 
 #endif
 

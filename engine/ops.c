@@ -137,3 +137,105 @@ void attention_forward(float *out, const float *q, const void *k, const void *v,
         }
     }
 }
+
+/* ---- training kernels ----------------------------------------------------- */
+
+void rmsnorm_forward_keep(float *y, float *rstd, const float *x, const float *w, int64_t rows,
+                          int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float *yr = y + r * dim;
+        double sum = 0.0;
+        for (int64_t i = 0; i < dim; i++) sum += (double)(xr[i] * xr[i]);
+        float mean = (float)(sum / (double)dim);
+        float scale = 1.0f / sqrtf(mean + eps);
+        rstd[r] = scale;
+        for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale * w[i];
+    }
+}
+
+void rmsnorm_backward(float *dx, const float *dy, const float *x, const float *rstd,
+                      const float *w, int64_t rows, int64_t dim) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *dyr = dy + r * dim, *xr = x + r * dim;
+        float *dxr = dx + r * dim;
+        double dot_sum = 0.0;
+        for (int64_t i = 0; i < dim; i++) dot_sum += (double)dyr[i] * w[i] * xr[i];
+        float s = rstd[r];
+        float coef = (float)(dot_sum * (double)s * s * s / (double)dim);
+        for (int64_t i = 0; i < dim; i++) dxr[i] += s * dyr[i] * w[i] - coef * xr[i];
+    }
+}
+
+void swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate, const float *up,
+                     int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i], sig = 1.0f / (1.0f + expf(-g));
+        dup[i] += dh[i] * g * sig;
+        dgate[i] += dh[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
+    }
+}
+
+static void axpy(float *y, float a, const float *x, int32_t n) {
+    for (int32_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void attention_head_forward(float *out, float *lse, const float *q, const float *ka,
+                            const float *va, int64_t na, int64_t stride_a, const float *kb,
+                            const float *vb, int64_t nb, int64_t stride_b, int32_t head_dim,
+                            float scale) {
+    float score[TILE];
+    float run_max = -INFINITY, run_sum = 0.0f;
+    memset(out, 0, sizeof(float) * (size_t)head_dim);
+    for (int32_t block = 0; block < 2; block++) {
+        const float *k = block ? kb : ka, *v = block ? vb : va;
+        int64_t n = block ? nb : na, stride = block ? stride_b : stride_a;
+        for (int64_t t0 = 0; t0 < n; t0 += TILE) {
+            int64_t nt = n - t0 < TILE ? n - t0 : TILE;
+            float tile_max = -INFINITY;
+            for (int64_t j = 0; j < nt; j++) {
+                score[j] = dot(q, k + (t0 + j) * stride, head_dim) * scale;
+                if (score[j] > tile_max) tile_max = score[j];
+            }
+            float new_max = tile_max > run_max ? tile_max : run_max;
+            float correction = expf(run_max - new_max);
+            run_sum *= correction;
+            for (int32_t d = 0; d < head_dim; d++) out[d] *= correction;
+            for (int64_t j = 0; j < nt; j++) {
+                float pj = expf(score[j] - new_max);
+                run_sum += pj;
+                axpy(out, pj, v + (t0 + j) * stride, head_dim);
+            }
+            run_max = new_max;
+        }
+    }
+    float inv = 1.0f / run_sum;
+    for (int32_t d = 0; d < head_dim; d++) out[d] *= inv;
+    *lse = run_max + logf(run_sum);
+}
+
+void attention_head_backward(float *dq, float *dka, float *dva, int64_t skip_a, float *dkb,
+                             float *dvb, const float *dout, const float *out, float lse,
+                             const float *q, const float *ka, const float *va, int64_t na,
+                             int64_t stride_a, const float *kb, const float *vb, int64_t nb,
+                             int64_t stride_b, int32_t head_dim, float scale) {
+    /* p_j = exp(s_j - lse); dv_j += p_j dout; ds_j = p_j (dout.v_j - dout.out);
+     * dq += ds_j scale k_j; dk_j += ds_j scale q */
+    float delta = dot(dout, out, head_dim);
+    for (int32_t block = 0; block < 2; block++) {
+        const float *k = block ? kb : ka, *v = block ? vb : va;
+        float *dk = block ? dkb : dka, *dv = block ? dvb : dva;
+        int64_t n = block ? nb : na, stride = block ? stride_b : stride_a;
+        int64_t first = block ? 0 : skip_a;
+        for (int64_t j = 0; j < n; j++) {
+            const float *kj = k + j * stride, *vj = v + j * stride;
+            float pj = expf(dot(q, kj, head_dim) * scale - lse);
+            float ds = pj * (dot(dout, vj, head_dim) - delta) * scale;
+            axpy(dq, ds, kj, head_dim);
+            if (dk && j >= first) {
+                axpy(dk + j * stride, ds, q, head_dim);
+                axpy(dv + j * stride, pj, dout, head_dim);
+            }
+        }
+    }
+}

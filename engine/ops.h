@@ -52,6 +52,42 @@ void attention_forward(float *out, const float *q, const void *k, const void *v,
                        int64_t n_ctx, int64_t stride, int32_t n_head, int32_t n_head_kv,
                        int32_t head_dim, float scale);
 
+/* rmsnorm_forward that also keeps 1/rms of each row in rstd[rows]. */
+void rmsnorm_forward_keep(float *y, float *rstd, const float *x, const float *w, int64_t rows,
+                          int64_t dim, float eps);
+
+/* dx[r, :] += the gradient w.r.t. x of y = x * rstd * w, given dy; x and
+ * rstd as the forward saw and kept them. */
+void rmsnorm_backward(float *dx, const float *dy, const float *x, const float *rstd,
+                      const float *w, int64_t rows, int64_t dim);
+
+/* The backward of swiglu_forward (h = silu(gate) * up): dgate += dh *
+ * d h/d gate, dup += dh * silu(gate), over n values. */
+void swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate, const float *up,
+                     int64_t n);
+
+/* One query head attending over two blocks of f32 rows: block a (the
+ * cartridge prefix, na rows) then block b (the token's own segment up to and
+ * including itself, nb rows); rows of a block are `stride` floats apart from
+ * its pointer (pass pointers already offset to the head's kv head). Writes
+ * out[head_dim] and the log-sum-exp of the scaled scores to *lse. Either
+ * block may be empty (n = 0, pointers unused). */
+void attention_head_forward(float *out, float *lse, const float *q, const float *ka,
+                            const float *va, int64_t na, int64_t stride_a, const float *kb,
+                            const float *vb, int64_t nb, int64_t stride_b, int32_t head_dim,
+                            float scale);
+
+/* Its backward, given dout and the forward's out and lse: dq += ..., and for
+ * the rows: dkb/dvb += ... for every row of block b, dka/dva += ... for the
+ * rows of block a from skip_a on (the frozen rows get nothing; dka/dva may
+ * be NULL to skip block a's gradients altogether). Gradient rows use the
+ * same strides as the rows. */
+void attention_head_backward(float *dq, float *dka, float *dva, int64_t skip_a, float *dkb,
+                             float *dvb, const float *dout, const float *out, float lse,
+                             const float *q, const float *ka, const float *va, int64_t na,
+                             int64_t stride_a, const float *kb, const float *vb, int64_t nb,
+                             int64_t stride_b, int32_t head_dim, float scale);
+
 #pragma GCC visibility pop
 
 #endif

@@ -41,7 +41,7 @@ typedef struct layer {
 } layer;
 
 static const layer layers[] = {
-    {"q", 2048, 1024},   {"kv", 1024, 1024},   {"o", 1024, 2048},
+    {"q", 2048, 1024},    {"kv", 1024, 1024},   {"o", 1024, 2048},
     {"gate", 3072, 1024}, {"down", 1024, 3072}, {"head", 151936, 1024},
 };
 
@@ -74,8 +74,10 @@ static timing time_calls(float *out, int64_t ldo, const float *in, int64_t ldi,
                          double seconds) {
     double t[50];
     int reps = 0;
-    if (bwd) cart_matmul_backward(out, ldo, in, ldi, w, n, pool);
-    else cart_matmul_forward(out, ldo, in, ldi, w, n, pool);
+    if (bwd)
+        cart_matmul_backward(out, ldo, in, ldi, w, n, pool);
+    else
+        cart_matmul_forward(out, ldo, in, ldi, w, n, pool);
     double start = now();
     while (reps < 50 && (reps < 3 || now() - start < seconds)) {
         const cart_weight *wc = &w[(reps + 1) % n_copies];
@@ -98,12 +100,14 @@ int main(int argc, char **argv) {
     char shapes_arg[128] = "q,kv,o,gate,down,head";
     double seconds = 0.3;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--threads")) snprintf(threads_arg, sizeof threads_arg, "%s", argv[i + 1]);
+        if (!strcmp(argv[i], "--threads"))
+            snprintf(threads_arg, sizeof threads_arg, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--dtypes"))
             snprintf(dtypes_arg, sizeof dtypes_arg, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--shapes"))
             snprintf(shapes_arg, sizeof shapes_arg, "%s", argv[i + 1]);
-        else if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seconds"))
+            seconds = atof(argv[i + 1]);
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -131,7 +135,8 @@ int main(int argc, char **argv) {
         float *src = malloc(sizeof(float) * (size_t)cols);
         uint64_t seed = 1;
         for (int64_t i = 0; i < nmax * cols; i++) x[i] = (float)((i * 7919) % 2001 - 1000) * 1e-3f;
-        for (int64_t i = 0; i < nmax * rows; i++) dy[i] = (float)((i * 104729) % 2001 - 1000) * 1e-3f;
+        for (int64_t i = 0; i < nmax * rows; i++)
+            dy[i] = (float)((i * 104729) % 2001 - 1000) * 1e-3f;
         for (int d = 0; d < n_dtypes; d++) {
             int32_t dtype = cart_dtype_from_name(dtype_items[d]);
             uint64_t rb;
@@ -185,9 +190,8 @@ int main(int argc, char **argv) {
                        flop64 / g64.best * 1e-9, flop64 / g64.median * 1e-9,
                        100 * flop64 / g64.best * 1e-9 / peak, (double)bytes / g1.best * 1e-9,
                        (double)bytes / g1.median * 1e-9,
-                       100 * (double)bytes / g1.best * 1e-9 / PEAK_GBS,
-                       flop512 / b512.best * 1e-9, flop512 / b512.median * 1e-9,
-                       100 * flop512 / b512.best * 1e-9 / peak);
+                       100 * (double)bytes / g1.best * 1e-9 / PEAK_GBS, flop512 / b512.best * 1e-9,
+                       flop512 / b512.median * 1e-9, 100 * flop512 / b512.best * 1e-9 / peak);
                 fflush(stdout);
                 cart_pool_free(pool);
             }

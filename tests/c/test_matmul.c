@@ -44,21 +44,47 @@ static uint64_t row_bytes_of(int32_t dtype, int64_t cols) {
     return n;
 }
 
+/* Where a block type keeps its f16 scales: byte offsets in a block, -1 for
+ * none (quant.c lists the layouts). */
+typedef struct scale_fields {
+    int32_t dtype;
+    int block_bytes;
+    int at[2];
+} scale_fields;
+
+static const scale_fields scale_table[] = {
+    {CART_Q4_0, 18, {0, -1}},    {CART_Q4_1, 20, {0, 2}},    {CART_Q5_0, 22, {0, -1}},
+    {CART_Q5_1, 24, {0, 2}},     {CART_Q8_0, 34, {0, -1}},   {CART_Q2_K, 84, {80, 82}},
+    {CART_Q3_K, 110, {108, -1}}, {CART_Q4_K, 144, {0, 2}},   {CART_Q5_K, 176, {0, 2}},
+    {CART_Q6_K, 210, {208, -1}}, {CART_IQ4_NL, 18, {0, -1}}, {CART_IQ4_XS, 136, {0, -1}},
+};
+
+static const scale_fields *scales_of(int32_t dtype) {
+    for (size_t i = 0; i < sizeof scale_table / sizeof scale_table[0]; i++)
+        if (scale_table[i].dtype == dtype) return &scale_table[i];
+    return NULL;
+}
+
 /* A rows x cols weight of `dtype` with random content: quantized from
- * uniform(-1, 1) values where the engine has a quantizer, random bytes with
- * a sane f16 scale (0.005 .. 0.02) for iq4_nl / iq4_xs. *wf receives its
- * dequantized values (rows x cols). */
-static void *random_weight(int32_t dtype, int64_t rows, int64_t cols, uint64_t *seed, float **wf) {
+ * uniform(-1, 1) values by cart_from_f32, or, with `raw` (and always for
+ * iq4_nl / iq4_xs, which have no quantizer), random bytes whose f16 scales
+ * are set to sane values (0.005 .. 0.02), so every bit pattern of quants and
+ * sub-block scales occurs. *wf receives the dequantized values. */
+static void *random_weight_raw(int32_t dtype, int64_t rows, int64_t cols, uint64_t *seed,
+                               float **wf, int raw) {
     uint64_t rb = row_bytes_of(dtype, cols);
     uint8_t *data = malloc(rb * (uint64_t)rows + 1);
     *wf = malloc(sizeof(float) * (size_t)(rows * cols) + 1);
-    if (dtype == CART_IQ4_NL || dtype == CART_IQ4_XS) {
-        int block = dtype == CART_IQ4_NL ? 18 : 136;
+    const scale_fields *sf = scales_of(dtype);
+    if (dtype == CART_IQ4_NL || dtype == CART_IQ4_XS) raw = 1;
+    if (raw && sf) {
         for (uint64_t i = 0; i < rb * (uint64_t)rows; i++) data[i] = (uint8_t)lcg_bits(seed);
-        for (uint64_t b = 0; b < rb * (uint64_t)rows / (uint64_t)block; b++) {
-            uint16_t d = cart_f32_to_f16(0.005f + 0.015f * (lcg_uniform(seed) * 0.5f + 0.5f));
-            memcpy(data + b * (uint64_t)block, &d, 2);
-        }
+        for (uint64_t b = 0; b < rb * (uint64_t)rows / (uint64_t)sf->block_bytes; b++)
+            for (int f = 0; f < 2; f++) {
+                if (sf->at[f] < 0) continue;
+                uint16_t d = cart_f32_to_f16(0.005f + 0.015f * (lcg_uniform(seed) * 0.5f + 0.5f));
+                memcpy(data + b * (uint64_t)sf->block_bytes + sf->at[f], &d, 2);
+            }
     } else {
         float *src = malloc(sizeof(float) * (size_t)cols + 1);
         for (int64_t r = 0; r < rows; r++) {
@@ -69,6 +95,10 @@ static void *random_weight(int32_t dtype, int64_t rows, int64_t cols, uint64_t *
     }
     CHECK_OK(cart_to_f32(*wf, dtype, data, rows * cols));
     return data;
+}
+
+static void *random_weight(int32_t dtype, int64_t rows, int64_t cols, uint64_t *seed, float **wf) {
+    return random_weight_raw(dtype, rows, cols, seed, wf, 0);
 }
 
 /* x rounded as matmul.h says for weights of `dtype`. */
@@ -98,9 +128,9 @@ typedef struct shape {
 /* cols are rounded up to the block size; plain types get 5 more so that the
  * reduction has a ragged tail. */
 static const shape shapes[] = {
-    {1, 1, 4096}, {1, 1000, 256}, {2, 33, 512},  {3, 40, 1024}, {7, 33, 4096},
-    {8, 70, 96},  {9, 45, 256},   {13, 70, 1024}, {64, 1000, 512}, {513, 33, 256},
-    {100, 97, 800},
+    {1, 1, 4096},    {1, 1000, 256}, {2, 33, 512},   {3, 40, 1024}, {7, 33, 4096},
+    {8, 70, 96},     {9, 45, 256},   {13, 70, 1024}, {16, 20, 300}, {17, 50, 512},
+    {64, 1000, 512}, {513, 33, 256}, {100, 97, 800},
 };
 
 static int64_t shape_cols(const shape *s, int32_t dtype) {
@@ -110,9 +140,10 @@ static int64_t shape_cols(const shape *s, int32_t dtype) {
 }
 
 static const int32_t all_dtypes[] = {
-    CART_F32,  CART_F16,  CART_BF16, CART_Q4_0, CART_Q4_1,   CART_Q5_0,   CART_Q5_1, CART_Q8_0,
-    CART_Q2_K, CART_Q3_K, CART_Q4_K, CART_Q5_K, CART_Q6_K, CART_IQ4_NL, CART_IQ4_XS,
-    CART_Q8_K, CART_F64, /* not in GGUF linear layers, but multiplied through cart_to_f32 */
+    CART_F32,  CART_F16,    CART_BF16,   CART_Q4_0, CART_Q4_1, CART_Q5_0,
+    CART_Q5_1, CART_Q8_0,   CART_Q2_K,   CART_Q3_K, CART_Q4_K, CART_Q5_K,
+    CART_Q6_K, CART_IQ4_NL, CART_IQ4_XS, CART_Q8_K, CART_F64, /* not in GGUF linear layers, but
+                                                                 multiplied through cart_to_f32 */
 };
 
 /* Runs forward and backward on one shape with pools of 1, 2 and 3 threads,
@@ -195,7 +226,8 @@ static void test_every_dtype_matches_a_double_reference_on_every_thread_count(vo
         snprintf(what, sizeof what, "%-6s forward  err / ((K+2) 2^-24 sum|xw|) [max rel err %.2g]",
                  cart_dtype_name(dtype), fwd.rel);
         CHECK_MAXDIFF(what, fwd.worst, 1.0);
-        snprintf(what, sizeof what, "%-6s backward err / ((K+2) 2^-24 sum|terms|) [max rel err %.2g]",
+        snprintf(what, sizeof what,
+                 "%-6s backward err / ((K+2) 2^-24 sum|terms|) [max rel err %.2g]",
                  cart_dtype_name(dtype), bwd.rel);
         CHECK_MAXDIFF(what, bwd.worst, 1.0);
         CHECK_MSG(!mismatch, "%s: results differ between 1, 2 and 3 threads or padding was written",
@@ -236,15 +268,19 @@ static void test_activations_are_rounded_to_the_weight_type_first(void) {
 
 /* cart_weight_widen: the copy equals cart_to_f32, and multiplying by it gives
  * the same bits as multiplying by the original (block types are dequantized
- * exactly; for f16 / bf16 the activations are pre-rounded, see above). */
+ * exactly, also by the kernels' own vector dequantizers, which this checks on
+ * random bytes too; for f16 / bf16 the activations are pre-rounded, see
+ * above). */
 static void test_widened_weights_multiply_bit_for_bit_like_the_originals(void) {
     uint64_t seed = 99;
-    const int64_t ns[] = {1, 3, 9, 70};
-    for (size_t d = 0; d < sizeof all_dtypes / sizeof all_dtypes[0]; d++) {
-        const int32_t dtype = all_dtypes[d];
+    const int64_t ns[] = {1, 3, 9, 16, 17, 70};
+    for (size_t d = 0; d < 2 * (sizeof all_dtypes / sizeof all_dtypes[0]); d++) {
+        const int32_t dtype = all_dtypes[d / 2];
+        const int raw = (int)(d % 2); /* quantized floats, then random bytes */
+        if (raw && !scales_of(dtype)) continue;
         const int64_t rows = 37, cols = block_size_of(dtype) == 1 ? 517 : 512;
         float *wf;
-        void *data = random_weight(dtype, rows, cols, &seed, &wf);
+        void *data = random_weight_raw(dtype, rows, cols, &seed, &wf, raw);
         cart_weight w, wide;
         CHECK_OK(cart_weight_init(&w, dtype, data, rows, cols));
         CHECK_OK(cart_weight_widen(&wide, &w, NULL));
@@ -253,11 +289,10 @@ static void test_widened_weights_multiply_bit_for_bit_like_the_originals(void) {
         CHECK_MSG(memcmp(wide.data, wf, sizeof(float) * (size_t)(rows * cols)) == 0,
                   "%s: widened copy differs from cart_to_f32", cart_dtype_name(dtype));
         int differ = 0;
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 6; k++) {
             const int64_t n = ns[k];
             float *x = malloc(sizeof(float) * (size_t)(n * cols));
-            for (int64_t i = 0; i < n * cols; i++)
-                x[i] = contract_round(lcg_uniform(&seed), dtype);
+            for (int64_t i = 0; i < n * cols; i++) x[i] = contract_round(lcg_uniform(&seed), dtype);
             float *y = malloc(sizeof(float) * (size_t)(n * rows));
             float *yw = malloc(sizeof(float) * (size_t)(n * rows));
             CHECK_OK(cart_matmul_forward(y, rows, x, cols, &w, n, NULL));
@@ -278,6 +313,39 @@ static void test_widened_weights_multiply_bit_for_bit_like_the_originals(void) {
         free(wf), free(data);
     }
     cart_weight_free_data(NULL);
+}
+
+/* Within each of the two forward regimes a token's outputs do not depend on
+ * the other tokens of the call: up to 16 tokens (GEMV) every token gives the
+ * bits it gives alone, and from 17 tokens on (GEMM) the first 17 tokens of a
+ * longer call give the bits of a call with just those 17. (Between the
+ * regimes results differ by f32 rounding: the summation orders differ.) */
+static void test_forward_of_a_token_does_not_depend_on_its_batch(void) {
+    const int32_t dtypes[] = {CART_F32, CART_F16, CART_Q4_K};
+    uint64_t seed = 11;
+    for (int d = 0; d < 3; d++) {
+        const int64_t rows = 70, cols = 512, n = 40;
+        float *wf;
+        void *data = random_weight(dtypes[d], rows, cols, &seed, &wf);
+        cart_weight w;
+        CHECK_OK(cart_weight_init(&w, dtypes[d], data, rows, cols));
+        float *x = malloc(sizeof(float) * (size_t)(n * cols));
+        float *y = malloc(sizeof(float) * (size_t)(n * rows));
+        float *part = malloc(sizeof(float) * (size_t)(n * rows));
+        for (int64_t i = 0; i < n * cols; i++) x[i] = lcg_uniform(&seed);
+        CHECK_OK(cart_matmul_forward(y, rows, x, cols, &w, 16, NULL));
+        int differ = 0;
+        for (int64_t i = 0; i < 16; i++) {
+            CHECK_OK(cart_matmul_forward(part, rows, x + i * cols, cols, &w, 1, NULL));
+            differ |= memcmp(part, y + i * rows, sizeof(float) * (size_t)rows) != 0;
+        }
+        CHECK_OK(cart_matmul_forward(y, rows, x, cols, &w, n, NULL));
+        CHECK_OK(cart_matmul_forward(part, rows, x, cols, &w, 17, NULL));
+        differ |= memcmp(part, y, sizeof(float) * (size_t)(17 * rows)) != 0;
+        CHECK_MSG(!differ, "%s: a token's outputs depend on the rest of its batch",
+                  cart_dtype_name(dtypes[d]));
+        free(x), free(y), free(part), free(wf), free(data);
+    }
 }
 
 /* L(x) = sum dy * forward(x); dL/dx must be what backward adds to zeros. */
@@ -316,7 +384,8 @@ static void test_backward_matches_finite_differences_of_forward(void) {
             if (diff > worst) worst = diff;
         }
         char what[96];
-        snprintf(what, sizeof what, "%s backward vs central differences", cart_dtype_name(dtypes[d]));
+        snprintf(what, sizeof what, "%s backward vs central differences",
+                 cart_dtype_name(dtypes[d]));
         CHECK_MAXDIFF(what, worst, 1e-4); /* |y| ~ 10: f32 rounding of L ~ 1e-6, / 2h */
         free(x), free(dy), free(y), free(dx), free(wf), free(data);
     }
@@ -420,6 +489,7 @@ int main(void) {
     RUN(test_every_dtype_matches_a_double_reference_on_every_thread_count);
     RUN(test_activations_are_rounded_to_the_weight_type_first);
     RUN(test_widened_weights_multiply_bit_for_bit_like_the_originals);
+    RUN(test_forward_of_a_token_does_not_depend_on_its_batch);
     RUN(test_backward_matches_finite_differences_of_forward);
     RUN(test_empty_shapes_write_nothing_or_zeros);
     RUN(test_bad_arguments_fail_with_a_message);

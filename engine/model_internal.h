@@ -1,0 +1,42 @@
+/*
+ * model_internal.h - the layout of a loaded model, shared by model.c (loading,
+ * inference) and train.c (the training passes). Not part of the public API.
+ */
+#ifndef CART_MODEL_INTERNAL_H
+#define CART_MODEL_INTERNAL_H
+
+#include "gguf.h"
+#include "matmul.h"
+#include "model.h"
+
+#pragma GCC visibility push(hidden)
+
+typedef struct layer_weights {
+    float *attn_norm; /* [n_embd], owned f32 */
+    float *ffn_norm;  /* [n_embd] */
+    float *q_norm;    /* [head_dim] or NULL */
+    float *k_norm;    /* [head_dim] or NULL */
+    cart_weight wq;   /* [n_head * head_dim, n_embd] */
+    cart_weight wk;   /* [n_head_kv * head_dim, n_embd] */
+    cart_weight wv;   /* [n_head_kv * head_dim, n_embd] */
+    cart_weight wo;   /* [n_embd, n_head * head_dim] */
+    cart_weight wgate; /* [n_ff, n_embd] */
+    cart_weight wup;   /* [n_ff, n_embd] */
+    cart_weight wdown; /* [n_embd, n_ff] */
+} layer_weights;
+
+struct cart_model {
+    cart_gguf *gguf;
+    cart_model_config cfg;
+    cart_weight tok_embd;  /* [n_vocab, n_embd], rows looked up by id */
+    cart_weight output;    /* [n_vocab, n_embd]; a copy of tok_embd's view when tied */
+    float *output_norm;    /* [n_embd] */
+    layer_weights *layers; /* [n_layer] */
+    uint64_t weight_bytes;
+    uint64_t widened_bytes;
+    int widened;           /* matrices point at malloc'ed f32 copies */
+};
+
+#pragma GCC visibility pop
+
+#endif

@@ -1,0 +1,816 @@
+/*
+ * train.c - cartridges, the training forward over packed segments behind a
+ * cartridge, the fused distillation loss, and the backward pass into the
+ * cartridge rows (see train.h).
+ *
+ * Shapes below: T tokens in the pass, E = n_embd, F = n_ff, D = head_dim,
+ * H = n_head, G = n_head_kv, HD = H * D, KD = G * D, p = cartridge rows.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adam.h"
+#include "dtype.h"
+#include "internal.h"
+#include "model_internal.h"
+#include "ops.h"
+#include "pool.h"
+#include "rng.h"
+#include "train.h"
+
+/* ---- the cartridge --------------------------------------------------------- */
+
+struct cart_cartridge {
+    int32_t n_layer;
+    int32_t kv_heads;
+    int32_t head_dim;
+    int64_t p;
+    int64_t frozen;
+    int64_t row;  /* floats per row: kv_heads * head_dim */
+    float *rows;  /* [n_layer][2][p][row] */
+    float *grad;  /* the same layout */
+};
+
+int cart_cartridge_new(cart_cartridge **out, int32_t n_layer, int32_t kv_heads, int32_t head_dim,
+                       int64_t p, int64_t frozen) {
+    *out = NULL;
+    if (n_layer < 1 || kv_heads < 1 || head_dim < 1)
+        return cart_fail(CART_E_ARG, "cartridge: %d layers, %d KV heads, head_dim %d: each must "
+                         "be at least 1", n_layer, kv_heads, head_dim);
+    if (p < 1) return cart_fail(CART_E_ARG, "cartridge: p = %lld rows; it needs at least one", (long long)p);
+    if (frozen < 0 || frozen >= p)
+        return cart_fail(CART_E_ARG, "cartridge: %lld frozen rows must be fewer than p = %lld",
+                         (long long)frozen, (long long)p);
+    int64_t row = (int64_t)kv_heads * head_dim;
+    if ((uint64_t)p > (UINT64_C(1) << 36) / (uint64_t)(row * 2 * n_layer))
+        return cart_fail(CART_E_ARG, "cartridge: p = %lld rows is too large", (long long)p);
+    cart_cartridge *c = cart_calloc(1, sizeof *c, "cartridge");
+    if (!c) return CART_E_NOMEM;
+    size_t count = (size_t)n_layer * 2 * (size_t)p * (size_t)row;
+    c->rows = cart_calloc(count, sizeof(float), "cartridge rows");
+    c->grad = cart_calloc(count, sizeof(float), "cartridge gradients");
+    if (!c->rows || !c->grad) {
+        cart_cartridge_free(c);
+        return CART_E_NOMEM;
+    }
+    c->n_layer = n_layer;
+    c->kv_heads = kv_heads;
+    c->head_dim = head_dim;
+    c->p = p;
+    c->frozen = frozen;
+    c->row = row;
+    *out = c;
+    return CART_OK;
+}
+
+int cart_cartridge_new_for(cart_cartridge **out, const cart_model *m, int64_t p, int64_t frozen) {
+    return cart_cartridge_new(out, m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, p, frozen);
+}
+
+void cart_cartridge_free(cart_cartridge *c) {
+    if (!c) return;
+    free(c->rows);
+    free(c->grad);
+    free(c);
+}
+
+int64_t cart_cartridge_p(const cart_cartridge *c) { return c->p; }
+int64_t cart_cartridge_frozen(const cart_cartridge *c) { return c->frozen; }
+int32_t cart_cartridge_n_layer(const cart_cartridge *c) { return c->n_layer; }
+int32_t cart_cartridge_kv_heads(const cart_cartridge *c) { return c->kv_heads; }
+int32_t cart_cartridge_head_dim(const cart_cartridge *c) { return c->head_dim; }
+
+static size_t block_offset(const cart_cartridge *c, int32_t layer, int32_t which) {
+    return ((size_t)layer * 2 + (size_t)which) * (size_t)c->p * (size_t)c->row;
+}
+
+float *cart_cartridge_rows(cart_cartridge *c, int32_t layer, int32_t which) {
+    if (layer < 0 || layer >= c->n_layer || (which != 0 && which != 1)) return NULL;
+    return c->rows + block_offset(c, layer, which);
+}
+
+float *cart_cartridge_grad(cart_cartridge *c, int32_t layer, int32_t which) {
+    if (layer < 0 || layer >= c->n_layer || (which != 0 && which != 1)) return NULL;
+    return c->grad + block_offset(c, layer, which);
+}
+
+static const float *rows_of(const cart_cartridge *c, int32_t layer, int32_t which) {
+    return c->rows + block_offset(c, layer, which);
+}
+
+void cart_cartridge_zero_grad(cart_cartridge *c) {
+    memset(c->grad, 0, (size_t)c->n_layer * 2 * (size_t)c->p * (size_t)c->row * sizeof(float));
+}
+
+static int check_model_geometry(const cart_cartridge *c, const cart_model *m, const char *fn) {
+    const cart_model_config *cfg = &m->cfg;
+    if (c->n_layer != cfg->n_layer || c->kv_heads != cfg->n_head_kv || c->head_dim != cfg->head_dim)
+        return cart_fail(CART_E_ARG, "%s: the cartridge is %d layers x %d KV heads x %d, the model "
+                         "%d x %d x %d", fn, c->n_layer, c->kv_heads, c->head_dim, cfg->n_layer,
+                         cfg->n_head_kv, cfg->head_dim);
+    return CART_OK;
+}
+
+int cart_cartridge_capture(cart_cartridge *c, cart_model *m, const int32_t *tokens, int64_t n) {
+    int rc = check_model_geometry(c, m, "cart_cartridge_capture");
+    if (rc) return rc;
+    if (n != c->p)
+        return cart_fail(CART_E_ARG, "cart_cartridge_capture: %lld tokens for a cartridge of p = %lld",
+                         (long long)n, (long long)c->p);
+    cart_kv *kv = NULL;
+    rc = cart_kv_new(&kv, c->n_layer, c->kv_heads, c->head_dim, n, CART_F32);
+    if (rc) return rc;
+    rc = cart_model_forward(m, &kv, 1, tokens, &n, NULL, 0, NULL);
+    for (int32_t l = 0; l < c->n_layer && !rc; l++)
+        rc = cart_kv_read(kv, l, 0, n, cart_cartridge_rows(c, l, 0), cart_cartridge_rows(c, l, 1));
+    cart_kv_free(kv);
+    return rc;
+}
+
+void cart_cartridge_init_random(cart_cartridge *c, uint64_t seed, float std) {
+    cart_rng rng;
+    cart_rng_seed(&rng, seed);
+    cart_rng_fill_normal(&rng, c->rows, (int64_t)c->n_layer * 2 * c->p * c->row, 0.0f, std);
+}
+
+int cart_cartridge_append_to_kv(const cart_cartridge *c, cart_kv *kv) {
+    if (cart_kv_n_layer(kv) != c->n_layer || cart_kv_heads(kv) != c->kv_heads ||
+        cart_kv_head_dim(kv) != c->head_dim)
+        return cart_fail(CART_E_ARG, "cart_cartridge_append_to_kv: the cartridge is %d layers x %d "
+                         "KV heads x %d, the cache %d x %d x %d", c->n_layer, c->kv_heads,
+                         c->head_dim, cart_kv_n_layer(kv), cart_kv_heads(kv), cart_kv_head_dim(kv));
+    int64_t len = cart_kv_len(kv);
+    if (c->p > cart_kv_capacity(kv) - len)
+        return cart_fail(CART_E_ARG, "cart_cartridge_append_to_kv: %lld rows after %lld do not fit "
+                         "a cache of %lld", (long long)c->p, (long long)len,
+                         (long long)cart_kv_capacity(kv));
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        int rc = cart_kv_write(kv, l, len, c->p, rows_of(c, l, 0), rows_of(c, l, 1));
+        if (rc) return rc;
+    }
+    return cart_kv_set_len(kv, len + c->p);
+}
+
+int64_t cart_cartridge_trainable_count(const cart_cartridge *c) {
+    return (int64_t)c->n_layer * 2 * (c->p - c->frozen) * c->row;
+}
+
+int cart_cartridge_adam_step(cart_cartridge *c, cart_adam *a) {
+    int64_t per_block = (c->p - c->frozen) * c->row;
+    if (cart_adam_size(a) != cart_cartridge_trainable_count(c))
+        return cart_fail(CART_E_ARG, "cart_cartridge_adam_step: the optimizer holds %lld values, "
+                         "the cartridge has %lld trainable", (long long)cart_adam_size(a),
+                         (long long)cart_cartridge_trainable_count(c));
+    cart_adam_begin_step(a);
+    int64_t offset = 0;
+    for (int32_t l = 0; l < c->n_layer; l++)
+        for (int32_t which = 0; which < 2; which++) {
+            size_t skip = (size_t)c->frozen * (size_t)c->row;
+            int rc = cart_adam_update(a, cart_cartridge_rows(c, l, which) + skip,
+                                      cart_cartridge_grad(c, l, which) + skip, offset, per_block);
+            if (rc) return rc;
+            offset += per_block;
+        }
+    return CART_OK;
+}
+
+/* ---- teacher targets ------------------------------------------------------- */
+
+int cart_topk_targets(int32_t *ids, float *logprobs, int32_t *n_out, const float *logits,
+                      int64_t n_vocab, int32_t k, float mass) {
+    *n_out = 0;
+    if (k < 1 || n_vocab < 1)
+        return cart_fail(CART_E_ARG, "cart_topk_targets: k = %d over %lld logits", k,
+                         (long long)n_vocab);
+    if (k > n_vocab) k = (int32_t)n_vocab;
+    /* log-sum-exp in double */
+    float max = logits[0];
+    for (int64_t i = 1; i < n_vocab; i++)
+        if (logits[i] > max) max = logits[i];
+    double sum = 0.0;
+    for (int64_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - (double)max);
+    double log_z = (double)max + log(sum);
+    /* top-k by insertion into a sorted list: k is small (20) */
+    int32_t count = 0;
+    for (int64_t i = 0; i < n_vocab; i++) {
+        float v = logits[i];
+        if (count == k && !(v > logits[ids[count - 1]])) continue; /* ties keep the lower id */
+        int32_t at = count < k ? count : k - 1;
+        while (at > 0 && v > logits[ids[at - 1]]) {
+            ids[at] = ids[at - 1];
+            at--;
+        }
+        ids[at] = (int32_t)i;
+        if (count < k) count++;
+    }
+    double cumulative = 0.0;
+    int32_t kept = 0;
+    while (kept < count) {
+        double lp = (double)logits[ids[kept]] - log_z;
+        logprobs[kept] = (float)lp;
+        cumulative += exp(lp);
+        kept++;
+        if (cumulative >= (double)mass) break;
+    }
+    *n_out = kept;
+    return CART_OK;
+}
+
+/* ---- the trainer ----------------------------------------------------------- */
+
+/* One layer's activations for T tokens: what the backward reads. */
+typedef struct acts {
+    float *x_in;   /* [T, E] layer input */
+    float *xn1;    /* [T, E] attention-norm output */
+    float *rstd1;  /* [T] */
+    float *q_raw;  /* [T, HD] before q-norm and RoPE */
+    float *k_raw;  /* [T, KD] */
+    float *q_rstd; /* [T, H] (qk-norm models) */
+    float *k_rstd; /* [T, G] */
+    float *q;      /* [T, HD] normed and rotated */
+    float *k;      /* [T, KD] */
+    float *v;      /* [T, KD] */
+    float *att;    /* [T, HD] attention output */
+    float *lse;    /* [T, H] log-sum-exp of each head's scores */
+    float *x_mid;  /* [T, E] after the attention residual */
+    float *xn2;    /* [T, E] ffn-norm output */
+    float *rstd2;  /* [T] */
+    float *gate;   /* [T, F] */
+    float *up;     /* [T, F] */
+    float *h;      /* [T, F] silu(gate) * up */
+} acts;
+
+struct cart_trainer {
+    cart_model *m;
+    cart_trainer_options opts;
+    uint64_t peak_bytes;
+};
+
+int cart_trainer_new(cart_trainer **out, cart_model *m, const cart_trainer_options *opts) {
+    *out = NULL;
+    cart_trainer *t = cart_calloc(1, sizeof *t, "trainer");
+    if (!t) return CART_E_NOMEM;
+    t->m = m;
+    if (opts) t->opts = *opts;
+    *out = t;
+    return CART_OK;
+}
+
+void cart_trainer_free(cart_trainer *t) {
+    free(t);
+}
+
+uint64_t cart_trainer_peak_bytes(const cart_trainer *t) {
+    return t->peak_bytes;
+}
+
+/* Everything one pass needs. */
+typedef struct pass {
+    const cart_model *m;
+    const cart_model_config *c;
+    const layer_weights *L; /* the current layer's weights */
+    const cart_cartridge *cart; /* may be NULL */
+    cart_cartridge *grad_cart;  /* receives prefix gradients; NULL in a forward-only pass */
+    int32_t layer;
+    int64_t p;          /* prefix rows (0 without a cartridge) */
+    int64_t T;
+    int64_t *seg_start; /* [T] first token of each token's segment */
+    float *angles;      /* [T, n_rot] */
+    acts *a;            /* the current layer's activations */
+    /* backward scratch */
+    float *datt;        /* [T, HD] gradient of the attention output */
+    float *dq;          /* [T, HD] */
+    float *dk;          /* [T, KD] */
+    float *dv;          /* [T, KD] */
+} pass;
+
+/* Forward attention for items [begin, end): item = token * G + kv head. */
+static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    pass *s = ctx;
+    const cart_model_config *c = s->c;
+    int32_t D = c->head_dim, G = c->n_head_kv, rep = c->n_head / c->n_head_kv;
+    int64_t KD = (int64_t)G * D, HD = (int64_t)c->n_head * D;
+    float scale = 1.0f / sqrtf((float)D);
+    const float *pk = s->cart ? rows_of(s->cart, s->layer, 0) : NULL;
+    const float *pv = s->cart ? rows_of(s->cart, s->layer, 1) : NULL;
+    for (int64_t item = begin; item < end; item++) {
+        int64_t t = item / G, g = item % G;
+        int64_t s0 = s->seg_start[t];
+        for (int32_t r = 0; r < rep; r++) {
+            int64_t h = g * rep + r;
+            attention_head_forward(s->a->att + t * HD + h * D, s->a->lse + t * c->n_head + h,
+                         s->a->q + t * HD + h * D, pk ? pk + g * D : NULL, pv ? pv + g * D : NULL,
+                         s->p, KD, s->a->k + s0 * KD + g * D, s->a->v + s0 * KD + g * D, t - s0 + 1,
+                         KD, D, scale);
+        }
+    }
+}
+
+/* Backward attention for kv heads [begin, end): every token of the pass, so
+ * the prefix rows' gradients accumulate in a fixed order. */
+static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    pass *s = ctx;
+    const cart_model_config *c = s->c;
+    int32_t D = c->head_dim, G = c->n_head_kv, rep = c->n_head / c->n_head_kv;
+    int64_t KD = (int64_t)G * D, HD = (int64_t)c->n_head * D;
+    float scale = 1.0f / sqrtf((float)D);
+    const float *pk = s->cart ? rows_of(s->cart, s->layer, 0) : NULL;
+    const float *pv = s->cart ? rows_of(s->cart, s->layer, 1) : NULL;
+    float *gk = s->grad_cart ? cart_cartridge_grad(s->grad_cart, s->layer, 0) : NULL;
+    float *gv = s->grad_cart ? cart_cartridge_grad(s->grad_cart, s->layer, 1) : NULL;
+    int64_t frozen = s->cart ? s->cart->frozen : 0;
+    const acts *a = s->a;
+    for (int64_t g = begin; g < end; g++)
+        for (int64_t t = 0; t < s->T; t++) {
+            int64_t s0 = s->seg_start[t];
+            for (int32_t r = 0; r < rep; r++) {
+                int64_t h = g * rep + r, at = t * HD + h * D;
+                attention_head_backward(s->dq + at, gk ? gk + g * D : NULL, gv ? gv + g * D : NULL,
+                                        frozen, s->dk + s0 * KD + g * D, s->dv + s0 * KD + g * D,
+                                        s->datt + at, a->att + at, a->lse[t * c->n_head + h],
+                                        a->q + at, pk ? pk + g * D : NULL, pv ? pv + g * D : NULL,
+                                        s->p, KD, a->k + s0 * KD + g * D, a->v + s0 * KD + g * D,
+                                        t - s0 + 1, KD, D, scale);
+            }
+        }
+}
+
+/* q/k norm and RoPE for tokens [begin, end). */
+static void qk_prepare_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    pass *s = ctx;
+    const cart_model_config *c = s->c;
+    const layer_weights *L = s->L;
+    int64_t D = c->head_dim, HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+    acts *a = s->a;
+    for (int64_t t = begin; t < end; t++) {
+        float *q = a->q + t * HD, *k = a->k + t * KD;
+        if (c->qk_norm) {
+            rmsnorm_forward_keep(q, a->q_rstd + t * c->n_head, a->q_raw + t * HD, L->q_norm, c->n_head, D,
+                         c->rms_eps);
+            rmsnorm_forward_keep(k, a->k_rstd + t * c->n_head_kv, a->k_raw + t * KD, L->k_norm,
+                         c->n_head_kv, D, c->rms_eps);
+        } else {
+            memcpy(q, a->q_raw + t * HD, sizeof(float) * (size_t)HD);
+            memcpy(k, a->k_raw + t * KD, sizeof(float) * (size_t)KD);
+        }
+        const float *cs = s->angles + t * c->n_rot;
+        rope_forward(q, cs, c->n_head, (int32_t)D, c->n_rot, c->rope_neox);
+        rope_forward(k, cs, c->n_head_kv, (int32_t)D, c->n_rot, c->rope_neox);
+    }
+}
+
+/* The backward of qk_prepare for tokens [begin, end): dq, dk (gradients of
+ * the rotated, normed q/k) become gradients of q_raw, k_raw, in place. */
+static void qk_backward_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    pass *s = ctx;
+    const cart_model_config *c = s->c;
+    const layer_weights *L = s->L;
+    int64_t D = c->head_dim, HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+    const acts *a = s->a;
+    float tmp[256]; /* head_dim <= 256 (model.c checks) */
+    for (int64_t t = begin; t < end; t++) {
+        const float *cs = s->angles + t * c->n_rot;
+        float *dq = s->dq + t * HD, *dk = s->dk + t * KD;
+        rope_backward(dq, cs, c->n_head, (int32_t)D, c->n_rot, c->rope_neox);
+        rope_backward(dk, cs, c->n_head_kv, (int32_t)D, c->n_rot, c->rope_neox);
+        if (!c->qk_norm) continue;
+        for (int32_t h = 0; h < c->n_head; h++) {
+            memset(tmp, 0, sizeof(float) * (size_t)D);
+            rmsnorm_backward(tmp, dq + h * D, a->q_raw + t * HD + h * D,
+                             a->q_rstd + t * c->n_head + h, L->q_norm, 1, D);
+            memcpy(dq + h * D, tmp, sizeof(float) * (size_t)D);
+        }
+        for (int32_t g = 0; g < c->n_head_kv; g++) {
+            memset(tmp, 0, sizeof(float) * (size_t)D);
+            rmsnorm_backward(tmp, dk + g * D, a->k_raw + t * KD + g * D,
+                             a->k_rstd + t * c->n_head_kv + g, L->k_norm, 1, D);
+            memcpy(dk + g * D, tmp, sizeof(float) * (size_t)D);
+        }
+    }
+}
+
+/* Floats of one layer's activations for T tokens. */
+static size_t acts_floats(const cart_model_config *c, int64_t T) {
+    size_t E = (size_t)c->n_embd, F = (size_t)c->n_ff, D = (size_t)c->head_dim;
+    size_t HD = (size_t)c->n_head * D, KD = (size_t)c->n_head_kv * D;
+    return (size_t)T * (4 * E + 2 + 4 * HD + 4 * KD + 3 * F + (size_t)c->n_head * 2 +
+                        (size_t)c->n_head_kv);
+}
+
+/* Lays out acts over `p` (x_in excluded when x_in is given). */
+static float *acts_carve(acts *a, float *p, const cart_model_config *c, int64_t T, float *x_in) {
+    int64_t E = c->n_embd, F = c->n_ff, D = c->head_dim;
+    int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+    if (x_in) a->x_in = x_in;
+    else a->x_in = p, p += T * E;
+    a->xn1 = p, p += T * E;
+    a->rstd1 = p, p += T;
+    a->q_raw = p, p += T * HD;
+    a->k_raw = p, p += T * KD;
+    a->q_rstd = p, p += T * c->n_head;
+    a->k_rstd = p, p += T * c->n_head_kv;
+    a->q = p, p += T * HD;
+    a->k = p, p += T * KD;
+    a->v = p, p += T * KD;
+    a->att = p, p += T * HD;
+    a->lse = p, p += T * c->n_head;
+    a->x_mid = p, p += T * E;
+    a->xn2 = p, p += T * E;
+    a->rstd2 = p, p += T;
+    a->gate = p, p += T * F;
+    a->up = p, p += T * F;
+    a->h = p, p += T * F;
+    return p;
+}
+
+/* Runs layer s->layer on s->a (x_in filled) and writes its output to x_out. */
+static int layer_forward(pass *s, float *x_out) {
+    const cart_model_config *c = s->c;
+    const layer_weights *L = &s->m->layers[s->layer];
+    s->L = L;
+    acts *a = s->a;
+    int64_t T = s->T, E = c->n_embd, F = c->n_ff;
+    int64_t HD = (int64_t)c->n_head * c->head_dim, KD = (int64_t)c->n_head_kv * c->head_dim;
+    cart_pool *pool = cart_default_pool();
+    int rc;
+    rmsnorm_forward_keep(a->xn1, a->rstd1, a->x_in, L->attn_norm, T, E, c->rms_eps);
+    if ((rc = cart_matmul_forward(a->q_raw, HD, a->xn1, E, &L->wq, T, pool))) return rc;
+    if ((rc = cart_matmul_forward(a->k_raw, KD, a->xn1, E, &L->wk, T, pool))) return rc;
+    if ((rc = cart_matmul_forward(a->v, KD, a->xn1, E, &L->wv, T, pool))) return rc;
+    cart_pool_for(pool, T, 16, qk_prepare_range, s);
+    cart_pool_for(pool, T * c->n_head_kv, 1, attention_range, s);
+    if ((rc = cart_matmul_forward(a->x_mid, E, a->att, HD, &L->wo, T, pool))) return rc;
+    for (int64_t i = 0; i < T * E; i++) a->x_mid[i] += a->x_in[i];
+    rmsnorm_forward_keep(a->xn2, a->rstd2, a->x_mid, L->ffn_norm, T, E, c->rms_eps);
+    if ((rc = cart_matmul_forward(a->gate, F, a->xn2, E, &L->wgate, T, pool))) return rc;
+    if ((rc = cart_matmul_forward(a->up, F, a->xn2, E, &L->wup, T, pool))) return rc;
+    memcpy(a->h, a->gate, sizeof(float) * (size_t)(T * F));
+    swiglu_forward(a->h, a->up, T * F);
+    if ((rc = cart_matmul_forward(x_out, E, a->h, F, &L->wdown, T, pool))) return rc;
+    for (int64_t i = 0; i < T * E; i++) x_out[i] += a->x_mid[i];
+    return CART_OK;
+}
+
+/* Scratch of the backward of one layer. */
+typedef struct back_scratch {
+    float *dh;    /* [T, F] gradient of h */
+    float *dgate; /* [T, F] */
+    float *dup;   /* [T, F] */
+    float *dxn;  /* [T, E] gradient of a norm's output */
+} back_scratch;
+
+/* dx holds the gradient of the layer's output; on return, of its input. */
+static int layer_backward(pass *s, float *dx, back_scratch *b) {
+    const cart_model_config *c = s->c;
+    const layer_weights *L = &s->m->layers[s->layer];
+    s->L = L;
+    const acts *a = s->a;
+    int64_t T = s->T, E = c->n_embd, F = c->n_ff;
+    int64_t HD = (int64_t)c->n_head * c->head_dim, KD = (int64_t)c->n_head_kv * c->head_dim;
+    cart_pool *pool = cart_default_pool();
+    int rc;
+    /* feed-forward: x_out = x_mid + down(silu(gate) * up) */
+    memset(b->dh, 0, sizeof(float) * (size_t)(T * F));
+    if ((rc = cart_matmul_backward(b->dh, F, dx, E, &L->wdown, T, pool))) return rc;
+    memset(b->dgate, 0, sizeof(float) * (size_t)(T * F));
+    memset(b->dup, 0, sizeof(float) * (size_t)(T * F));
+    swiglu_backward(b->dgate, b->dup, b->dh, a->gate, a->up, T * F);
+    memset(b->dxn, 0, sizeof(float) * (size_t)(T * E));
+    if ((rc = cart_matmul_backward(b->dxn, E, b->dgate, F, &L->wgate, T, pool))) return rc;
+    if ((rc = cart_matmul_backward(b->dxn, E, b->dup, F, &L->wup, T, pool))) return rc;
+    rmsnorm_backward(dx, b->dxn, a->x_mid, a->rstd2, L->ffn_norm, T, E); /* dx: now d x_mid */
+    /* attention: x_mid = x_in + o(att) */
+    memset(s->datt, 0, sizeof(float) * (size_t)(T * HD));
+    if ((rc = cart_matmul_backward(s->datt, HD, dx, E, &L->wo, T, pool))) return rc;
+    memset(s->dq, 0, sizeof(float) * (size_t)(T * HD));
+    memset(s->dk, 0, sizeof(float) * (size_t)(T * KD));
+    memset(s->dv, 0, sizeof(float) * (size_t)(T * KD));
+    cart_pool_for(pool, c->n_head_kv, 1, attention_backward_range, s);
+    cart_pool_for(pool, T, 16, qk_backward_range, s);
+    memset(b->dxn, 0, sizeof(float) * (size_t)(T * E));
+    if ((rc = cart_matmul_backward(b->dxn, E, s->dq, HD, &L->wq, T, pool))) return rc;
+    if ((rc = cart_matmul_backward(b->dxn, E, s->dk, KD, &L->wk, T, pool))) return rc;
+    if ((rc = cart_matmul_backward(b->dxn, E, s->dv, KD, &L->wv, T, pool))) return rc;
+    rmsnorm_backward(dx, b->dxn, a->x_in, a->rstd1, L->attn_norm, T, E);
+    return CART_OK;
+}
+
+/* Checks segments and fills seg_start[] and the RoPE angles. */
+static int setup_positions(pass *s, const int64_t *seg_len, int32_t n_seg, const char *fn) {
+    if (n_seg < 1) return cart_fail(CART_E_ARG, "%s: %d segments", fn, n_seg);
+    int64_t at = 0;
+    for (int32_t i = 0; i < n_seg; i++) {
+        if (seg_len[i] < 1)
+            return cart_fail(CART_E_ARG, "%s: segment %d has %lld tokens", fn, i, (long long)seg_len[i]);
+        if (seg_len[i] > s->T - at)
+            return cart_fail(CART_E_ARG, "%s: the segments hold more than the %lld tokens", fn,
+                             (long long)s->T);
+        for (int64_t j = 0; j < seg_len[i]; j++) {
+            s->seg_start[at + j] = at;
+            rope_angles(s->angles + (at + j) * s->c->n_rot, s->p + j, s->c->n_rot,
+                        s->c->rope_theta);
+        }
+        at += seg_len[i];
+    }
+    if (at != s->T)
+        return cart_fail(CART_E_ARG, "%s: the segments hold %lld tokens, the pass has %lld", fn,
+                         (long long)at, (long long)s->T);
+    return CART_OK;
+}
+
+/* The forward trunk: embeddings, every layer. Fills x_final [T, E]. With
+ * keep_all, layers[l] holds each layer's activations; otherwise layers[l]
+ * holds only x_in (a->x_in of every layer) and `scratch` is reused. */
+typedef struct trunk {
+    acts *layers;   /* [n_layer] */
+    float *x_final; /* [T, E] */
+    float *block;   /* the allocation behind all of it */
+    size_t bytes;
+} trunk;
+
+static void trunk_free(trunk *tr) {
+    free(tr->block);
+    free(tr->layers);
+    memset(tr, 0, sizeof *tr);
+}
+
+static int trunk_forward(pass *s, const int32_t *tokens, int keep_all, acts *scratch, trunk *tr) {
+    const cart_model_config *c = s->c;
+    int64_t T = s->T, E = c->n_embd;
+    size_t per_layer = keep_all ? acts_floats(c, T) : (size_t)(T * E);
+    size_t floats = per_layer * (size_t)c->n_layer + (size_t)(T * E);
+    if (!keep_all) floats += acts_floats(c, T); /* the scratch layer */
+    tr->layers = cart_calloc((size_t)c->n_layer, sizeof(acts), "trainer activations");
+    tr->block = tr->layers ? cart_malloc(floats * sizeof(float), "trainer activations") : NULL;
+    if (!tr->block) {
+        trunk_free(tr);
+        return CART_E_NOMEM;
+    }
+    tr->bytes = floats * sizeof(float);
+    float *p = tr->block;
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        if (keep_all) p = acts_carve(&tr->layers[l], p, c, T, NULL);
+        else tr->layers[l].x_in = p, p += T * E;
+    }
+    tr->x_final = p, p += T * E;
+    if (!keep_all) acts_carve(scratch, p, c, T, tr->layers[0].x_in);
+
+    const cart_model *m = s->m;
+    for (int64_t t = 0; t < T; t++) {
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
+        int rc = cart_to_f32(tr->layers[0].x_in + t * E, m->tok_embd.dtype, row, E);
+        if (rc) return rc;
+    }
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        s->layer = l;
+        if (keep_all) s->a = &tr->layers[l];
+        else {
+            scratch->x_in = tr->layers[l].x_in;
+            s->a = scratch;
+        }
+        float *x_out = l + 1 < c->n_layer ? tr->layers[l + 1].x_in : tr->x_final;
+        int rc = layer_forward(s, x_out);
+        if (rc) return rc;
+    }
+    return CART_OK;
+}
+
+enum { HEAD_CHUNK = 32 }; /* rows through the output head at a time */
+
+/* The output head over a list of rows of x_final: norm, logits into `logits`
+ * ([n, V]); xn and rstd receive the normed rows (for the backward). */
+static int head_forward(const pass *s, const float *x_final, const int64_t *rows, int64_t n,
+                        float *xn, float *rstd, float *logits) {
+    const cart_model_config *c = s->c;
+    int64_t E = c->n_embd;
+    for (int64_t j = 0; j < n; j++)
+        memcpy(xn + j * E, x_final + rows[j] * E, sizeof(float) * (size_t)E);
+    rmsnorm_forward_keep(xn, rstd, xn, s->m->output_norm, n, E, c->rms_eps);
+    return cart_matmul_forward(logits, c->n_vocab, xn, E, &s->m->output, n, cart_default_pool());
+}
+
+static int check_pass_args(const cart_trainer *t, const cart_cartridge *c, const int32_t *tokens,
+                           int64_t n, const char *fn) {
+    if (n < 1) return cart_fail(CART_E_ARG, "%s: %lld tokens", fn, (long long)n);
+    if (c) {
+        int rc = check_model_geometry(c, t->m, fn);
+        if (rc) return rc;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= t->m->cfg.n_vocab)
+            return cart_fail(CART_E_ARG, "%s: token %lld is id %d, outside the vocabulary of %d",
+                             fn, (long long)i, tokens[i], t->m->cfg.n_vocab);
+    return CART_OK;
+}
+
+/* Allocates seg_start and angles for a pass of n tokens. */
+static int pass_init(pass *s, cart_trainer *t, const cart_cartridge *c, int64_t n) {
+    memset(s, 0, sizeof *s);
+    s->m = t->m;
+    s->c = &t->m->cfg;
+    s->cart = c;
+    s->p = c ? c->p : 0;
+    s->T = n;
+    s->seg_start = cart_malloc(sizeof(int64_t) * (size_t)n, "segment table");
+    s->angles = cart_malloc(sizeof(float) * (size_t)(n * s->c->n_rot), "RoPE table");
+    if (!s->seg_start || !s->angles) return CART_E_NOMEM;
+    return CART_OK;
+}
+
+static void pass_free(pass *s) {
+    free(s->seg_start);
+    free(s->angles);
+}
+
+int cart_trainer_logits(cart_trainer *t, const cart_cartridge *c, const int32_t *tokens, int64_t n,
+                        const int64_t *seg_len, int32_t n_seg, const int64_t *rows,
+                        int64_t n_rows, float *logits) {
+    int rc = check_pass_args(t, c, tokens, n, "cart_trainer_logits");
+    if (rc) return rc;
+    for (int64_t j = 0; j < n_rows; j++)
+        if (rows[j] < 0 || rows[j] >= n)
+            return cart_fail(CART_E_ARG, "cart_trainer_logits: row %lld asks for token %lld of %lld",
+                             (long long)j, (long long)rows[j], (long long)n);
+    pass s;
+    trunk tr = {0};
+    acts scratch;
+    float *xn = NULL, *rstd = NULL;
+    if (!(rc = pass_init(&s, t, c, n)) && !(rc = setup_positions(&s, seg_len, n_seg, "cart_trainer_logits")))
+        rc = trunk_forward(&s, tokens, 0, &scratch, &tr);
+    if (!rc) {
+        xn = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)s.c->n_embd, "head rows");
+        rstd = cart_malloc(sizeof(float) * HEAD_CHUNK, "head rows");
+        if (!xn || !rstd) rc = CART_E_NOMEM;
+    }
+    for (int64_t j = 0; !rc && j < n_rows; j += HEAD_CHUNK) {
+        int64_t chunk = n_rows - j < HEAD_CHUNK ? n_rows - j : HEAD_CHUNK;
+        rc = head_forward(&s, tr.x_final, rows + j, chunk, xn, rstd,
+                          logits + j * (int64_t)s.c->n_vocab);
+    }
+    if (tr.bytes > t->peak_bytes) t->peak_bytes = tr.bytes;
+    free(xn);
+    free(rstd);
+    trunk_free(&tr);
+    pass_free(&s);
+    return rc;
+}
+
+/* Entries sorted by the row they read (position - 1), stable. */
+typedef struct entry_ref {
+    int64_t row;
+    int64_t index;
+} entry_ref;
+
+static int compare_refs(const void *pa, const void *pb) {
+    const entry_ref *a = pa, *b = pb;
+    if (a->row != b->row) return a->row < b->row ? -1 : 1;
+    return a->index < b->index ? -1 : a->index > b->index;
+}
+
+int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *tokens, int64_t n,
+                         const int64_t *seg_len, int32_t n_seg, const cart_distill_targets *tg,
+                         int32_t mean, float loss_scale, int32_t backward, double *loss_out) {
+    const char *fn = "cart_trainer_distill";
+    if (!c) return cart_fail(CART_E_ARG, "%s: no cartridge", fn);
+    int rc = check_pass_args(t, c, tokens, n, fn);
+    if (rc) return rc;
+    if (tg->n < 1) return cart_fail(CART_E_ARG, "%s: no targets", fn);
+    pass s;
+    if ((rc = pass_init(&s, t, c, n)) || (rc = setup_positions(&s, seg_len, n_seg, fn))) {
+        pass_free(&s);
+        return rc;
+    }
+    const cart_model_config *cfg = s.c;
+    const int64_t V = cfg->n_vocab, E = cfg->n_embd;
+    for (int64_t e = 0; e < tg->n; e++) {
+        int64_t pos = tg->position[e];
+        if (pos < 1 || pos >= n || s.seg_start[pos] == pos || tg->token[e] < 0 ||
+            tg->token[e] >= V || !(tg->logprob[e] <= 0.0f)) {
+            pass_free(&s);
+            return cart_fail(CART_E_ARG, "%s: target %lld (position %lld, token %d, logprob %g) is "
+                             "outside the pass: positions must lie in 1..%lld and not start a "
+                             "segment, tokens in the vocabulary, logprobs <= 0", fn, (long long)e,
+                             (long long)pos, tg->token[e], tg->logprob[e], (long long)(n - 1));
+        }
+    }
+    entry_ref *refs = cart_malloc(sizeof(entry_ref) * (size_t)tg->n, "target order");
+    int64_t *rows = cart_malloc(sizeof(int64_t) * (size_t)tg->n, "target rows");
+    float *xn = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)E, "head rows");
+    float *rstd = cart_malloc(sizeof(float) * HEAD_CHUNK, "head rows");
+    float *dxn = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)E, "head gradient");
+    float *logits = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)V, "head logits");
+    trunk tr = {0};
+    acts scratch;
+    float *dx = NULL, *bblock = NULL;
+    back_scratch b = {0};
+    if (!refs || !rows || !xn || !rstd || !dxn || !logits) rc = CART_E_NOMEM;
+    int64_t n_rows = 0;
+    if (!rc) {
+        for (int64_t e = 0; e < tg->n; e++) refs[e] = (entry_ref){tg->position[e] - 1, e};
+        qsort(refs, (size_t)tg->n, sizeof *refs, compare_refs);
+        for (int64_t e = 0; e < tg->n; e++)
+            if (n_rows == 0 || rows[n_rows - 1] != refs[e].row) rows[n_rows++] = refs[e].row;
+        int keep_all = !t->opts.recompute;
+        rc = trunk_forward(&s, tokens, keep_all, &scratch, &tr);
+    }
+    if (!rc && backward) {
+        dx = cart_calloc((size_t)(n * E), sizeof(float), "trunk gradient");
+        if (!dx) rc = CART_E_NOMEM;
+    }
+    const double scale = (double)loss_scale / (mean ? (double)tg->n : 1.0);
+    double loss = 0.0;
+    int64_t e0 = 0; /* first entry (in refs order) of the current row */
+    for (int64_t j = 0; !rc && j < n_rows; j += HEAD_CHUNK) {
+        int64_t chunk = n_rows - j < HEAD_CHUNK ? n_rows - j : HEAD_CHUNK;
+        if ((rc = head_forward(&s, tr.x_final, rows + j, chunk, xn, rstd, logits))) break;
+        for (int64_t r = 0; r < chunk; r++) {
+            float *lr = logits + r * V;
+            float max = lr[0];
+            for (int64_t v = 1; v < V; v++)
+                if (lr[v] > max) max = lr[v];
+            double sum = 0.0;
+            for (int64_t v = 0; v < V; v++) sum += exp((double)lr[v] - max);
+            double lse = (double)max + log(sum);
+            double weight = 0.0; /* sum of teacher probabilities reading this row */
+            int64_t e1 = e0;
+            while (e1 < tg->n && refs[e1].row == rows[j + r]) {
+                int64_t e = refs[e1].index;
+                double w = exp((double)tg->logprob[e]);
+                loss += -w * ((double)lr[tg->token[e]] - lse);
+                weight += w;
+                e1++;
+            }
+            if (backward) {
+                /* d loss / d logit_v = scale * (weight * softmax_v - sum_e w_e [v == token_e]) */
+                for (int64_t v = 0; v < V; v++)
+                    lr[v] = (float)(scale * weight * exp((double)lr[v] - lse));
+                for (int64_t k = e0; k < e1; k++) {
+                    int64_t e = refs[k].index;
+                    lr[tg->token[e]] -= (float)(scale * exp((double)tg->logprob[e]));
+                }
+            }
+            e0 = e1;
+        }
+        if (backward) {
+            memset(dxn, 0, sizeof(float) * (size_t)(chunk * E));
+            rc = cart_matmul_backward(dxn, E, logits, V, &s.m->output, chunk, cart_default_pool());
+            if (rc) break;
+            for (int64_t r = 0; r < chunk; r++)
+                rmsnorm_backward(dx + rows[j + r] * E, dxn + r * E, tr.x_final + rows[j + r] * E,
+                                 rstd + r, s.m->output_norm, 1, E);
+        }
+    }
+    loss *= scale;
+    if (!rc && backward) {
+        /* the backward scratch: one layer's gradients, plus (recompute) the
+         * layer's recomputed activations live in `scratch` already */
+        int64_t T = n, F = cfg->n_ff;
+        int64_t HD = (int64_t)cfg->n_head * cfg->head_dim, KD = (int64_t)cfg->n_head_kv * cfg->head_dim;
+        size_t floats = (size_t)(T * (3 * F + E + 2 * HD + 2 * KD));
+        bblock = cart_malloc(floats * sizeof(float), "backward scratch");
+        if (!bblock) rc = CART_E_NOMEM;
+        if (!rc) {
+            float *p = bblock;
+            b.dh = p, p += T * F;
+            b.dgate = p, p += T * F;
+            b.dup = p, p += T * F;
+            b.dxn = p, p += T * E;
+            s.datt = p, p += T * HD;
+            s.dq = p, p += T * HD;
+            s.dk = p, p += T * KD;
+            s.dv = p, p += T * KD;
+        }
+        s.grad_cart = c;
+        uint64_t bytes = tr.bytes + floats * sizeof(float) + (size_t)(n * E) * sizeof(float);
+        if (bytes > t->peak_bytes) t->peak_bytes = bytes;
+        for (int32_t l = cfg->n_layer - 1; l >= 0 && !rc; l--) {
+            s.layer = l;
+            if (t->opts.recompute) {
+                /* recompute the layer's activations from its input; its
+                 * output (already known from the forward) lands in scratch */
+                scratch.x_in = tr.layers[l].x_in;
+                s.a = &scratch;
+                rc = layer_forward(&s, b.dxn);
+                if (rc) break;
+            } else {
+                s.a = &tr.layers[l];
+            }
+            rc = layer_backward(&s, dx, &b);
+        }
+    } else if (!rc && tr.bytes > t->peak_bytes) {
+        t->peak_bytes = tr.bytes;
+    }
+    if (!rc && loss_out) *loss_out = loss;
+    free(bblock);
+    free(dx);
+    free(refs);
+    free(rows);
+    free(xn);
+    free(rstd);
+    free(dxn);
+    free(logits);
+    trunk_free(&tr);
+    pass_free(&s);
+    return rc;
+}

@@ -1,0 +1,143 @@
+/*
+ * train.h - the cartridge: trainable KV prefix rows, and the distillation
+ * loss with its backward pass through a frozen model into those rows.
+ *
+ * A cartridge holds, for every layer, K and V rows of shape [p, kv_heads,
+ * head_dim] in f32, in exactly the KV cache's space: keys after the q/k norm
+ * and after RoPE at positions 0..p-1 (never rotated again), values as
+ * projected. The first `frozen` rows (the attention sink) are constants; the
+ * other p - frozen rows of every layer are the trainable parameters.
+ *
+ * Behind a cartridge, real tokens sit at positions p, p+1, ...: query i sees
+ * all p rows and real tokens 0..i. Several sequences can be packed into one
+ * pass as segments: each restarts at position p and sees the prefix plus its
+ * own earlier tokens only.
+ *
+ * The trainer runs the frozen model (any weight dtype, quantized included)
+ * forward over packed segments behind a cartridge, keeps what the backward
+ * needs (or, with recompute, only each layer's input), and back-propagates
+ * the loss to the cartridge rows: gradients flow through the weights (dX),
+ * never into them (no dW).
+ */
+#ifndef CART_TRAIN_H
+#define CART_TRAIN_H
+
+#include <stdint.h>
+#include "adam.h"
+#include "kv.h"
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cart_cartridge cart_cartridge;
+
+/* A zero cartridge of p rows per layer, the first `frozen` of them constant
+ * (0 <= frozen < p). Free with cart_cartridge_free. */
+int cart_cartridge_new(cart_cartridge **out, int32_t n_layer, int32_t kv_heads, int32_t head_dim,
+                       int64_t p, int64_t frozen);
+void cart_cartridge_free(cart_cartridge *c);
+
+/* A cartridge shaped for m. */
+int cart_cartridge_new_for(cart_cartridge **out, const cart_model *m, int64_t p, int64_t frozen);
+
+int64_t cart_cartridge_p(const cart_cartridge *c);
+int64_t cart_cartridge_frozen(const cart_cartridge *c);
+int32_t cart_cartridge_n_layer(const cart_cartridge *c);
+int32_t cart_cartridge_kv_heads(const cart_cartridge *c);
+int32_t cart_cartridge_head_dim(const cart_cartridge *c);
+
+/* One layer's K (which = 0) or V (which = 1) rows, [p, kv_heads, head_dim]
+ * f32, sink rows first. Borrowed and writable; NULL for a bad argument. */
+float *cart_cartridge_rows(cart_cartridge *c, int32_t layer, int32_t which);
+
+/* The gradient of the same rows, same layout; the backward adds into it and
+ * leaves rows below `frozen` at zero. */
+float *cart_cartridge_grad(cart_cartridge *c, int32_t layer, int32_t which);
+
+/* Sets every gradient to zero. */
+void cart_cartridge_zero_grad(cart_cartridge *c);
+
+/* Runs m over tokens[0..p) at positions 0..p-1 (the inference forward with
+ * an f32 cache) and copies every layer's K/V rows into c: the model's own
+ * KV cache of those tokens. n must equal p. */
+int cart_cartridge_capture(cart_cartridge *c, cart_model *m, const int32_t *tokens, int64_t n);
+
+/* Fills every row (sinks included) with N(0, std^2) from rng.h's generator
+ * seeded with `seed`, layer by layer, K then V. */
+void cart_cartridge_init_random(cart_cartridge *c, uint64_t seed, float std);
+
+/* Writes the p rows of every layer into kv at positions len..len+p-1
+ * (converted to the cache's dtype) and advances len by p: into an empty
+ * cache to serve, or after another cartridge's rows to compose them. The
+ * cache's geometry must match and have room. */
+int cart_cartridge_append_to_kv(const cart_cartridge *c, cart_kv *kv);
+
+/* Adam over the trainable rows: cart_adam_size(a) must equal
+ * cart_cartridge_trainable_count(c). Runs one optimizer step with c's
+ * gradients (layer by layer, K then V, rows frozen..p-1). */
+int64_t cart_cartridge_trainable_count(const cart_cartridge *c);
+int cart_cartridge_adam_step(cart_cartridge *c, cart_adam *a);
+
+/* Distillation targets: n sparse entries (position, token, teacher
+ * log-probability). `position` is the index in the packed token sequence of
+ * the token being predicted; the student's prediction is read from the row
+ * before it, which must lie in the same segment. */
+typedef struct cart_distill_targets {
+    const int64_t *position;
+    const int32_t *token;
+    const float *logprob;
+    int64_t n;
+} cart_distill_targets;
+
+/* From one row of teacher logits: the top-k entries of the untempered
+ * log-softmax in descending order (ties to the lower id), kept up to and
+ * including the entry at which the cumulative probability first reaches
+ * `mass`; not renormalized. Writes ids[] and logprobs[] (room for k each)
+ * and their count to *n_out. */
+int cart_topk_targets(int32_t *ids, float *logprobs, int32_t *n_out, const float *logits,
+                      int64_t n_vocab, int32_t k, float mass);
+
+typedef struct cart_trainer_options {
+    int32_t recompute; /* 1: keep only each layer's input; recompute the layer in the backward */
+    int32_t reserved;  /* 0 */
+} cart_trainer_options;
+
+typedef struct cart_trainer cart_trainer;
+
+/* A trainer for m (borrowed; must outlive the trainer). opts may be NULL. */
+int cart_trainer_new(cart_trainer **out, cart_model *m, const cart_trainer_options *opts);
+void cart_trainer_free(cart_trainer *t);
+
+/* Peak bytes of activations the last pass held (for the memory comparison of
+ * the recompute option). */
+uint64_t cart_trainer_peak_bytes(const cart_trainer *t);
+
+/* The distillation loss of packed segments behind cartridge c and,
+ * when backward != 0, its gradient added into c's gradient buffers.
+ *   tokens[0..n)  n_seg segments of seg_len[] tokens (sum = n), each at
+ *                 positions p, p+1, ...
+ *   targets       entries as above
+ *   loss = loss_scale * R over entries e of
+ *          -exp(logprob_e) * log_softmax(student logits at position_e - 1)[token_e]
+ *   where R is the mean (mean != 0) or the sum.
+ * The final norm, the output head and the log-softmax run only on the rows
+ * the targets read, a few at a time: [tokens x vocab] logits are never
+ * materialized. The loss goes to *loss_out (may be NULL). */
+int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *tokens, int64_t n,
+                         const int64_t *seg_len, int32_t n_seg, const cart_distill_targets *targets,
+                         int32_t mean, float loss_scale, int32_t backward, double *loss_out);
+
+/* The same forward returning logits instead: row j of logits ([n_rows,
+ * n_vocab]) is the output at packed token rows[j]. c may be NULL (no prefix:
+ * segments start at position 0), which is the packed teacher pass. */
+int cart_trainer_logits(cart_trainer *t, const cart_cartridge *c, const int32_t *tokens, int64_t n,
+                        const int64_t *seg_len, int32_t n_seg, const int64_t *rows,
+                        int64_t n_rows, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,539 @@
+/*
+ * test_train.c - the cartridge mechanism: finite-difference checks of every
+ * backward piece and of the whole stack into the cartridge rows, the fused
+ * loss against the unfused one, packing, recompute, capture, Adam, targets.
+ *
+ * Models are generated here (tiny_model.h), so nothing depends on ../shared.
+ */
+#include "adam.h"
+#include "check.h"
+#include "model.h"
+#include "ops.h"
+#include "rng.h"
+#include "tiny_model.h"
+#include "train.h"
+
+static const char *QWEN_PATH = "/tmp/cart_test_train_qwen3.gguf";
+static const char *LLAMA_PATH = "/tmp/cart_test_train_llama.gguf";
+
+static double rel_err(double a, double b) {
+    double scale = fmax(fmax(fabs(a), fabs(b)), 1e-3);
+    return fabs(a - b) / scale;
+}
+
+/* ---- pieces ----------------------------------------------------------------- */
+
+static void fill(cart_rng *r, float *x, int64_t n, float std) {
+    cart_rng_fill_normal(r, x, n, 0.0f, std);
+}
+
+/* sum(dy * f(x)) for a few pieces, in double, so central differences of it
+ * check the backward of f against dy. */
+static double probe_rmsnorm(const float *x, const float *w, const float *dy, int64_t dim) {
+    float y[64], rstd;
+    rmsnorm_forward_keep(y, &rstd, x, w, 1, dim, 1e-6f);
+    double s = 0;
+    for (int64_t i = 0; i < dim; i++) s += (double)dy[i] * y[i];
+    return s;
+}
+
+static void test_rmsnorm_backward_matches_finite_differences(void) {
+    cart_rng r;
+    cart_rng_seed(&r, 1);
+    enum { N = 24 };
+    float x[N], w[N], dy[N], dx[N] = {0}, y[N], rstd;
+    fill(&r, x, N, 1.0f), fill(&r, w, N, 1.0f), fill(&r, dy, N, 1.0f);
+    rmsnorm_forward_keep(y, &rstd, x, w, 1, N, 1e-6f);
+    rmsnorm_backward(dx, dy, x, &rstd, w, 1, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        float keep = x[i], h = 1e-2f;
+        x[i] = keep + h;
+        double up = probe_rmsnorm(x, w, dy, N);
+        x[i] = keep - h;
+        double down = probe_rmsnorm(x, w, dy, N);
+        x[i] = keep;
+        worst = fmax(worst, rel_err(dx[i], (up - down) / (2 * h)));
+    }
+    CHECK_MAXDIFF("rmsnorm backward vs finite differences (relative)", worst, 2e-3);
+}
+
+static void test_swiglu_backward_matches_finite_differences(void) {
+    cart_rng r;
+    cart_rng_seed(&r, 2);
+    enum { N = 32 };
+    float g[N], u[N], dh[N], dg[N] = {0}, du[N] = {0};
+    fill(&r, g, N, 2.0f), fill(&r, u, N, 1.0f), fill(&r, dh, N, 1.0f);
+    swiglu_backward(dg, du, dh, g, u, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double h = 1e-3;
+        double gp = g[i] + h, gm = g[i] - h;
+        double fp = gp / (1 + exp(-gp)) * u[i], fm = gm / (1 + exp(-gm)) * u[i];
+        worst = fmax(worst, rel_err(dg[i], dh[i] * (fp - fm) / (2 * h)));
+        double silu = g[i] / (1 + exp(-(double)g[i]));
+        worst = fmax(worst, rel_err(du[i], dh[i] * silu));
+    }
+    CHECK_MAXDIFF("swiglu backward vs finite differences (relative)", worst, 1e-4);
+}
+
+static void test_rope_backward_is_the_inverse_rotation(void) {
+    cart_rng r;
+    cart_rng_seed(&r, 3);
+    float cs[16], x[2 * 16], y[2 * 16], dy[2 * 16];
+    for (int neox = 0; neox < 2; neox++) {
+        rope_angles(cs, 37, 16, 10000.0f);
+        fill(&r, x, 32, 1.0f);
+        memcpy(y, x, sizeof x);
+        rope_forward(y, cs, 2, 16, 16, neox);
+        /* the rotation is orthogonal: its backward (transpose) undoes it, and
+         * <dy, R x> = <R^T dy, x> */
+        fill(&r, dy, 32, 1.0f);
+        double lhs = 0, rhs = 0;
+        for (int i = 0; i < 32; i++) lhs += (double)dy[i] * y[i];
+        rope_backward(dy, cs, 2, 16, 16, neox);
+        for (int i = 0; i < 32; i++) rhs += (double)dy[i] * x[i];
+        CHECK_NEAR(neox ? "rope (neox) <dy, Rx> = <R^T dy, x>" : "rope (normal) <dy, Rx> = <R^T dy, x>",
+                   lhs, rhs, 1e-5);
+        rope_backward(y, cs, 2, 16, 16, neox);
+        double back = 0;
+        for (int i = 0; i < 32; i++) back = fmax(back, fabs(y[i] - x[i]));
+        CHECK_MAXDIFF("rope backward undoes the rotation", back, 1e-6);
+    }
+}
+
+enum { AD = 8, NA = 5, NB = 4, ASTRIDE = 16 }; /* head_dim, prefix rows, own rows, row pitch */
+
+static double probe_attention(const float *q, const float *ka, const float *va, const float *kb,
+                              const float *vb, const float *dout) {
+    float out[AD], lse;
+    attention_head_forward(out, &lse, q, ka, va, NA, ASTRIDE, kb, vb, NB, ASTRIDE, AD, 0.35f);
+    double s = 0;
+    for (int d = 0; d < AD; d++) s += (double)dout[d] * out[d];
+    return s;
+}
+
+static void test_attention_backward_matches_finite_differences(void) {
+    cart_rng r;
+    cart_rng_seed(&r, 4);
+    float q[AD], ka[NA * ASTRIDE], va[NA * ASTRIDE], kb[NB * ASTRIDE], vb[NB * ASTRIDE], dout[AD];
+    fill(&r, q, AD, 1.0f), fill(&r, ka, NA * ASTRIDE, 1.0f), fill(&r, va, NA * ASTRIDE, 1.0f);
+    fill(&r, kb, NB * ASTRIDE, 1.0f), fill(&r, vb, NB * ASTRIDE, 1.0f), fill(&r, dout, AD, 1.0f);
+    float out[AD], lse, dq[AD] = {0};
+    float dka[NA * ASTRIDE] = {0}, dva[NA * ASTRIDE] = {0}, dkb[NB * ASTRIDE] = {0},
+          dvb[NB * ASTRIDE] = {0};
+    attention_head_forward(out, &lse, q, ka, va, NA, ASTRIDE, kb, vb, NB, ASTRIDE, AD, 0.35f);
+    attention_head_backward(dq, dka, dva, 1, dkb, dvb, dout, out, lse, q, ka, va, NA, ASTRIDE, kb,
+                            vb, NB, ASTRIDE, AD, 0.35f);
+    struct {
+        float *x, *g;
+        int n, stride, skip;
+        const char *what;
+    } parts[] = {{q, dq, 1, AD, 0, "q"},     {ka, dka, NA, ASTRIDE, 1, "prefix k"},
+                 {va, dva, NA, ASTRIDE, 1, "prefix v"}, {kb, dkb, NB, ASTRIDE, 0, "own k"},
+                 {vb, dvb, NB, ASTRIDE, 0, "own v"}};
+    double worst = 0;
+    for (size_t part = 0; part < sizeof parts / sizeof parts[0]; part++)
+        for (int j = 0; j < parts[part].n; j++)
+            for (int d = 0; d < AD; d++) {
+                float *x = parts[part].x + j * parts[part].stride + d;
+                float keep = *x, h = 1e-2f;
+                *x = keep + h;
+                double up = probe_attention(q, ka, va, kb, vb, dout);
+                *x = keep - h;
+                double down = probe_attention(q, ka, va, kb, vb, dout);
+                *x = keep;
+                double fd = (up - down) / (2 * h);
+                float g = parts[part].g[j * parts[part].stride + d];
+                if (j < parts[part].skip) CHECK(g == 0.0f); /* the frozen row gets nothing */
+                else worst = fmax(worst, fabs(g - fd) / fmax(fabs(fd), 1e-2));
+            }
+    /* central differences of an f32 forward with h = 1e-2: truncation of
+     * order h^2 and round-off of order 1e-7 / h, about 1e-3 of a gradient of
+     * order 0.1 at worst */
+    CHECK_MAXDIFF("attention backward (q, prefix k/v, own k/v) vs finite differences (relative)",
+                  worst, 1e-2);
+}
+
+/* ---- the whole stack ------------------------------------------------------- */
+
+typedef struct problem {
+    cart_model *m;
+    cart_trainer *t;
+    cart_cartridge *c;
+    int32_t tokens[64];
+    int64_t seg[4];
+    int32_t n_seg;
+    int64_t n;
+    int64_t pos[256];
+    int32_t tok[256];
+    float lp[256];
+    cart_distill_targets tg;
+} problem;
+
+/* Segments of lengths lens[], random tokens, and for every position that does
+ * not start a segment three teacher entries with log-probs of a random
+ * distribution. */
+static void make_problem(problem *pb, const char *path, const int64_t *lens, int32_t n_seg,
+                         int64_t p, int64_t frozen, int recompute, uint64_t seed) {
+    memset(pb, 0, sizeof *pb);
+    CHECK_OK(cart_model_load(&pb->m, path, NULL));
+    cart_trainer_options o = {.recompute = recompute};
+    CHECK_OK(cart_trainer_new(&pb->t, pb->m, &o));
+    CHECK_OK(cart_cartridge_new_for(&pb->c, pb->m, p, frozen));
+    cart_cartridge_init_random(pb->c, seed, 0.7f);
+    cart_rng r;
+    cart_rng_seed(&r, seed + 1);
+    int32_t V = cart_model_get_config(pb->m)->n_vocab;
+    int64_t at = 0, e = 0;
+    for (int32_t s = 0; s < n_seg; s++) {
+        pb->seg[s] = lens[s];
+        for (int64_t i = 0; i < lens[s]; i++, at++) {
+            pb->tokens[at] = (int32_t)cart_rng_below(&r, (uint64_t)V);
+            if (i == 0) continue;
+            float z[3];
+            double sum = 0;
+            for (int k = 0; k < 3; k++) z[k] = cart_rng_uniform(&r) + 0.2f, sum += z[k];
+            for (int k = 0; k < 3; k++) {
+                pb->pos[e] = at;
+                pb->tok[e] = (int32_t)((pb->tokens[at] + 7 * k) % V);
+                pb->lp[e] = (float)log(z[k] / sum * 0.9);
+                e++;
+            }
+        }
+    }
+    pb->n = at;
+    pb->n_seg = n_seg;
+    pb->tg = (cart_distill_targets){pb->pos, pb->tok, pb->lp, e};
+}
+
+static void free_problem(problem *pb) {
+    cart_cartridge_free(pb->c);
+    cart_trainer_free(pb->t);
+    cart_model_free(pb->m);
+}
+
+static double loss_of(problem *pb) {
+    double loss = 0;
+    CHECK_OK(cart_trainer_distill(pb->t, pb->c, pb->tokens, pb->n, pb->seg, pb->n_seg, &pb->tg, 1,
+                                  1.0f, 0, &loss));
+    return loss;
+}
+
+static void check_stack_gradients(const char *path, const char *label) {
+    problem pb;
+    const int64_t lens[2] = {6, 5};
+    make_problem(&pb, path, lens, 2, 5, 1, 0, 11);
+    if (!pb.m) return;
+    cart_cartridge_zero_grad(pb.c);
+    double loss = 0;
+    CHECK_OK(cart_trainer_distill(pb.t, pb.c, pb.tokens, pb.n, pb.seg, pb.n_seg, &pb.tg, 1, 1.0f,
+                                  1, &loss));
+    CHECK(loss > 0);
+    int64_t row = (int64_t)cart_cartridge_kv_heads(pb.c) * cart_cartridge_head_dim(pb.c);
+    double worst = 0, largest = 0;
+    int checked = 0;
+    cart_rng r;
+    cart_rng_seed(&r, 99);
+    for (int32_t l = 0; l < cart_cartridge_n_layer(pb.c); l++)
+        for (int32_t which = 0; which < 2; which++) {
+            float *x = cart_cartridge_rows(pb.c, l, which);
+            float *g = cart_cartridge_grad(pb.c, l, which);
+            /* the sink row: no gradient, but it does matter to the loss */
+            double sink_grad = 0;
+            for (int64_t i = 0; i < row; i++) sink_grad = fmax(sink_grad, fabs(g[i]));
+            CHECK(sink_grad == 0.0);
+            for (int k = 0; k < 12; k++) {
+                int64_t i = row + (int64_t)cart_rng_below(&r, (uint64_t)(4 * row)); /* rows 1..4 */
+                float keep = x[i], h = 1e-2f;
+                x[i] = keep + h;
+                double up = loss_of(&pb);
+                x[i] = keep - h;
+                double down = loss_of(&pb);
+                x[i] = keep;
+                double fd = (up - down) / (2 * h);
+                worst = fmax(worst, fabs(g[i] - fd) / fmax(fabs(fd), 1e-2));
+                largest = fmax(largest, fabs(fd));
+                checked++;
+            }
+        }
+    float *sink = cart_cartridge_rows(pb.c, 0, 1);
+    sink[0] += 0.5f;
+    CHECK_MSG(fabs(loss_of(&pb) - loss) > 1e-6, "the sink row does not influence the loss");
+    sink[0] -= 0.5f;
+    printf("  %s: %d coordinates over every layer's K and V, |grad| up to %.3g\n", label, checked,
+           largest);
+    CHECK_MAXDIFF("stack gradient into the cartridge rows vs finite differences (relative)", worst,
+                  3e-2);
+    free_problem(&pb);
+}
+
+static void test_qwen3_stack_gradients_match_finite_differences(void) {
+    check_stack_gradients(QWEN_PATH, "qwen3 (q/k norm, NeoX RoPE, GQA 2)");
+}
+
+static void test_llama_stack_gradients_match_finite_differences(void) {
+    check_stack_gradients(LLAMA_PATH, "llama (adjacent-pair RoPE, GQA 2)");
+}
+
+static void test_fused_loss_equals_the_unfused_computation(void) {
+    problem pb;
+    const int64_t lens[2] = {7, 6};
+    make_problem(&pb, QWEN_PATH, lens, 2, 4, 1, 0, 21);
+    if (!pb.m) return;
+    int32_t V = cart_model_get_config(pb.m)->n_vocab;
+    int64_t rows[64];
+    for (int64_t i = 0; i < pb.n; i++) rows[i] = i;
+    float *logits = malloc(sizeof(float) * (size_t)(pb.n * V));
+    CHECK_OK(cart_trainer_logits(pb.t, pb.c, pb.tokens, pb.n, pb.seg, pb.n_seg, rows, pb.n, logits));
+    double unfused = 0;
+    for (int64_t e = 0; e < pb.tg.n; e++) {
+        const float *lr = logits + (pb.pos[e] - 1) * V;
+        double max = lr[0], sum = 0;
+        for (int32_t v = 1; v < V; v++) max = fmax(max, lr[v]);
+        for (int32_t v = 0; v < V; v++) sum += exp(lr[v] - max);
+        unfused += -exp((double)pb.lp[e]) * (lr[pb.tok[e]] - max - log(sum));
+    }
+    unfused /= (double)pb.tg.n;
+    double fused = loss_of(&pb);
+    printf("  loss: fused %.9f, unfused %.9f\n", fused, unfused);
+    CHECK_NEAR("fused vs unfused distillation loss (relative)", rel_err(fused, unfused), 0, 1e-6);
+    free(logits);
+    free_problem(&pb);
+}
+
+/* Gradients and loss of the packed pass vs one segment at a time with
+ * reduction sum and loss_scale 1 / total entries. */
+static void test_packed_segments_match_one_at_a_time(void) {
+    problem pb;
+    const int64_t lens[3] = {5, 7, 4};
+    make_problem(&pb, QWEN_PATH, lens, 3, 6, 1, 0, 31);
+    if (!pb.m) return;
+    cart_cartridge_zero_grad(pb.c);
+    double packed = 0;
+    CHECK_OK(cart_trainer_distill(pb.t, pb.c, pb.tokens, pb.n, pb.seg, pb.n_seg, &pb.tg, 1, 1.0f,
+                                  1, &packed));
+    int32_t L = cart_cartridge_n_layer(pb.c);
+    int64_t per = cart_cartridge_p(pb.c) * cart_cartridge_kv_heads(pb.c) * cart_cartridge_head_dim(pb.c);
+    float *g_packed = malloc(sizeof(float) * (size_t)(2 * L * per));
+    for (int32_t l = 0; l < L; l++)
+        for (int32_t w = 0; w < 2; w++)
+            memcpy(g_packed + (2 * l + w) * per, cart_cartridge_grad(pb.c, l, w), sizeof(float) * (size_t)per);
+    cart_cartridge_zero_grad(pb.c);
+    double separate = 0;
+    int64_t start = 0, e0 = 0;
+    for (int32_t s = 0; s < pb.n_seg; s++) {
+        int64_t e1 = e0;
+        int64_t shifted[256];
+        while (e1 < pb.tg.n && pb.pos[e1] < start + pb.seg[s]) {
+            shifted[e1 - e0] = pb.pos[e1] - start;
+            e1++;
+        }
+        cart_distill_targets one = {shifted, pb.tok + e0, pb.lp + e0, e1 - e0};
+        double part = 0;
+        CHECK_OK(cart_trainer_distill(pb.t, pb.c, pb.tokens + start, pb.seg[s], &pb.seg[s], 1, &one,
+                                      0, 1.0f / (float)pb.tg.n, 1, &part));
+        separate += part;
+        start += pb.seg[s];
+        e0 = e1;
+    }
+    double worst = 0, scale = 0;
+    for (int32_t l = 0; l < L; l++)
+        for (int32_t w = 0; w < 2; w++) {
+            const float *g = cart_cartridge_grad(pb.c, l, w);
+            for (int64_t i = 0; i < per; i++) {
+                worst = fmax(worst, fabs(g[i] - g_packed[(2 * l + w) * per + i]));
+                scale = fmax(scale, fabs(g_packed[(2 * l + w) * per + i]));
+            }
+        }
+    CHECK_NEAR("packed vs one-at-a-time loss", packed, separate, 1e-6);
+    CHECK_MAXDIFF("packed vs one-at-a-time gradients (relative to the largest)", worst / scale, 1e-5);
+    free(g_packed);
+    free_problem(&pb);
+}
+
+static void test_recompute_gives_bitwise_equal_loss_and_gradients(void) {
+    problem a, b;
+    const int64_t lens[2] = {9, 6};
+    make_problem(&a, QWEN_PATH, lens, 2, 6, 1, 0, 41);
+    make_problem(&b, QWEN_PATH, lens, 2, 6, 1, 1, 41);
+    if (!a.m || !b.m) return;
+    double la = 0, lb = 0;
+    cart_cartridge_zero_grad(a.c);
+    cart_cartridge_zero_grad(b.c);
+    CHECK_OK(cart_trainer_distill(a.t, a.c, a.tokens, a.n, a.seg, a.n_seg, &a.tg, 1, 1.0f, 1, &la));
+    CHECK_OK(cart_trainer_distill(b.t, b.c, b.tokens, b.n, b.seg, b.n_seg, &b.tg, 1, 1.0f, 1, &lb));
+    CHECK(memcmp(&la, &lb, sizeof la) == 0);
+    int64_t per = cart_cartridge_p(a.c) * cart_cartridge_kv_heads(a.c) * cart_cartridge_head_dim(a.c);
+    int same = 1;
+    for (int32_t l = 0; l < cart_cartridge_n_layer(a.c); l++)
+        for (int32_t w = 0; w < 2; w++)
+            same &= memcmp(cart_cartridge_grad(a.c, l, w), cart_cartridge_grad(b.c, l, w),
+                           sizeof(float) * (size_t)per) == 0;
+    CHECK_MSG(same, "recompute changed the gradients");
+    printf("  activations held: plain %llu bytes, recompute %llu bytes\n",
+           (unsigned long long)cart_trainer_peak_bytes(a.t),
+           (unsigned long long)cart_trainer_peak_bytes(b.t));
+    CHECK(cart_trainer_peak_bytes(b.t) < cart_trainer_peak_bytes(a.t));
+    free_problem(&a);
+    free_problem(&b);
+}
+
+static void test_a_captured_cartridge_continues_like_the_full_sequence(void) {
+    cart_model *m = NULL;
+    CHECK_OK(cart_model_load(&m, QWEN_PATH, NULL));
+    if (!m) return;
+    cart_trainer *t = NULL;
+    CHECK_OK(cart_trainer_new(&t, m, NULL));
+    int32_t toks[12] = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3};
+    cart_cartridge *c = NULL;
+    CHECK_OK(cart_cartridge_new_for(&c, m, 7, 1));
+    CHECK_OK(cart_cartridge_capture(c, m, toks, 7));
+    int32_t V = cart_model_get_config(m)->n_vocab;
+    float full[12 * 64], tail[5 * 64];
+    int64_t rows_full[5] = {7, 8, 9, 10, 11}, rows_tail[5] = {0, 1, 2, 3, 4};
+    int64_t n_full = 12, n_tail = 5;
+    CHECK_OK(cart_trainer_logits(t, NULL, toks, 12, &n_full, 1, rows_full, 5, full));
+    CHECK_OK(cart_trainer_logits(t, c, toks + 7, 5, &n_tail, 1, rows_tail, 5, tail));
+    double worst = 0;
+    for (int i = 0; i < 5 * V; i++) worst = fmax(worst, fabs(full[i] - tail[i]));
+    CHECK_MAXDIFF("captured cartridge + tail vs the whole sequence (training path)", worst, 1e-5);
+    /* and through the inference path, into a cache */
+    cart_kv *kv = NULL;
+    CHECK_OK(cart_model_new_kv(&kv, m, 16, CART_F32));
+    CHECK_OK(cart_cartridge_append_to_kv(c, kv));
+    CHECK(cart_kv_len(kv) == 7);
+    float inf[5 * 64];
+    CHECK_OK(cart_model_forward(m, &kv, 1, toks + 7, &n_tail, rows_tail, 5, inf));
+    worst = 0;
+    for (int i = 0; i < 5 * V; i++) worst = fmax(worst, fabs(inf[i] - tail[i]));
+    CHECK_MAXDIFF("inference behind the cartridge vs the training path", worst, 1e-5);
+    cart_kv_free(kv);
+    cart_cartridge_free(c);
+    cart_trainer_free(t);
+    cart_model_free(m);
+}
+
+static void test_adam_follows_torch_and_lowers_the_loss(void) {
+    /* two hand-computed steps of torch.optim.Adam(lr=0.1) on p = [1, -2] */
+    cart_adam_params ap;
+    cart_adam_default_params(&ap);
+    ap.lr = 0.1f;
+    cart_adam *a = NULL;
+    CHECK_OK(cart_adam_new(&a, &ap, 2));
+    float p[2] = {1.0f, -2.0f};
+    const float g1[2] = {0.5f, -0.25f}, g2[2] = {-1.0f, 0.75f};
+    cart_adam_begin_step(a);
+    CHECK_OK(cart_adam_update(a, p, g1, 0, 2));
+    /* step 1: m = 0.1 g, v = 0.001 g^2, mhat/sqrt(vhat) = sign(g) -> p -= 0.1 sign(g) */
+    CHECK_NEAR("adam step 1, p[0]", p[0], 0.9, 1e-6);
+    CHECK_NEAR("adam step 1, p[1]", p[1], -1.9, 1e-6);
+    cart_adam_begin_step(a);
+    CHECK_OK(cart_adam_update(a, p, g2, 0, 2));
+    double m0 = 0.9 * 0.05 + 0.1 * -1.0, v0 = 0.999 * 0.00025 + 0.001 * 1.0;
+    double want0 = 0.9 - 0.1 / (1 - 0.81) * m0 / (sqrt(v0) / sqrt(1 - 0.998001) + 1e-8);
+    CHECK_NEAR("adam step 2, p[0] (torch formula)", p[0], want0, 1e-6);
+    CHECK(cart_adam_steps(a) == 2);
+    cart_adam_free(a);
+
+    /* a few steps on the tiny model lower the loss and never move the sink */
+    problem pb;
+    const int64_t lens[2] = {8, 8};
+    make_problem(&pb, QWEN_PATH, lens, 2, 6, 1, 0, 51);
+    if (!pb.m) return;
+    ap.lr = 2e-2f;
+    CHECK_OK(cart_adam_new(&a, &ap, cart_cartridge_trainable_count(pb.c)));
+    int64_t row = (int64_t)cart_cartridge_kv_heads(pb.c) * cart_cartridge_head_dim(pb.c);
+    float sink_before[64];
+    memcpy(sink_before, cart_cartridge_rows(pb.c, 1, 0), sizeof(float) * (size_t)row);
+    double first = 0, last = 0;
+    for (int step = 0; step < 10; step++) {
+        cart_cartridge_zero_grad(pb.c);
+        double loss = 0;
+        CHECK_OK(cart_trainer_distill(pb.t, pb.c, pb.tokens, pb.n, pb.seg, pb.n_seg, &pb.tg, 1,
+                                      1.0f, 1, &loss));
+        CHECK_OK(cart_cartridge_adam_step(pb.c, a));
+        if (step == 0) first = loss;
+        last = loss;
+    }
+    printf("  10 Adam steps: loss %.5f -> %.5f\n", first, last);
+    CHECK(last < first);
+    CHECK(memcmp(sink_before, cart_cartridge_rows(pb.c, 1, 0), sizeof(float) * (size_t)row) == 0);
+    cart_adam_free(a);
+    free_problem(&pb);
+}
+
+static void test_topk_targets_keep_entries_up_to_the_mass(void) {
+    /* probabilities 0.5, 0.3, 0.15, 0.05 (+ tiny): 0.99 needs all four */
+    float logits[6] = {logf(0.15f), logf(0.5f), -30.0f, logf(0.3f), logf(0.05f), -30.0f};
+    int32_t ids[6], n = 0;
+    float lp[6];
+    CHECK_OK(cart_topk_targets(ids, lp, &n, logits, 6, 6, 0.99f));
+    CHECK(n == 4 && ids[0] == 1 && ids[1] == 3 && ids[2] == 0 && ids[3] == 4);
+    CHECK_NEAR("top logprob", lp[0], log(0.5), 1e-6);
+    CHECK_OK(cart_topk_targets(ids, lp, &n, logits, 6, 6, 0.7f));
+    CHECK(n == 2); /* 0.5 + 0.3 reaches 0.7: the crossing entry is kept */
+    CHECK_OK(cart_topk_targets(ids, lp, &n, logits, 6, 1, 0.99f));
+    CHECK(n == 1 && ids[0] == 1);
+    float ties[4] = {1, 2, 2, 1};
+    CHECK_OK(cart_topk_targets(ids, lp, &n, ties, 4, 3, 1.0f));
+    CHECK(n == 3 && ids[0] == 1 && ids[1] == 2 && ids[2] == 0); /* ties to the lower id */
+}
+
+static void test_bad_targets_and_segments_are_refused(void) {
+    problem pb;
+    const int64_t lens[2] = {4, 4};
+    make_problem(&pb, QWEN_PATH, lens, 2, 3, 1, 0, 61);
+    if (!pb.m) return;
+    int64_t pos = 4; /* the first token of segment 2: its prediction would cross segments */
+    int32_t tok = 1;
+    float lp = -0.5f;
+    cart_distill_targets tg = {&pos, &tok, &lp, 1};
+    CHECK_ERR(cart_trainer_distill(pb.t, pb.c, pb.tokens, pb.n, pb.seg, 2, &tg, 1, 1, 0, NULL),
+              CART_E_ARG);
+    pos = 0;
+    CHECK_ERR(cart_trainer_distill(pb.t, pb.c, pb.tokens, pb.n, pb.seg, 2, &tg, 1, 1, 0, NULL),
+              CART_E_ARG);
+    pos = 2, tok = 100000;
+    CHECK_ERR(cart_trainer_distill(pb.t, pb.c, pb.tokens, pb.n, pb.seg, 2, &tg, 1, 1, 0, NULL),
+              CART_E_ARG);
+    tok = 1;
+    int64_t bad[2] = {4, 3};
+    CHECK_ERR(cart_trainer_distill(pb.t, pb.c, pb.tokens, pb.n, bad, 2, &tg, 1, 1, 0, NULL),
+              CART_E_ARG);
+    CHECK_ERROR_MENTIONS("hold 7 tokens, the pass has 8");
+    cart_cartridge *other = NULL;
+    CHECK_OK(cart_cartridge_new(&other, 3, 2, 8, 4, 1));
+    CHECK_ERR(cart_trainer_distill(pb.t, other, pb.tokens, pb.n, pb.seg, 2, &tg, 1, 1, 0, NULL),
+              CART_E_ARG);
+    CHECK_ERR(cart_cartridge_new(&other, 2, 2, 8, 4, 4), CART_E_ARG);
+    cart_cartridge_free(other);
+    free_problem(&pb);
+}
+
+int main(void) {
+    tiny_shape q = {.qwen3 = 1, .layers = 2, .embd = 32, .heads = 4, .kv_heads = 2, .head_dim = 8,
+                    .ff = 48, .vocab = 40, .dtype = CART_F32, .tied = 1, .seed = 5};
+    tiny_shape l = q;
+    l.qwen3 = 0, l.tied = 0, l.seed = 6;
+    if (write_tiny_model(QWEN_PATH, &q) || write_tiny_model(LLAMA_PATH, &l)) {
+        printf("cannot write the test models: %s\n", cart_last_error());
+        return 1;
+    }
+    RUN(test_rmsnorm_backward_matches_finite_differences);
+    RUN(test_swiglu_backward_matches_finite_differences);
+    RUN(test_rope_backward_is_the_inverse_rotation);
+    RUN(test_attention_backward_matches_finite_differences);
+    RUN(test_qwen3_stack_gradients_match_finite_differences);
+    RUN(test_llama_stack_gradients_match_finite_differences);
+    RUN(test_fused_loss_equals_the_unfused_computation);
+    RUN(test_packed_segments_match_one_at_a_time);
+    RUN(test_recompute_gives_bitwise_equal_loss_and_gradients);
+    RUN(test_a_captured_cartridge_continues_like_the_full_sequence);
+    RUN(test_adam_follows_torch_and_lowers_the_loss);
+    RUN(test_topk_targets_keep_entries_up_to_the_mass);
+    RUN(test_bad_targets_and_segments_are_refused);
+    remove(QWEN_PATH);
+    remove(LLAMA_PATH);
+    return check_finish("train");
+}
