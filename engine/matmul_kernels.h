@@ -46,7 +46,8 @@ enum {
 typedef enum mm_round { MM_ROUND_NONE = 0, MM_ROUND_F16 = 1, MM_ROUND_BF16 = 2 } mm_round;
 
 /* How the kernels read weight elements: straight from the matrix for the
- * three float types, through cart_to_f32 into scratch for everything else. */
+ * three float types; everything else is dequantized into scratch first (by
+ * vector code for q8_0 q4_0 q4_K q6_K, by cart_to_f32 for the rest). */
 typedef enum mm_wkind { MM_W_F32 = 0, MM_W_F16 = 1, MM_W_BF16 = 2, MM_W_DEQUANT = 3 } mm_wkind;
 
 /* A validated weight as the kernels see it. */

@@ -376,6 +376,35 @@ uint64_t cart_model_widened_bytes(const cart_model *m) {
     return m->widened_bytes;
 }
 
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+uint64_t cart_model_fingerprint(const cart_model *m) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    const cart_model_config *c = &m->cfg;
+    int32_t dims[] = {c->arch, c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv,
+                      c->head_dim, c->n_rot, c->n_vocab, c->rope_neox, c->qk_norm, c->tied_output};
+    h = fnv1a(h, dims, sizeof dims);
+    h = fnv1a(h, &c->rms_eps, sizeof c->rms_eps);
+    h = fnv1a(h, &c->rope_theta, sizeof c->rope_theta);
+    for (int64_t i = 0; i < cart_gguf_tensor_count(m->gguf); i++) {
+        const cart_gguf_tensor_info *t = cart_gguf_tensor_at(m->gguf, i);
+        h = fnv1a(h, t->name.data, (size_t)t->name.len);
+        h = fnv1a(h, &t->dtype, sizeof t->dtype);
+        h = fnv1a(h, t->ne, sizeof t->ne);
+        size_t n = (size_t)t->nbytes, edge = n < 4096 ? n : 4096;
+        h = fnv1a(h, t->data, edge);
+        if (n > edge) h = fnv1a(h, (const uint8_t *)t->data + n - edge, edge);
+    }
+    return h;
+}
+
 int cart_model_new_kv(cart_kv **out, const cart_model *m, int64_t capacity, int32_t dtype) {
     return cart_kv_new(out, m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, capacity, dtype);
 }

@@ -84,6 +84,12 @@ const cart_gguf *cart_model_gguf(const cart_model *m);
 uint64_t cart_model_weight_bytes(const cart_model *m);
 uint64_t cart_model_widened_bytes(const cart_model *m);
 
+/* A 64-bit fingerprint of the model: FNV-1a over the config, every tensor's
+ * name, dtype and dims, and up to 4 KiB from the start and the end of each
+ * tensor's data. Two files with the same weights give the same value; a
+ * cartridge records it to refuse a model it was not trained on. */
+uint64_t cart_model_fingerprint(const cart_model *m);
+
 /* A new empty KV cache shaped for m (dtype CART_F16 or CART_F32). */
 int cart_model_new_kv(cart_kv **out, const cart_model *m, int64_t capacity, int32_t dtype);
 

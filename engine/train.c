@@ -112,14 +112,15 @@ static int check_model_geometry(const cart_cartridge *c, const cart_model *m, co
     return CART_OK;
 }
 
-int cart_cartridge_capture(cart_cartridge *c, cart_model *m, const int32_t *tokens, int64_t n) {
+int cart_cartridge_capture(cart_cartridge *c, cart_model *m, const int32_t *tokens, int64_t n,
+                           int32_t kv_dtype) {
     int rc = check_model_geometry(c, m, "cart_cartridge_capture");
     if (rc) return rc;
     if (n != c->p)
         return cart_fail(CART_E_ARG, "cart_cartridge_capture: %lld tokens for a cartridge of p = %lld",
                          (long long)n, (long long)c->p);
     cart_kv *kv = NULL;
-    rc = cart_kv_new(&kv, c->n_layer, c->kv_heads, c->head_dim, n, CART_F32);
+    rc = cart_kv_new(&kv, c->n_layer, c->kv_heads, c->head_dim, n, kv_dtype);
     if (rc) return rc;
     rc = cart_model_forward(m, &kv, 1, tokens, &n, NULL, 0, NULL);
     for (int32_t l = 0; l < c->n_layer && !rc; l++)

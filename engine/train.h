@@ -59,10 +59,12 @@ float *cart_cartridge_grad(cart_cartridge *c, int32_t layer, int32_t which);
 /* Sets every gradient to zero. */
 void cart_cartridge_zero_grad(cart_cartridge *c);
 
-/* Runs m over tokens[0..p) at positions 0..p-1 (the inference forward with
- * an f32 cache) and copies every layer's K/V rows into c: the model's own
- * KV cache of those tokens. n must equal p. */
-int cart_cartridge_capture(cart_cartridge *c, cart_model *m, const int32_t *tokens, int64_t n);
+/* Runs m over tokens[0..p) at positions 0..p-1 (the inference forward,
+ * through a cache of kv_dtype: CART_F32, or CART_F16 to reproduce exactly
+ * what a serving cache of f16 would hold) and copies every layer's K/V rows
+ * into c: the model's own KV cache of those tokens. n must equal p. */
+int cart_cartridge_capture(cart_cartridge *c, cart_model *m, const int32_t *tokens, int64_t n,
+                           int32_t kv_dtype);
 
 /* Fills every row (sinks included) with N(0, std^2) from rng.h's generator
  * seeded with `seed`, layer by layer, K then V. */

@@ -172,10 +172,17 @@ static void test_chunked_prefill_and_decode_give_the_logits_of_one_pass(void) {
     int64_t V = cart_model_get_config(m)->n_vocab;
     float *one = malloc(sizeof(float) * STORY_LEN * V), *parts = malloc(sizeof(float) * STORY_LEN * V);
     logits_in_chunks(m, story, STORY_LEN, STORY_LEN, CART_F32, one);
+    /* a few tokens per call take the memory-bound GEMV kernels, whose
+     * summation order differs from the GEMM's: f32 round-off on logits of
+     * magnitude ~15 */
     logits_in_chunks(m, story, STORY_LEN, 1, CART_F32, parts);
-    CHECK_MAXDIFF("token-by-token vs one pass (f32 cache)", max_diff(one, parts, STORY_LEN * V), 1e-5);
+    CHECK_MAXDIFF("token-by-token vs one pass (f32 cache)", max_diff(one, parts, STORY_LEN * V), 1e-4);
     logits_in_chunks(m, story, STORY_LEN, 5, CART_F32, parts);
-    CHECK_MAXDIFF("chunks of 5 vs one pass (f32 cache)", max_diff(one, parts, STORY_LEN * V), 1e-5);
+    CHECK_MAXDIFF("chunks of 5 vs one pass (f32 cache)", max_diff(one, parts, STORY_LEN * V), 1e-4);
+    /* calls of GEMM size give every token the same bits wherever it sits in
+     * the batch: what the equivalence gate relies on */
+    logits_in_chunks(m, story, STORY_LEN, 12, CART_F32, parts);
+    CHECK_MAXDIFF("chunks of 12 vs one pass (f32 cache, bitwise)", max_diff(one, parts, STORY_LEN * V), 0.0);
     /* f16 rounds every cached K/V value (relative error up to 2^-11); through
      * 5 layers that moves logits of magnitude ~15 by a few hundredths */
     logits_in_chunks(m, story, STORY_LEN, STORY_LEN, CART_F16, parts);

@@ -388,7 +388,7 @@ static void test_a_captured_cartridge_continues_like_the_full_sequence(void) {
     int32_t toks[12] = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3};
     cart_cartridge *c = NULL;
     CHECK_OK(cart_cartridge_new_for(&c, m, 7, 1));
-    CHECK_OK(cart_cartridge_capture(c, m, toks, 7));
+    CHECK_OK(cart_cartridge_capture(c, m, toks, 7, CART_F32));
     int32_t V = cart_model_get_config(m)->n_vocab;
     float full[12 * 64], tail[5 * 64];
     int64_t rows_full[5] = {7, 8, 9, 10, 11}, rows_tail[5] = {0, 1, 2, 3, 4};

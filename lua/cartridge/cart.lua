@@ -1,0 +1,226 @@
+-- cartridge.cart: a cartridge (trainable KV prefix) from Lua, and its
+-- safetensors artifact.
+--
+--   local cart = require("cartridge.cart")
+--   local c = cart.new(m, 256, 1)          -- model, p, frozen rows
+--   c:capture(m, ids)                      -- the model's own K/V of #ids == p tokens (f32 cache)
+--   c:append_to(kv)                        -- into a cache (serving), len += p
+--   c:save("out.safetensors", m, { training = {...}, draft_reference = ids })
+--   local d = cart.load("out.safetensors", m)   -- geometry from the header, checked against m
+--
+-- The artifact (REFERENCE-FUCINA 5): per layer i, "layers.<i>.k" and
+-- "layers.<i>.v" F32 [p - frozen, kv_heads, head_dim] (the trainable rows),
+-- "layers.<i>.k_sink" / ".v_sink" [frozen, kv_heads, head_dim] when frozen >
+-- 0, and optionally "draft_reference" I64 [n] (corpus token ids). Rows are in
+-- KV-cache order (position, kv head, dim), keys post-RoPE at positions
+-- 0..p-1. __metadata__ records the format, the architecture and geometry,
+-- the model's name and fingerprint, p, frozen and the training settings (a
+-- JSON string). Any safetensors reader opens it; writes are atomic.
+
+local core = require("cartridge.core")
+local safetensors = require("cartridge.safetensors")
+local json = require("cartridge.json")
+local ffi = core.ffi
+local C = core.C
+
+local cart = {}
+cart.FORMAT = "cartridge-v1"
+
+local Cart = {}
+Cart.__index = Cart
+
+local function wrap(handle)
+    local self = setmetatable({ handle = ffi.gc(handle, C.cart_cartridge_free) }, Cart)
+    self.p = tonumber(C.cart_cartridge_p(handle))
+    self.frozen = tonumber(C.cart_cartridge_frozen(handle))
+    self.n_layer = C.cart_cartridge_n_layer(handle)
+    self.kv_heads = C.cart_cartridge_kv_heads(handle)
+    self.head_dim = C.cart_cartridge_head_dim(handle)
+    self.row = self.kv_heads * self.head_dim
+    return self
+end
+
+-- A zero cartridge of p rows per layer shaped for model m (a cartridge.model).
+function cart.new(m, p, frozen)
+    local out = ffi.new("cart_cartridge *[1]")
+    core.check(C.cart_cartridge_new_for(out, m.handle, p, frozen or 1), "cart.new")
+    return wrap(out[0])
+end
+
+-- A zero cartridge of explicit geometry.
+function cart.new_geometry(n_layer, kv_heads, head_dim, p, frozen)
+    local out = ffi.new("cart_cartridge *[1]")
+    core.check(C.cart_cartridge_new(out, n_layer, kv_heads, head_dim, p, frozen), "cart.new")
+    return wrap(out[0])
+end
+
+function Cart:free()
+    if self.handle ~= nil then
+        C.cart_cartridge_free(ffi.gc(self.handle, nil))
+        self.handle = nil
+    end
+end
+
+-- One layer's rows (which: 0 = K, 1 = V): a float* to [p, kv_heads, head_dim].
+function Cart:rows(layer, which) return C.cart_cartridge_rows(self.handle, layer, which) end
+function Cart:grad(layer, which) return C.cart_cartridge_grad(self.handle, layer, which) end
+function Cart:zero_grad() C.cart_cartridge_zero_grad(self.handle) end
+function Cart:trainable_count() return tonumber(C.cart_cartridge_trainable_count(self.handle)) end
+
+-- Fills the rows with the model's own K/V of ids (#ids == p), computed
+-- through a cache of kv_dtype ("f32", the default, or "f16").
+function Cart:capture(m, ids, kv_dtype)
+    local n = #ids
+    local buf = ffi.new("int32_t[?]", math.max(n, 1))
+    for i = 1, n do buf[i - 1] = ids[i] end
+    local dtype = (kv_dtype or "f32") == "f16" and 1 or 0
+    core.check(C.cart_cartridge_capture(self.handle, m.handle, buf, n, dtype), "cartridge capture")
+end
+
+function Cart:init_random(seed, std)
+    C.cart_cartridge_init_random(self.handle, seed or 0, std or 1.0)
+end
+
+-- Writes the rows into a KV cache (a cartridge.model KV) after its current rows.
+function Cart:append_to(kv)
+    core.check(C.cart_cartridge_append_to_kv(self.handle, kv.handle), "cartridge append_to")
+end
+
+-- Bytes of the K/V rows (f32).
+function Cart:bytes()
+    return self.n_layer * 2 * self.p * self.row * 4
+end
+
+-- The model's fingerprint as 16 hex digits.
+function cart.fingerprint(m)
+    local v = C.cart_model_fingerprint(m.handle)
+    local hi = tonumber(bit.rshift(v, 32))
+    local lo = tonumber(bit.band(v, 0xffffffffULL))
+    return ("%08x%08x"):format(hi, lo)
+end
+
+-- Saves the cartridge atomically. opts: training (a table, stored as JSON),
+-- draft_reference (a Lua list of corpus token ids), extra_meta (string map).
+function Cart:save(path, m, opts)
+    opts = opts or {}
+    local tensors, keep = {}, {}
+    local trainable = self.p - self.frozen
+    for l = 0, self.n_layer - 1 do
+        for which, name in ipairs({ "k", "v" }) do
+            local rows = self:rows(l, which - 1)
+            tensors[#tensors + 1] = { name = ("layers.%d.%s"):format(l, name), dtype = "F32",
+                shape = { trainable, self.kv_heads, self.head_dim }, data = rows + self.frozen * self.row }
+            if self.frozen > 0 then
+                tensors[#tensors + 1] = { name = ("layers.%d.%s_sink"):format(l, name), dtype = "F32",
+                    shape = { self.frozen, self.kv_heads, self.head_dim }, data = rows }
+            end
+        end
+    end
+    if opts.draft_reference and #opts.draft_reference > 0 then
+        local n = #opts.draft_reference
+        local ids = ffi.new("int64_t[?]", n)
+        for i = 1, n do ids[i - 1] = opts.draft_reference[i] end
+        keep[#keep + 1] = ids
+        tensors[#tensors + 1] = { name = "draft_reference", dtype = "I64", shape = { n }, data = ids }
+    end
+    local meta = {
+        ["cartridge.format"] = cart.FORMAT,
+        ["cartridge.architecture"] = m.config.arch,
+        ["cartridge.n_layer"] = tostring(self.n_layer),
+        ["cartridge.kv_heads"] = tostring(self.kv_heads),
+        ["cartridge.head_dim"] = tostring(self.head_dim),
+        ["cartridge.p"] = tostring(self.p),
+        ["cartridge.frozen"] = tostring(self.frozen),
+        ["cartridge.model_name"] = tostring(m.file:get("general.name") or m.path),
+        ["cartridge.model_fingerprint"] = cart.fingerprint(m),
+        ["cartridge.training"] = json.encode(opts.training or json.object()),
+    }
+    for k, v in pairs(opts.extra_meta or {}) do meta[k] = tostring(v) end
+    safetensors.write(path, tensors, meta)
+    return path
+end
+
+-- Loads a cartridge artifact. The geometry comes from the tensors; with a
+-- model m, a different geometry or model fingerprint is refused, naming both.
+-- Returns the cartridge and a table { metadata, draft_reference (Lua list or
+-- nil), training (decoded table or nil) }.
+function cart.load(path, m)
+    local f = safetensors.open(path)
+    local function fail(what) error("cart.load: " .. path .. ": " .. what, 0) end
+    local k0 = f:tensor("layers.0.k")
+    if not k0 then fail("no tensor 'layers.0.k': this is not a cartridge artifact") end
+    if #k0.shape ~= 3 then fail("'layers.0.k' has rank " .. #k0.shape .. ", expected 3 [rows, kv_heads, head_dim]") end
+    local trainable, kv_heads, head_dim = k0.shape[1], k0.shape[2], k0.shape[3]
+    local sink0 = f:tensor("layers.0.k_sink")
+    local frozen = sink0 and sink0.shape[1] or 0
+    local n_layer = 0
+    while f:tensor(("layers.%d.k"):format(n_layer)) do n_layer = n_layer + 1 end
+    local p = trainable + frozen
+    -- strict: exactly the expected names, shapes and dtypes
+    local expected = {}
+    for l = 0, n_layer - 1 do
+        for _, name in ipairs({ "k", "v" }) do
+            expected[("layers.%d.%s"):format(l, name)] = { trainable, kv_heads, head_dim }
+            if frozen > 0 then expected[("layers.%d.%s_sink"):format(l, name)] = { frozen, kv_heads, head_dim } end
+        end
+    end
+    local draft
+    for _, t in ipairs(f:tensors()) do
+        if t.name == "draft_reference" then
+            if t.dtype_name ~= "I64" or #t.shape ~= 1 or t.shape[1] < 1 then
+                fail("'draft_reference' must be a non-empty 1-D I64 tensor")
+            end
+            draft = {}
+            local p64 = ffi.cast("const int64_t *", t.data)
+            for i = 0, t.shape[1] - 1 do draft[i + 1] = tonumber(p64[i]) end
+        else
+            local want = expected[t.name]
+            if not want then fail("unexpected tensor '" .. t.name .. "'") end
+            if t.dtype_name ~= "F32" then fail("'" .. t.name .. "' is " .. t.dtype_name .. ", expected F32") end
+            if #t.shape ~= 3 or t.shape[1] ~= want[1] or t.shape[2] ~= want[2] or t.shape[3] ~= want[3] then
+                fail(("'%s' has shape [%s], expected [%d, %d, %d]"):format(t.name, table.concat(t.shape, ", "),
+                    want[1], want[2], want[3]))
+            end
+            expected[t.name] = nil
+        end
+    end
+    local missing = next(expected)
+    if missing then fail("missing tensor '" .. missing .. "'") end
+    local meta = f.metadata
+    if m then
+        local mc = m.config
+        if mc.n_layer ~= n_layer or mc.n_head_kv ~= kv_heads or mc.head_dim ~= head_dim then
+            fail(("the cartridge is %d layers x %d KV heads x %d dims, the model %s is %d x %d x %d; "
+                .. "use the model it was trained with"):format(n_layer, kv_heads, head_dim, m.path,
+                mc.n_layer, mc.n_head_kv, mc.head_dim))
+        end
+        local want_fp = meta["cartridge.model_fingerprint"]
+        if want_fp and want_fp ~= cart.fingerprint(m) then
+            fail(("it was trained on model '%s' (fingerprint %s), and %s has fingerprint %s; use the "
+                .. "model it was trained with"):format(tostring(meta["cartridge.model_name"]), want_fp, m.path,
+                cart.fingerprint(m)))
+        end
+    end
+    local c = cart.new_geometry(n_layer, kv_heads, head_dim, p, frozen)
+    for l = 0, n_layer - 1 do
+        for which, name in ipairs({ "k", "v" }) do
+            local rows = c:rows(l, which - 1)
+            local t = f:tensor(("layers.%d.%s"):format(l, name))
+            ffi.copy(rows + frozen * c.row, t.data, t.nbytes)
+            if frozen > 0 then
+                local s = f:tensor(("layers.%d.%s_sink"):format(l, name))
+                ffi.copy(rows, s.data, s.nbytes)
+            end
+        end
+    end
+    f:close()
+    local training
+    if meta["cartridge.training"] then
+        local ok, v = pcall(json.decode, meta["cartridge.training"])
+        if ok then training = v end
+    end
+    return c, { metadata = meta, draft_reference = draft, training = training }
+end
+
+cart.Cart = Cart
+return cart

@@ -1,0 +1,123 @@
+-- cartridge.corpus: the documents a cartridge is made from, as text and ids.
+--
+--   local corpus = require("cartridge.corpus")
+--   local c = corpus.load({ "README.md", "docs/" }, tok)
+--   c.text, c.ids (Lua list), c.n_tokens, c.files ({ path, start, bytes })
+--   c:file_of(token_index)      -- the path of the document a token belongs to
+--
+-- Each path is a UTF-8 text file of any extension (at most 16 MiB) or a
+-- directory whose top-level .md files are taken in sorted order (other entries
+-- are ignored). Every file becomes the block "\n\n# Document: <path>\n\n<text>";
+-- blocks are tokenized one at a time (special-token text inside them is
+-- matched as such, as the model would see it) and their ids concatenated.
+
+local core = require("cartridge.core")
+local ffi = core.ffi
+local C = core.C
+
+local corpus = {}
+
+corpus.MAX_FILE_BYTES = 16 * 1024 * 1024
+
+local Corpus = {}
+Corpus.__index = Corpus
+
+local function is_dir(path)
+    local f = io.open(path, "rb")
+    if not f then return false end
+    local ok, _, code = f:read(1)
+    f:close()
+    return ok == nil and code == 21 -- EISDIR
+end
+
+local function list_md(dir)
+    local p = io.popen(("ls -1A -- '%s' 2>/dev/null"):format(dir:gsub("'", "'\\''")))
+    local names = {}
+    for name in p:lines() do
+        if name:lower():match("%.md$") then
+            local full = dir:gsub("/+$", "") .. "/" .. name
+            local f = io.open(full, "rb")
+            if f and f:read(0) then names[#names + 1] = full end
+            if f then f:close() end
+        end
+    end
+    p:close()
+    table.sort(names) -- bytewise
+    return names
+end
+
+local function read_text(path)
+    local f, err = io.open(path, "rb")
+    if not f then error(("corpus: cannot open %s: %s"):format(path, tostring(err)), 0) end
+    local size = f:seek("end")
+    if size and size > corpus.MAX_FILE_BYTES then
+        f:close()
+        error(("corpus: %s is %d bytes, above the limit of %d (16 MiB) per file; split it into "
+            .. "smaller files"):format(path, size, corpus.MAX_FILE_BYTES), 0)
+    end
+    f:seek("set", 0)
+    local text = f:read("*a")
+    f:close()
+    if not text then error(("corpus: cannot read %s (is it a directory?)"):format(path), 0) end
+    local bad = tonumber(C.cart_utf8_invalid_offset(text, #text))
+    if bad >= 0 then
+        error(("corpus: %s is not valid UTF-8: byte offset %d (0x%02x); convert it to UTF-8 "
+            .. "(iconv -f <encoding> -t UTF-8)"):format(path, bad, text:byte(bad + 1)), 0)
+    end
+    return text
+end
+
+-- The files behind a list of --corpus arguments, in order.
+function corpus.expand(paths)
+    local files = {}
+    for _, path in ipairs(paths) do
+        if is_dir(path) then
+            for _, f in ipairs(list_md(path)) do files[#files + 1] = f end
+        else
+            files[#files + 1] = path
+        end
+    end
+    return files
+end
+
+-- Loads and tokenizes the corpus. paths: a list of files and directories.
+function corpus.load(paths, tok)
+    if #paths == 0 then error("corpus: no --corpus given; pass a text file or a directory of .md files", 0) end
+    local files = corpus.expand(paths)
+    if #files == 0 then
+        error("corpus: no documents found in " .. table.concat(paths, ", ") ..
+            " (a directory contributes its top-level .md files)", 0)
+    end
+    local self = setmetatable({ files = {}, ids = {}, parts = {} }, Corpus)
+    for _, path in ipairs(files) do
+        local text = read_text(path)
+        local block = "\n\n# Document: " .. path .. "\n\n" .. text
+        self.parts[#self.parts + 1] = block
+        self.files[#self.files + 1] = { path = path, start = #self.ids, bytes = #text }
+        local ids = tok:encode(block, { special = true })
+        for i = 1, #ids do self.ids[#self.ids + 1] = ids[i] end
+    end
+    self.text = table.concat(self.parts)
+    self.parts = nil
+    self.n_tokens = #self.ids
+    return self
+end
+
+-- The path of the document token i (0-based) belongs to.
+function Corpus:file_of(i)
+    local found = self.files[1].path
+    for _, f in ipairs(self.files) do
+        if f.start <= i then found = f.path else break end
+    end
+    return found
+end
+
+-- A clear error unless the corpus has at least `need` tokens.
+function Corpus:require_tokens(need, hint)
+    if self.n_tokens < need then
+        error(("CorpusTooShort: the corpus has %d tokens and this needs at least %d; %s"):format(
+            self.n_tokens, need, hint), 0)
+    end
+end
+
+return corpus
