@@ -1,0 +1,198 @@
+-- The cartridge from Lua: the artifact, the gate recipe, the corpus, Adam state.
+
+local cartridge = require("cartridge")
+local helper = require("helper")
+local ffi = cartridge.ffi
+local cart = cartridge.cart
+
+local tmp, model_path, other_path
+setup(function()
+    tmp = helper.tmpdir()
+    model_path = tmp .. "/q.gguf"
+    other_path = tmp .. "/q-other.gguf"
+    local rm = require("cartridge.randmodel")
+    rm.write({ out = model_path, preset = "qwen3-tiny", dtype = "f32", quiet = true })
+    rm.write({ out = other_path, preset = "qwen3-tiny", dtype = "f32", seed = 2, quiet = true })
+end)
+teardown(function() helper.rmdir(tmp) end)
+
+local function logits_behind(m, c, ids)
+    local kv = m:new_kv(c.p + #ids, "f32")
+    c:append_to(kv)
+    local out = ffi.new("float[?]", #ids * m.n_vocab)
+    ffi.copy(out, m:forward(kv, ids, "all"), #ids * m.n_vocab * 4)
+    kv:free()
+    return out
+end
+
+describe("the cartridge artifact", function()
+    it("saves and loads to identical logits, with its geometry and metadata", function()
+        local m = cartridge.model.load(model_path)
+        local c = cart.new(m, 12, 1)
+        c:capture(m, { 256, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100 })
+        c:rows(1, 0)[5 * c.row + 3] = 0.25 -- as if trained
+        local path = tmp .. "/sub/dir/c.safetensors"
+        os.execute("mkdir -p " .. tmp .. "/sub/dir")
+        c:save(path, m, { training = { steps = 3, lr = 2e-3 }, draft_reference = { 5, 6, 7 } })
+        local d, info = cart.load(path, m)
+        assert.are.equal(12, d.p)
+        assert.are.equal(1, d.frozen)
+        assert.are.equal(m.config.n_layer, d.n_layer)
+        assert.are.same({ 5, 6, 7 }, info.draft_reference)
+        assert.are.equal(3, info.training.steps)
+        assert.are.equal("qwen3", info.metadata["cartridge.architecture"])
+        local a, b = logits_behind(m, c, { 1, 2, 3 }), logits_behind(m, d, { 1, 2, 3 })
+        local worst = 0
+        for i = 0, 3 * m.n_vocab - 1 do worst = math.max(worst, math.abs(a[i] - b[i])) end
+        print(("  save -> load: max |dlogit| %g (tolerance 0)"):format(worst))
+        assert.are.equal(0, worst)
+        -- any safetensors reader sees the documented tensors
+        local f = cartridge.safetensors.open(path)
+        assert.are.same({ 11, m.config.n_head_kv, m.config.head_dim }, f:tensor("layers.0.k").shape)
+        assert.are.same({ 1, m.config.n_head_kv, m.config.head_dim }, f:tensor("layers.1.v_sink").shape)
+        assert.are.equal("I64", f:tensor("draft_reference").dtype_name)
+        f:close()
+        m:free()
+    end)
+
+    it("refuses a model it was not trained on, naming both", function()
+        local m = cartridge.model.load(model_path)
+        local c = cart.new(m, 4, 1)
+        c:capture(m, { 1, 2, 3, 4 })
+        local path = tmp .. "/fp.safetensors"
+        c:save(path, m)
+        local other = cartridge.model.load(other_path)
+        local ok, err = pcall(cart.load, path, other)
+        assert.is_false(ok)
+        assert.truthy(err:find("fingerprint", 1, true) and err:find(other_path, 1, true), err)
+        local small = tmp .. "/small.gguf"
+        require("cartridge.randmodel").write({ out = small, preset = "qwen3-tiny", layers = 1, dtype = "f32", quiet = true })
+        local s = cartridge.model.load(small)
+        ok, err = pcall(cart.load, path, s)
+        assert.is_false(ok)
+        assert.truthy(err:find("2 layers", 1, true) and err:find("1 x", 1, true), err)
+        m:free(); other:free(); s:free()
+    end)
+
+    it("refuses files that are not cartridges or have stray tensors", function()
+        local data = ffi.new("float[32]")
+        cartridge.safetensors.write(tmp .. "/x.safetensors", { { name = "weights", dtype = "F32", shape = { 32 }, data = data } })
+        local ok, err = pcall(cart.load, tmp .. "/x.safetensors")
+        assert.is_false(ok)
+        assert.truthy(err:find("not a cartridge artifact", 1, true), err)
+        cartridge.safetensors.write(tmp .. "/y.safetensors", {
+            { name = "layers.0.k", dtype = "F32", shape = { 2, 2, 4 }, data = data },
+            { name = "layers.0.v", dtype = "F32", shape = { 2, 2, 4 }, data = data },
+            { name = "extra", dtype = "F32", shape = { 4 }, data = data },
+        })
+        ok, err = pcall(cart.load, tmp .. "/y.safetensors")
+        assert.is_false(ok)
+        assert.truthy(err:find("unexpected tensor 'extra'", 1, true), err)
+        cartridge.safetensors.write(tmp .. "/z.safetensors", {
+            { name = "layers.0.k", dtype = "F32", shape = { 2, 2, 4 }, data = data },
+            { name = "layers.0.v", dtype = "F32", shape = { 3, 2, 4 }, data = data },
+        })
+        ok, err = pcall(cart.load, tmp .. "/z.safetensors")
+        assert.is_false(ok)
+        assert.truthy(err:find("'layers.0.v' has shape [3, 2, 4], expected [2, 2, 4]", 1, true), err)
+    end)
+end)
+
+describe("Adam state", function()
+    it("saves and restores moments and step count", function()
+        local m = cartridge.model.load(model_path)
+        local c = cart.new(m, 4, 1)
+        c:init_random(1, 0.5)
+        local t = cartridge.trainer.new(m)
+        local segs = { { 1, 2, 3, 4, 5 } }
+        local targets = { { 2, 7, -0.5 }, { 3, 9, -1.0 }, { 4, 11, -0.2 } }
+        local opt = cartridge.adam.new(c, { lr = 1e-2 })
+        for _ = 1, 3 do
+            c:zero_grad()
+            t:distill(c, segs, targets, { backward = true })
+            opt:step()
+        end
+        opt:save(tmp .. "/adam.safetensors")
+        local opt2 = cartridge.adam.new(c, { lr = 1e-2 })
+        opt2:load(tmp .. "/adam.safetensors")
+        assert.are.equal(3, opt2:steps())
+        local n = c:trainable_count()
+        local a = cartridge.C.cart_adam_moment(opt.handle, 1)
+        local b = cartridge.C.cart_adam_moment(opt2.handle, 1)
+        for i = 0, n - 1 do assert.are.equal(a[i], b[i]) end
+        m:free()
+    end)
+end)
+
+describe("recipes/equiv.lua", function()
+    local function equiv(...)
+        if not helper.exists(helper.bin) then return nil end
+        return helper.cartridge("run", "recipes/equiv.lua", ...)
+    end
+
+    it("passes bitwise on stories260K with f32 and f16 caches", function()
+        local path, why = helper.fixture("models/stories260K.gguf")
+        if not path then return pending(why) end
+        for _, kv in ipairs({ "f32", "f16" }) do
+            local rc, out, err = equiv("--model", path, "--corpus", "README.md", "--p", "256", "--suffix-max", "128", "--kv", kv)
+            if not rc then return pending("build/cartridge not built") end
+            assert.are.equal(0, rc, err)
+            assert.truthy(out:find("max |dlogit| 0.000000, mean 0.0000000, greedy agreement 128/128", 1, true), out)
+            assert.truthy(out:find("PASS: untrained corpus-init cartridge is behaviorally identical", 1, true), out)
+        end
+    end)
+
+    it("passes on the reference Qwen3 models", function()
+        for _, name in ipairs({ "qwen3-tiny-f32.gguf", "qwen3-tiny-f16.gguf", "qwen3-tiny-realvocab-f16.gguf" }) do
+            local path, why = helper.fixture("reference/" .. name)
+            if not path then return pending(why) end
+            local rc, out, err = equiv("--model", path, "--corpus", "README.md", "--p", "256", "--suffix-max", "128")
+            if not rc then return pending("build/cartridge not built") end
+            assert.are.equal(0, rc, err)
+            assert.truthy(out:find("greedy agreement 128/128", 1, true), out)
+        end
+    end)
+
+    it("says CorpusTooShort with the count and the fix", function()
+        helper.write_file(tmp .. "/tiny.txt", "hello there")
+        local rc, _, err = equiv("--model", model_path, "--corpus", tmp .. "/tiny.txt", "--p", "256")
+        if not rc then return pending("build/cartridge not built") end
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("CorpusTooShort", 1, true) and err:find("lower --p", 1, true), err)
+    end)
+end)
+
+describe("the corpus", function()
+    it("takes a directory's top-level .md files in order, with document headers", function()
+        os.execute("mkdir -p " .. tmp .. "/docs/sub")
+        helper.write_file(tmp .. "/docs/b.md", "second")
+        helper.write_file(tmp .. "/docs/a.md", "first")
+        helper.write_file(tmp .. "/docs/notes.txt", "ignored")
+        helper.write_file(tmp .. "/docs/sub/c.md", "ignored too")
+        local m = cartridge.model.load(model_path)
+        local c = cartridge.corpus.load({ tmp .. "/docs" }, m:tokenizer())
+        assert.are.equal(2, #c.files)
+        assert.are.equal(tmp .. "/docs/a.md", c.files[1].path)
+        assert.are.equal("\n\n# Document: " .. tmp .. "/docs/a.md\n\nfirst\n\n# Document: " .. tmp .. "/docs/b.md\n\nsecond", c.text)
+        assert.are.equal(tmp .. "/docs/b.md", c:file_of(c.n_tokens - 1))
+        m:free()
+    end)
+
+    it("names the file and byte offset of invalid UTF-8, and refuses oversized files", function()
+        helper.write_file(tmp .. "/bad.txt", "good text \xff\xfe and more")
+        local m = cartridge.model.load(model_path)
+        local ok, err = pcall(cartridge.corpus.load, { tmp .. "/bad.txt" }, m:tokenizer())
+        assert.is_false(ok)
+        assert.truthy(err:find("bad.txt is not valid UTF-8: byte offset 10", 1, true), err)
+        local saved = cartridge.corpus.MAX_FILE_BYTES
+        cartridge.corpus.MAX_FILE_BYTES = 8
+        ok, err = pcall(cartridge.corpus.load, { tmp .. "/docs/a.md", tmp .. "/bad.txt" }, m:tokenizer())
+        cartridge.corpus.MAX_FILE_BYTES = saved
+        assert.is_false(ok)
+        assert.truthy(err:find("above the limit", 1, true), err)
+        ok, err = pcall(cartridge.corpus.load, { tmp .. "/missing.md" }, m:tokenizer())
+        assert.is_false(ok)
+        assert.truthy(err:find("missing.md", 1, true), err)
+        m:free()
+    end)
+end)
