@@ -571,6 +571,35 @@ static ALWAYS_INLINE void gemv_span(const int R, const int T, const int kind,
     }
 }
 
+/* A GEMV-only kind: q8_0 blocks are dequantized in registers (the same
+ * operations as dequant_q8_0, so the same values) and applied straight away,
+ * with no trip through scratch. (The same for q4_K measured slower than its
+ * dequantize-to-L1 path: its per-sub-block scales cost too much per row.) */
+enum { GEMV_Q8_0 = 16 };
+
+/* gemv_span for whole q8_0 rows of `depth` elements. */
+static ALWAYS_INLINE void gemv_span_q8_0(const int R, const int T, const uint8_t *const *wr,
+                                         const float *x, int64_t ldx, int64_t depth,
+                                         __m512 acc[MM_GEMV_MAXR][MM_GEMV_T]) {
+    for (int64_t b = 0; b < depth / 32; b++) {
+        __m512 w0[MM_GEMV_MAXR], w1[MM_GEMV_MAXR];
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = wr[r] + b * 34;
+            const __m512 d = _mm512_set1_ps(f16_scale(blk));
+            w0[r] = _mm512_mul_ps(i8x16_to_ps(_mm_loadu_si128((const __m128i *)(blk + 2))), d);
+            w1[r] = _mm512_mul_ps(i8x16_to_ps(_mm_loadu_si128((const __m128i *)(blk + 18))), d);
+        }
+        for (int t = 0; t < T; t++) {
+            const __m512 xv = _mm512_loadu_ps(x + t * ldx + 32 * b);
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(w0[r], xv, acc[r][t]);
+        }
+        for (int t = 0; t < T; t++) {
+            const __m512 xv = _mm512_loadu_ps(x + t * ldx + 32 * b + 16);
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(w1[r], xv, acc[r][t]);
+        }
+    }
+}
+
 /* y[t, j + r] = W[j + r, :] . x[t, :] for r < nr (<= R), t < T. */
 static ALWAYS_INLINE void gemv_tile(const int R, const int T, const int kind, const mm_src *w,
                                     int64_t j, int64_t nr, const float *x, int64_t ldx, float *y,
@@ -590,7 +619,10 @@ static ALWAYS_INLINE void gemv_tile(const int R, const int T, const int kind, co
     } else {
         for (int r = 0; r < R; r++)
             wr[r] = w->data + (uint64_t)(j + min64(r, nr - 1)) * w->row_bytes;
-        gemv_span(R, T, kind, wr, x, ldx, depth, acc);
+        if (kind == GEMV_Q8_0)
+            gemv_span_q8_0(R, T, wr, x, ldx, depth, acc);
+        else
+            gemv_span(R, T, kind, wr, x, ldx, depth, acc);
     }
     for (int r = 0; r < R; r++)
         if (r < nr)
@@ -654,7 +686,10 @@ void mm512_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x, int
             gemv_kind(MM_W_BF16, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
             break;
         default:
-            gemv_kind(MM_W_DEQUANT, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            if (w->dtype == CART_Q8_0)
+                gemv_kind(GEMV_Q8_0, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            else
+                gemv_kind(MM_W_DEQUANT, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
             break;
         }
     }

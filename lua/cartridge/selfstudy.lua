@@ -1,0 +1,343 @@
+-- cartridge.selfstudy: the pieces of self-study that recipes/selfstudy.lua
+-- (and the benchmark and report recipes) put together.
+--
+-- One conversation: a random corpus chunk goes into a system message; bot A
+-- (the model, sampling at temperature 0.6) reads it with a seed instruction
+-- and writes one user message; bot B (the model, greedy) reads the chunk and
+-- that message and answers. The teacher's distribution over B's answer
+-- tokens -- the model WITH the chunk in context -- becomes the sparse targets
+-- the cartridge is trained to reproduce WITHOUT the chunk: the student sees
+-- only the user turn and the answer, behind the cartridge.
+--
+-- Reuse: the chunk's system block is prefilled once per conversation; bot A
+-- continues from it, and bot B rewinds the same cache to it and continues
+-- with its own turn. Bot B's greedy decode already computes, at every step,
+-- the logits of the model with the chunk in context over exactly the tokens
+-- the teacher would score, so the teacher targets are read off those logits
+-- (top-k, 0.99 mass) instead of a second forward pass. --teacher-pass runs
+-- that second pass anyway (packed, through the training forward) for
+-- comparison.
+
+local core = require("cartridge.core")
+local chat = require("cartridge.chat")
+local trainer_mod = require("cartridge.trainer")
+local sampler_mod = require("cartridge.sampler")
+local ffi = core.ffi
+local C = core.C
+
+local selfstudy = {}
+
+-- The system message a chunk (or the whole corpus, for the cartridge's
+-- initialization) is wrapped in.
+function selfstudy.system_text(body)
+    return "\nYou are having a conversation with a user about the information below.\n\n<info>\n"
+        .. body .. "\n</info>"
+end
+
+-- The chunk body: a provenance line, a blank line, the decoded chunk.
+function selfstudy.chunk_text(path, body)
+    return ("The text below is an excerpt from %s, one document of a larger collection.\n\n%s"):format(path, body)
+end
+
+-- The seven seed instructions: they fix the FORM of bot A's message, never
+-- its content; the chunk is the only source of content.
+selfstudy.SEEDS = {
+    { name = "structuring", text = "Write a message asking another assistant to restate one specific part "
+        .. "of the information above as JSON. Name the section and the document exactly, and ask for every "
+        .. "date, name and number in it to be kept. Reply with the message only." },
+    { name = "summarization", text = "Write a message asking another assistant to summarize one specific "
+        .. "part of the information above. Identify that part precisely (its title, document, names or "
+        .. "dates) so there is no doubt which part you mean. Reply with the message only." },
+    { name = "question", text = "Write one question that tests knowledge of the information above. "
+        .. "Include enough identifying detail (names, titles, numbers) that the question can only be "
+        .. "answered from this information. Reply with the question only." },
+    { name = "use_case", text = "Think of a practical task someone could accomplish with the information "
+        .. "above, then write the one question such a person would ask to get it done. Reply with the "
+        .. "question only." },
+    { name = "creative", text = "Write an opening question for a creative, open-ended conversation "
+        .. "inspired by the information above. Reply with the question only." },
+    { name = "mechanism", text = "Write one question asking WHY or HOW something described in the "
+        .. "information above works or happens: ask for the reason or the mechanism, not the bare fact. "
+        .. "Include identifying details. Reply with the question only." },
+    { name = "verbatim", text = "Write one question asking for the exact wording, full name, precise "
+        .. "definition or numeric value of something in the information above, to be answered exactly as "
+        .. "it is written there. Include identifying details. Reply with the question only." },
+}
+
+-- Generation-level question cleanup: trim, drop a leading think block.
+function selfstudy.clean(text)
+    text = text:gsub("^%s+", ""):gsub("%s+$", "")
+    if text:sub(1, 7) == "<think>" then
+        local close = text:find("</think>", 1, true)
+        text = close and text:sub(close + 8) or ""
+    elseif text:sub(1, 8) == "</think>" then
+        text = text:sub(9)
+    end
+    return (text:gsub("^%s+", ""):gsub("%s+$", ""))
+end
+
+-- The token ids a cartridge is initialized from: the whole corpus as a system
+-- message; when longer than p, its first p - #close tokens and the closing
+-- tokens of the turn, so the cartridge is exactly p rows.
+function selfstudy.init_ids(tok, template, corpus_text, p)
+    local close = tok:encode(template.close, { special = true })
+    if p < #close + 8 then
+        error(("CartridgeTooSmall: p = %d leaves no room for the corpus: the turn close alone is %d tokens; "
+            .. "use --p %d or more"):format(p, #close, #close + 8), 0)
+    end
+    local ids = tok:encode(template.system_open .. selfstudy.system_text(corpus_text) .. template.close,
+        { special = true, add_special = true })
+    if #ids <= p then return ids end
+    local out = {}
+    for i = 1, p - #close do out[i] = ids[i] end
+    for i = 1, #close do out[#out + 1] = close[i] end
+    return out
+end
+
+-- A Lua-side view of a seeded cart_rng.
+local Rng = {}
+Rng.__index = Rng
+function selfstudy.rng(seed)
+    local r = ffi.new("cart_rng")
+    C.cart_rng_seed(r, seed)
+    return setmetatable({ r = r }, Rng)
+end
+-- an integer in [lo, hi]
+function Rng:int(lo, hi) return lo + tonumber(C.cart_rng_below(self.r, hi - lo + 1)) end
+function Rng:below(n) return tonumber(C.cart_rng_below(self.r, n)) end
+function Rng:u64() return C.cart_rng_next(self.r) end
+
+local function copy_list(t, i, j)
+    local out = {}
+    for k = i, j do out[#out + 1] = t[k] end
+    return out
+end
+
+local function concat(a, b)
+    local out = {}
+    for i = 1, #a do out[i] = a[i] end
+    for i = 1, #b do out[#out + 1] = b[i] end
+    return out
+end
+
+-- The synthesizer: holds the model, tokenizer, corpus and settings.
+local Synth = {}
+Synth.__index = Synth
+
+-- opts: chunk_min, chunk_max, max_q, max_a, top_k, rng (selfstudy.rng),
+-- teacher_pass (bool), trainer (for teacher_pass), template (chat template).
+function selfstudy.synthesizer(m, tok, corpus, opts)
+    local self = setmetatable({ m = m, tok = tok, corpus = corpus, o = opts }, Synth)
+    self.template = opts.template or chat.for_model(m)
+    self.stop_id = self.template.stop and tok:find(self.template.stop) or nil
+    self.stats = { empty_questions = 0, stopped = 0, conversations = 0,
+        time = { a = 0, b = 0, teacher = 0 } }
+    return self
+end
+
+-- The random draws of one conversation (REFERENCE-FUCINA 4.2, in order).
+function Synth:draw()
+    local n, r = self.corpus.n_tokens, self.o.rng
+    local cmax = math.min(self.o.chunk_max, n)
+    local len = r:int(math.min(self.o.chunk_min, cmax), cmax)
+    local start = r:int(0, n - len)
+    local seed = r:below(#selfstudy.SEEDS) + 1
+    local a_seed = r:u64()
+    return { chunk_start = start, chunk_len = len, seed = seed, a_seed = a_seed }
+end
+
+-- Decodes generated ids for a stream.
+local function decode(tok, ids)
+    return tok:decode(ids, { special = true })
+end
+
+-- Runs lockstep generation over streams. Each stream: { kv, ids (prompt
+-- continuation to prefill), sampler or nil (greedy), max, on_row(stream,
+-- logits) optional }. Fills stream.out (generated ids, stop token excluded)
+-- and stream.stopped.
+function Synth:generate(streams)
+    local m, tok = self.m, self.tok
+    local kvs, ids = {}, {}
+    for i, s in ipairs(streams) do
+        kvs[i], ids[i] = s.kv, s.ids
+        s.out, s.stopped = {}, false
+    end
+    local logits = m:forward_batch(kvs, ids, "last")
+    local active = {}
+    for i = 1, #streams do active[i] = i end
+    while #active > 0 do
+        local next_kvs, next_ids, still = {}, {}, {}
+        for row, i in ipairs(active) do
+            local s = streams[i]
+            local l = logits + (row - 1) * m.n_vocab
+            local id = s.sampler and s.sampler:sample(l, m.n_vocab) or C.cart_argmax(l, m.n_vocab)
+            if s.on_row then s.on_row(s, l, id) end
+            if tok:is_eog(id) then
+                s.stopped = true
+            else
+                if s.sampler then s.sampler:accept(id) end
+                s.out[#s.out + 1] = id
+                if #s.out < s.max then
+                    still[#still + 1] = i
+                    next_kvs[#next_kvs + 1] = s.kv
+                    next_ids[#next_ids + 1] = { id }
+                end
+            end
+        end
+        active = still
+        if #active == 0 then break end
+        logits = m:forward_batch(next_kvs, next_ids, "last")
+    end
+end
+
+local function now() return C.cart_now_seconds() end
+
+-- Synthesizes n conversations as one lockstep group. Returns a list of
+-- conversations: { question, seed_name, chunk_start, chunk_len, path,
+-- student (ids), first_answer, answer_len, stopped, targets = { {pos, tok, lp}, ... } }.
+function Synth:group(n)
+    local o, tok, m, T = self.o, self.tok, self.m, self.template
+    local convos = {}
+    for i = 1, n do convos[i] = self:draw() end -- all draws before any generation
+    local streams_a = {}
+    for i, c in ipairs(convos) do
+        local body = decode(tok, copy_list(self.corpus.ids, c.chunk_start + 1, c.chunk_start + c.chunk_len))
+        c.path = self.corpus:file_of(c.chunk_start)
+        c.seed_name = selfstudy.SEEDS[c.seed].name
+        local system = T.system_open .. selfstudy.system_text(selfstudy.chunk_text(c.path, body)) .. T.close
+        c.sys_ids = tok:encode(system, { special = true, add_special = true })
+        local a_rest = tok:encode(T.user_open .. selfstudy.SEEDS[c.seed].text .. T.close .. T.opener(false),
+            { special = true })
+        -- room for bot A, and usually for bot B too (its turn is the question
+        -- plus a few template tokens); B grows the cache when it is not
+        local cap = #c.sys_ids + math.max(#a_rest + o.max_q, o.max_q + 128 + o.max_a) + 16
+        c.kv = m:new_kv(cap, "f16")
+        streams_a[i] = { kv = c.kv, ids = concat(c.sys_ids, a_rest), max = o.max_q,
+            sampler = sampler_mod.new({ temperature = 0.6, seed = c.a_seed }) }
+    end
+    -- bot A: the questions
+    local t0 = now()
+    self:generate(streams_a)
+    for i, c in ipairs(convos) do
+        c.question = selfstudy.clean(decode(tok, streams_a[i].out))
+        streams_a[i].sampler:free()
+        if c.question == "" then
+            -- the model wrote nothing usable (a random-weight model often
+            -- does): fall back to the seed instruction's own wording as the
+            -- user message, so the conversation still asks about the chunk
+            self.stats.empty_questions = self.stats.empty_questions + 1
+            c.question = selfstudy.SEEDS[c.seed].text
+        end
+    end
+    local t1 = now()
+    -- bot B: the answers, behind the same system block rows
+    local streams_b = {}
+    for i, c in ipairs(convos) do
+        c.kv:truncate(#c.sys_ids)
+        c.prefix = tok:encode(T.user_open .. c.question .. T.close .. T.opener(false), { special = true })
+        local rows = {}
+        c.rows = rows
+        streams_b[i] = { kv = c.kv, ids = c.prefix, max = o.max_a, on_row = function(_, l)
+            rows[#rows + 1] = trainer_mod.topk(l, m.n_vocab, o.top_k, 0.99)
+        end }
+        local need = #c.sys_ids + #c.prefix + o.max_a + 1
+        if need > c.kv:capacity() then
+            local kv = m:new_kv(need, "f16")
+            kv:copy_from(c.kv, #c.sys_ids)
+            c.kv:free()
+            c.kv = kv
+            streams_b[i].kv = kv
+        end
+    end
+    self:generate(streams_b)
+    local t2 = now()
+    for i, c in ipairs(convos) do
+        local s = streams_b[i]
+        c.answer = s.out
+        c.stopped = s.stopped and self.stop_id ~= nil
+        -- the stop token is supervised too, so the cartridge learns when to end
+        c.student = concat(c.prefix, c.answer)
+        if c.stopped then c.student[#c.student + 1] = self.stop_id end
+        c.first_answer = #c.prefix
+        c.answer_len = #c.student - c.first_answer
+        c.targets = {}
+        for j = 0, c.answer_len - 1 do
+            for _, e in ipairs(c.rows[j + 1]) do
+                c.targets[#c.targets + 1] = { c.first_answer + j, e[1], e[2] }
+            end
+        end
+        if c.stopped then self.stats.stopped = self.stats.stopped + 1 end
+        c.kv:free()
+        c.kv, c.rows = nil, nil
+    end
+    if o.teacher_pass then self:teacher_pass(convos) end
+    self.stats.time.a = self.stats.time.a + (t1 - t0)
+    self.stats.time.b = self.stats.time.b + (t2 - t1)
+    self.stats.conversations = self.stats.conversations + n
+    return convos
+end
+
+-- Recomputes every conversation's targets with one packed teacher forward
+-- (chunk system block + student sequence, no prefix) through the training
+-- path, as REFERENCE-FUCINA 4.7 does.
+function Synth:teacher_pass(convos)
+    local t0 = now()
+    local segments, rows = {}, {}
+    local base = 0
+    for i, c in ipairs(convos) do
+        segments[i] = concat(c.sys_ids, c.student)
+        for j = 0, c.answer_len - 1 do rows[#rows + 1] = base + #c.sys_ids + c.first_answer + j - 1 end
+        base = base + #segments[i]
+    end
+    local logits = self.o.trainer:logits(nil, segments, rows)
+    local r = 0
+    for _, c in ipairs(convos) do
+        c.targets = {}
+        for j = 0, c.answer_len - 1 do
+            for _, e in ipairs(trainer_mod.topk(logits + r * self.m.n_vocab, self.m.n_vocab, self.o.top_k, 0.99)) do
+                c.targets[#c.targets + 1] = { c.first_answer + j, e[1], e[2] }
+            end
+            r = r + 1
+        end
+    end
+    self.stats.time.teacher = self.stats.time.teacher + (now() - t0)
+end
+
+-- Packs conversations into one training pass: segments and shifted targets.
+function selfstudy.pack(convos)
+    local segments, targets, base = {}, {}, 0
+    for i, c in ipairs(convos) do
+        segments[i] = c.student
+        for _, e in ipairs(c.targets) do targets[#targets + 1] = { base + e[1], e[2], e[3] } end
+        base = base + #c.student
+    end
+    return segments, targets
+end
+
+-- One optimizer step's forward/backward over conversations. pack = false runs
+-- them one at a time with sum reduction scaled by 1 / (all entries), which
+-- gives the gradient of the packed mean. Returns the step's loss (the mean
+-- over all target entries) and the supervised answer tokens.
+function selfstudy.train_step(tr, cart, convos, pack)
+    cart:zero_grad()
+    local tokens = 0
+    for _, c in ipairs(convos) do tokens = tokens + c.answer_len end
+    if pack ~= false then
+        local segments, targets = selfstudy.pack(convos)
+        return tr:distill(cart, segments, targets, { backward = true }), tokens
+    end
+    local total = 0
+    for _, c in ipairs(convos) do total = total + #c.targets end
+    local loss = 0
+    for _, c in ipairs(convos) do
+        loss = loss + tr:distill(cart, { c.student }, c.targets, { backward = true, mean = false, scale = 1 / total })
+    end
+    return loss, tokens
+end
+
+-- The held-out loss of a conversation behind the cartridge (no gradient).
+function selfstudy.eval_loss(tr, cart, convo)
+    return tr:distill(cart, { convo.student }, convo.targets, { backward = false })
+end
+
+return selfstudy

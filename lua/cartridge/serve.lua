@@ -1,0 +1,104 @@
+-- cartridge.serve: answering a question behind a cartridge, from the bare
+-- model, and with the corpus in context (ICL), as recipes/ask.lua and
+-- `selfstudy.lua --load F --ask Q` print them.
+--
+--   local serve = require("cartridge.serve")
+--   local r = serve.answer{ model = m, cartridge = c, question = "...", max_a = 192 }
+--   r.text, r.ids, r.seconds, r.tok_s, r.rows (KV rows in front of the prompt)
+--
+-- Every arm decodes greedily up to max_a tokens and stops at the template's
+-- end of turn (not included). The prompt is the user turn and the assistant
+-- opener (thinking off); the cartridge arm writes the cartridge rows into an
+-- empty cache first and prefills the prompt at position p.
+
+local core = require("cartridge.core")
+local chat = require("cartridge.chat")
+local selfstudy = require("cartridge.selfstudy")
+local C = core.C
+
+local serve = {}
+
+local function now() return C.cart_now_seconds() end
+
+-- opts: model, question, max_a (192), cartridge (optional), system (optional
+-- system-message text, for ICL), kv ("f16"), speculative (optional: a
+-- speculative drafter with :decode, see cartridge.speculative), template.
+function serve.answer(opts)
+    local m = opts.model
+    local tok = m:tokenizer()
+    local T = opts.template or chat.for_model(m)
+    local max_a = opts.max_a or 192
+    local prompt_text = T.user_open .. opts.question .. T.close .. T.opener(false)
+    if opts.system then
+        prompt_text = T.system_open .. selfstudy.system_text(opts.system) .. T.close .. prompt_text
+    end
+    local prompt = tok:encode(prompt_text, { special = true, add_special = opts.cartridge == nil })
+    local p = opts.cartridge and opts.cartridge.p or 0
+    local kv = m:new_kv(p + #prompt + max_a + 16, opts.kv or "f16")
+    local t0 = now()
+    if opts.cartridge then opts.cartridge:append_to(kv) end
+    local ids
+    if opts.speculative then
+        ids = opts.speculative:decode(m, kv, prompt, max_a)
+    else
+        ids = {}
+        local logits = m:forward(kv, prompt)
+        for _ = 1, max_a do
+            local id = m:argmax(logits)
+            if tok:is_eog(id) then break end
+            ids[#ids + 1] = id
+            if #ids == max_a then break end
+            logits = m:forward(kv, { id })
+        end
+    end
+    local dt = now() - t0
+    kv:free()
+    local text = tok:decode(ids, { special = false })
+    return {
+        text = selfstudy.clean(text),
+        ids = ids,
+        seconds = dt,
+        tok_s = #ids / math.max(dt, 1e-9),
+        rows = p,
+        prompt_tokens = #prompt,
+    }
+end
+
+-- The corpus text for the ICL arm: the whole corpus, or the text of its first
+-- icl_max tokens. Returns text, rows it will take, truncated (bool).
+function serve.icl_text(corpus, tok, icl_max)
+    if corpus.n_tokens <= icl_max then return corpus.text, corpus.n_tokens, false end
+    local ids = {}
+    for i = 1, icl_max do ids[i] = corpus.ids[i] end
+    return tok:decode(ids, { special = true }), icl_max, true
+end
+
+-- Prints the three answers as REFERENCE-FUCINA 2.5 lays them out.
+-- opts: model, cartridge, cartridge_path, question, max_a, corpus (optional),
+-- icl_max, speculative (optional), spec_label (text after "KV rows").
+function serve.print_three(opts)
+    local m, c = opts.model, opts.cartridge
+    local tok = m:tokenizer()
+    local r = serve.answer({ model = m, cartridge = c, question = opts.question, max_a = opts.max_a,
+        speculative = opts.speculative })
+    print(("[cartridge, %d KV rows%s] (%.2f s, ~%.1f tok/s)"):format(c.p, opts.spec_label or "", r.seconds, r.tok_s))
+    print(r.text)
+    local bare = serve.answer({ model = m, question = opts.question, max_a = opts.max_a })
+    print("[bare model, no context]")
+    print(bare.text)
+    local icl
+    if opts.corpus then
+        local text, _, truncated = serve.icl_text(opts.corpus, tok, opts.icl_max or 4096)
+        icl = serve.answer({ model = m, question = opts.question, max_a = opts.max_a, system = text })
+        if truncated then
+            print(("[ICL, %d KV rows — %.1fx the cartridge; corpus TRUNCATED from %d tokens]"):format(
+                icl.prompt_tokens, icl.prompt_tokens / c.p, opts.corpus.n_tokens))
+        else
+            print(("[ICL, %d KV rows — %.1fx the cartridge]"):format(icl.prompt_tokens, icl.prompt_tokens / c.p))
+        end
+        print(icl.text)
+    end
+    return r, bare, icl
+end
+
+return serve
