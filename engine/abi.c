@@ -26,6 +26,7 @@ static const cart_abi_struct abi_table[] = {
     {"cart_adam_params", sizeof(cart_adam_params), alignof(cart_adam_params)},
     {"cart_distill_targets", sizeof(cart_distill_targets), alignof(cart_distill_targets)},
     {"cart_trainer_options", sizeof(cart_trainer_options), alignof(cart_trainer_options)},
+    {"cart_sam_cursor", sizeof(cart_sam_cursor), alignof(cart_sam_cursor)},
     {"cart_abi_struct", sizeof(cart_abi_struct), alignof(cart_abi_struct)},
 };
 

@@ -24,6 +24,7 @@
 #include "sampler.h"
 #include "adam.h"
 #include "train.h"
+#include "spec.h"
 #include "abi.h"
 
 #endif

@@ -17,8 +17,12 @@
  * panel (the k block of all tokens, <= 540 KiB, stays in L2).
  *
  * GEMV (few tokens). Each pass reads R weight rows once and applies them to T
- * tokens, R x T zmm accumulators of 16 lane sums; f16/bf16 are widened in
- * registers, block types dequantized a 1024-element chunk at a time into L1.
+ * tokens, R x T zmm accumulators of 16 lane sums; f16/bf16 and q8_0 are
+ * widened in registers, other block types dequantized 1024 elements of R rows
+ * at a time into L1.
+ *
+ * Block types are dequantized by vector code for q8_0 q4_0 q4_K q6_K (same
+ * values as cart_to_f32, see "dequantization") and by cart_to_f32 otherwise.
  */
 #include "matmul_kernels.h"
 
