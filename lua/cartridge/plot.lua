@@ -118,12 +118,20 @@ end
 -- ---------------------------------------------------------------------------
 -- Ticks
 
--- 1, 2 or 5 times a power of ten, near raw.
+-- 1, 2 or 5 times a power of ten, near raw: returns the step as mantissa
+-- and exponent, so that tick i can be computed as i * m / 10^-e, which is the
+-- double nearest the decimal (14 * 0.2 is 2.8000000000000003; 28 / 10 is 2.8).
 local function nice_step(raw)
-    local mag = 10 ^ floor(log10(raw))
-    local f = raw / mag
-    if f < 1.5 then return mag elseif f < 3 then return 2 * mag elseif f < 7 then return 5 * mag end
-    return 10 * mag
+    local e = floor(log10(raw))
+    local f = raw / 10 ^ e
+    local m
+    if f < 1.5 then m = 1 elseif f < 3 then m = 2 elseif f < 7 then m = 5 else m = 10 end
+    return m, e
+end
+
+local function scaled(i, m, e)
+    if e >= 0 then return i * m * 10 ^ e end
+    return i * m / 10 ^ -e
 end
 
 -- Widens an empty range so that it can be divided into ticks.
@@ -135,16 +143,15 @@ end
 
 function plot.nice_ticks(lo, hi, target, integer)
     lo, hi = widen(lo, hi)
-    local step = nice_step((hi - lo) / max(1, target))
-    if integer and step < 1 then step = 1 end
+    local m, e = nice_step((hi - lo) / max(1, target))
+    if integer and e < 0 then m, e = 1, 0 end
+    local step = scaled(1, m, e)
     local first, last = floor(lo / step + 1e-9), ceil(hi / step - 1e-9)
     local ticks = {}
     for i = first, last do
-        local v = i * step
-        if abs(v) < step * 1e-9 then v = 0 end -- no "-0"
-        ticks[#ticks + 1] = v
+        ticks[#ticks + 1] = i == 0 and 0 or scaled(i, m, e)
     end
-    return ticks, step, first * step, last * step
+    return ticks, step, ticks[1], ticks[#ticks]
 end
 
 -- Tick labels for one axis: as many decimals as the step needs; in

@@ -249,7 +249,21 @@ function Synth:group(n)
             streams_b[i].kv = kv
         end
     end
-    self:generate(streams_b)
+    if o.spec_b then
+        -- each stream drafts from its own prompt, where the chunk is
+        local speculative = require("cartridge.speculative")
+        for i, c in ipairs(convos) do
+            streams_b[i].drafter = speculative.new(concat(c.sys_ids, c.prefix))
+        end
+        speculative.decode_batch(m, streams_b)
+        for _, st in ipairs(streams_b) do
+            self.stats.spec_drafted = (self.stats.spec_drafted or 0) + st.drafter.stats.drafted
+            self.stats.spec_accepted = (self.stats.spec_accepted or 0) + st.drafter.stats.accepted
+            st.drafter:free()
+        end
+    else
+        self:generate(streams_b)
+    end
     local t2 = now()
     for i, c in ipairs(convos) do
         local s = streams_b[i]

@@ -145,6 +145,80 @@ function Drafter:decode(m, kv, prompt_ids, max_new)
     return out
 end
 
+-- Lockstep greedy speculative decoding of several streams in one forward
+-- pass per step. streams: list of { kv, ids (the prompt continuation to
+-- prefill), max, drafter (each stream its own), on_row = function(stream,
+-- logits_row, id) (optional: called for every committed position, the stop
+-- row included) }. Fills stream.out and stream.stopped. With several streams
+-- a pass can exceed 16 tokens, where the matmul kernels differ from the
+-- one-token ones in the last bits: on a near-tie such a stream may pick
+-- another token than a plain batched decode would (a single stream never).
+function speculative.decode_batch(m, streams)
+    local tok = m:tokenizer()
+    local kvs, prompts = {}, {}
+    for i, st in ipairs(streams) do
+        kvs[i], prompts[i] = st.kv, st.ids
+        st.out, st.stopped = {}, false
+        st.state = st.drafter:stream(st.ids)
+    end
+    local logits = m:forward_batch(kvs, prompts, "last")
+    local active = {}
+    for i, st in ipairs(streams) do
+        local row = logits + (i - 1) * m.n_vocab
+        local id = m:argmax(row)
+        if st.on_row then st.on_row(st, row, id) end
+        if tok:is_eog(id) then
+            st.stopped = true
+        elseif st.max > 0 then
+            st.out[1], st.carry = id, id
+            st.state.emitted = 1
+            st.drafter:observe(st.state, { id })
+            if st.max > 1 then active[#active + 1] = st end
+        end
+    end
+    while #active > 0 do
+        local step_kvs, spans, drafts, before = {}, {}, {}, {}
+        for i, st in ipairs(active) do
+            drafts[i] = st.drafter:propose(st.state, st.max - #st.out)
+            local span = { st.carry }
+            for _, d in ipairs(drafts[i]) do span[#span + 1] = d end
+            step_kvs[i], spans[i], before[i] = st.kv, span, st.kv:len()
+        end
+        local rows = m:forward_batch(step_kvs, spans, "all")
+        local base, still = 0, {}
+        for i, st in ipairs(active) do
+            local draft, committed, accepted, stop = drafts[i], {}, 0, false
+            for r = 0, #spans[i] - 1 do
+                local row = rows + (base + r) * m.n_vocab
+                local id = m:argmax(row)
+                if st.on_row then st.on_row(st, row, id) end
+                if tok:is_eog(id) then
+                    stop = true
+                    break
+                end
+                committed[#committed + 1] = id
+                if #st.out + #committed >= st.max then break end
+                if r < #draft and id == draft[r + 1] then accepted = accepted + 1 else break end
+            end
+            base = base + #spans[i]
+            st.kv:truncate(before[i] + 1 + accepted)
+            st.state.drafted = st.state.drafted + #draft
+            st.state.accepted = st.state.accepted + accepted
+            st.drafter.stats.drafted = st.drafter.stats.drafted + #draft
+            st.drafter.stats.accepted = st.drafter.stats.accepted + accepted
+            for _, id in ipairs(committed) do st.out[#st.out + 1] = id end
+            st.state.emitted = #st.out
+            if #committed > 0 then st.drafter:observe(st.state, committed) end
+            if stop then st.stopped = true end
+            if not stop and #committed > 0 and #st.out < st.max then
+                st.carry = committed[#committed]
+                still[#still + 1] = st
+            end
+        end
+        active = still
+    end
+end
+
 -- The drafter serve mode uses: the artifact's draft_reference, else the
 -- corpus ids; with neither, a clear error. Returns the drafter and the label
 -- printed after "KV rows".
