@@ -1,0 +1,140 @@
+-- recipes/selfstudy.lua end to end with tiny budgets (stories260K: real
+-- weights, plain template; the embedded demo model: ChatML template).
+
+local helper = require("helper")
+local cartridge = require("cartridge")
+
+local tmp
+setup(function() tmp = helper.tmpdir() end)
+teardown(function() helper.rmdir(tmp) end)
+
+local function selfstudy(...)
+    if not helper.exists(helper.bin) then return nil end
+    return helper.cartridge("run", "recipes/selfstudy.lua", ...)
+end
+
+local function stories()
+    return helper.fixture("models/stories260K.gguf")
+end
+
+local TINY = { "--corpus", "README.md", "--p", "64", "--accum", "2", "--chunk-min", "32", "--chunk-max", "64",
+    "--max-q", "12", "--max-a", "16" }
+
+local function args(extra)
+    local out = {}
+    for _, a in ipairs(TINY) do out[#out + 1] = a end
+    for _, a in ipairs(extra) do out[#out + 1] = a end
+    return unpack(out)
+end
+
+local function step_losses(out)
+    local losses = {}
+    for l in out:gmatch("distill loss (%d+%.%d+) %(") do losses[#losses + 1] = tonumber(l) end
+    return losses
+end
+
+describe("selfstudy.lua", function()
+    it("trains on stories260K and prints every line in order", function()
+        local model, why = stories()
+        if not model then return pending(why) end
+        local save = tmp .. "/a/b/s.safetensors"
+        local rc, out, err = selfstudy(args({ "--model", model, "--steps", "3", "--save", save }))
+        if not rc then return pending("build/cartridge not built") end
+        assert.are.equal(0, rc, err)
+        local order = { "^model: ", "\ncorpus: 1 files, %d+ tokens", "\ncartridge initialized from the corpus opening: p = 64 rows/layer x 5 layers",
+            "\nheld%-out question: ", "\nheld%-out distill loss before training: %d", "\nstep   1/3: distill loss %d+%.%d+ %(%d+ answer tokens so far, %d+%.%d s%)",
+            "\nstep   3/3: ", "\nself%-study: 6 conversations, %d+ supervised answer tokens, %d+%.%d min %(%d+%.%d s/conversation%)",
+            "\nheld%-out distill loss after training: %d+%.%d+ %(before %d+%.%d+%)", "\ncartridge saved to " .. save:gsub("%p", "%%%0") }
+        local at = 1
+        for _, pattern in ipairs(order) do
+            local s, e = out:find(pattern, at)
+            assert.truthy(s, "missing or out of order: " .. pattern .. "\n" .. out)
+            at = e
+        end
+        assert.are.equal(3, #step_losses(out))
+        -- the artifact loads against the model, the metrics file has a line per step
+        local m = cartridge.model.load(model)
+        local c, info = cartridge.cart.load(save, m)
+        assert.are.equal(64, c.p)
+        assert.are.equal(3, info.training.steps)
+        m:free()
+        local lines = 0
+        for line in io.lines(tmp .. "/a/b/s.metrics.jsonl") do
+            local rec = cartridge.json.decode(line)
+            if rec.step then lines = lines + 1 end
+        end
+        assert.are.equal(3, lines)
+    end)
+
+    it("gives the same losses packed, one at a time, and with recompute", function()
+        local model, why = stories()
+        if not model then return pending(why) end
+        local _, packed = selfstudy(args({ "--model", model, "--steps", "3", "--save", tmp .. "/p.safetensors" }))
+        if not packed then return pending("build/cartridge not built") end
+        local _, flat = selfstudy(args({ "--model", model, "--steps", "3", "--no-pack", "--save", tmp .. "/f.safetensors" }))
+        local _, recompute = selfstudy(args({ "--model", model, "--steps", "3", "--checkpoint", "--save", tmp .. "/r.safetensors" }))
+        local a, b, c = step_losses(packed), step_losses(flat), step_losses(recompute)
+        assert.are.equal(3, #a)
+        for i = 1, 3 do
+            print(("  step %d: packed %.4f, one at a time %.4f, recompute %.4f"):format(i, a[i], b[i], c[i]))
+            assert.is_true(math.abs(a[i] - b[i]) < 2e-4)
+            assert.are.equal(a[i], c[i])
+        end
+    end)
+
+    it("checkpoints, resumes, keeps the draft reference and serves three ways", function()
+        local model, why = stories()
+        if not model then return pending(why) end
+        local save = tmp .. "/ck.safetensors"
+        local rc, out, err = selfstudy(args({ "--model", model, "--steps", "4", "--save-every", "2", "--draft-ref", "--save", save }))
+        if not rc then return pending("build/cartridge not built") end
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("draft reference embedded: %d+ corpus tokens"), out)
+        assert.truthy(out:find("checkpoint saved to " .. save:gsub("%p", "%%%0") .. " %(step 2%)"), out)
+        assert.falsy(out:find("(step 4)", 1, true))
+        rc, out, err = selfstudy(args({ "--model", model, "--steps", "2", "--resume", save, "--draft-ref", "--save", tmp .. "/ck2.safetensors" }))
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("cartridge resumed from " .. save:gsub("%p", "%%%0") .. ": p = 64 rows/layer x 5 layers"), out)
+        assert.truthy(out:find("draft reference kept from the resumed artifact", 1, true), out)
+        rc, out, err = selfstudy("--model", model, "--load", tmp .. "/ck2.safetensors", "--ask", "Lily", "--max-a", "16",
+            "--corpus", "README.md", "--spec-serve")
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("draft automaton over %d+ embedded corpus tokens"), out)
+        assert.truthy(out:find("%[cartridge, 64 KV rows, corpus%-drafted%] %(%d+%.%d%d s, ~%d+%.%d tok/s%)"), out)
+        assert.truthy(out:find("[bare model, no context]", 1, true), out)
+        assert.truthy(out:find("%[ICL, %d+ KV rows — %d+%.%dx the cartridge"), out)
+    end)
+
+    it("trains the embedded demo model through its ChatML template", function()
+        local rc, out, err = selfstudy(args({ "--steps", "2", "--save", tmp .. "/d.safetensors" }))
+        if not rc then return pending("build/cartridge not built") end
+        assert.are.equal(0, rc, err)
+        assert.truthy(err:find("using the embedded random%-weight demo model"), err)
+        assert.are.equal(2, #step_losses(out))
+    end)
+
+    it("refuses bad settings with the fix in the message", function()
+        local model, why = stories()
+        if not model then return pending(why) end
+        local cases = {
+            { { "--gen-batch", "3" }, "must be a multiple of --accum" },
+            { { "--chunk-min", "100", "--chunk-max", "50" }, "chunk-min <= chunk-max" },
+            { { "--p", "100000" }, "CorpusTooShort" },
+            { { "--steps", "0" }, "at least 1" },
+        }
+        for _, case in ipairs(cases) do
+            local a = { args(case[1]) }
+            a[#a + 1], a[#a + 2] = "--model", model
+            local rc, _, err = selfstudy(unpack(a))
+            if not rc then return pending("build/cartridge not built") end
+            assert.are_not.equal(0, rc)
+            assert.truthy(err:find(case[2], 1, true), err)
+        end
+        local rc, _, err = selfstudy("--model", model, "--ask", "why?")
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("--ask needs --load", 1, true), err)
+        rc, _, err = selfstudy("--model", model, "--steps", "1")
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("--corpus is required", 1, true), err)
+    end)
+end)
