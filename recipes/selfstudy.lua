@@ -52,7 +52,7 @@ local opts = options.parse(arg, {
         { "teacher-pass", type = "boolean", help = "score B's answers with a separate packed teacher pass instead of reusing B's logits" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
         { "load", help = "serve mode: a saved cartridge" },
-        { "ask", help = "serve mode: the question" },
+        { "ask", help = "with --load: answer this from the cartridge; without: train, save, then answer it" },
         { "spec-serve", type = "boolean", help = "serve mode: corpus-drafted speculative decoding" },
     },
 })
@@ -61,7 +61,6 @@ local opts = options.parse(arg, {
 -- Checks that do not need the model
 
 local function fail(msg) error("selfstudy: " .. msg, 0) end
-if opts.ask and not opts.load then fail("--ask needs --load CARTRIDGE (the artifact to answer from)") end
 if opts.load and not opts.ask then fail("--load needs --ask \"question\"") end
 if opts.steps < 1 or opts.accum < 1 then fail("--steps and --accum must be at least 1") end
 if opts.chunk_min < 1 or opts.chunk_min > opts.chunk_max then
@@ -211,4 +210,9 @@ end
 save(opts.save)
 print("cartridge saved to " .. opts.save)
 metrics:close()
+if opts.ask then
+    print(("cartridge: p = %d rows/layer x %d layers, %s"):format(c.p, c.n_layer, cartridge.fmt.bytes(c:bytes())))
+    serve.print_three({ model = m, cartridge = c, question = opts.ask, max_a = opts.max_a, corpus = corpus,
+        icl_max = opts.icl_max })
+end
 io.stderr:write(("(total %.1f s; metrics in %s)\n"):format(C.cart_now_seconds() - started, metrics_path))
