@@ -34,6 +34,14 @@ function selfstudy.system_text(body)
         .. body .. "\n</info>"
 end
 
+-- The whole system block in a template: opener, message, turn close. A base
+-- model without a chat template (the plain template) gets the text alone: an
+-- instruction wrapper would only be text it never saw in training.
+function selfstudy.system_block(template, body)
+    if template.name == "plain" then return body .. template.close end
+    return template.system_open .. selfstudy.system_text(body) .. template.close
+end
+
 -- The chunk body: a provenance line, a blank line, the decoded chunk.
 function selfstudy.chunk_text(path, body)
     return ("The text below is an excerpt from %s, one document of a larger collection.\n\n%s"):format(path, body)
@@ -85,7 +93,7 @@ function selfstudy.init_ids(tok, template, corpus_text, p)
         error(("CartridgeTooSmall: p = %d leaves no room for the corpus: the turn close alone is %d tokens; "
             .. "use --p %d or more"):format(p, #close, #close + 8), 0)
     end
-    local ids = tok:encode(template.system_open .. selfstudy.system_text(corpus_text) .. template.close,
+    local ids = tok:encode(selfstudy.system_block(template, corpus_text),
         { special = true, add_special = true })
     if #ids <= p then return ids end
     local out = {}
@@ -204,7 +212,7 @@ function Synth:group(n)
         local body = decode(tok, copy_list(self.corpus.ids, c.chunk_start + 1, c.chunk_start + c.chunk_len))
         c.path = self.corpus:file_of(c.chunk_start)
         c.seed_name = selfstudy.SEEDS[c.seed].name
-        local system = T.system_open .. selfstudy.system_text(selfstudy.chunk_text(c.path, body)) .. T.close
+        local system = selfstudy.system_block(T, selfstudy.chunk_text(c.path, body))
         c.sys_ids = tok:encode(system, { special = true, add_special = true })
         local a_rest = tok:encode(T.user_open .. selfstudy.SEEDS[c.seed].text .. T.close .. T.opener(false),
             { special = true })

@@ -30,7 +30,7 @@ function serve.answer(opts)
     local max_a = opts.max_a or 192
     local prompt_text = T.user_open .. opts.question .. T.close .. T.opener(false)
     if opts.system then
-        prompt_text = T.system_open .. selfstudy.system_text(opts.system) .. T.close .. prompt_text
+        prompt_text = selfstudy.system_block(T, opts.system) .. prompt_text
     end
     local prompt = tok:encode(prompt_text, { special = true, add_special = opts.cartridge == nil })
     local p = opts.cartridge and opts.cartridge.p or 0

@@ -1,0 +1,219 @@
+-- report.lua: how much of the corpus a cartridge carries, measured.
+--
+-- Scores held-out, corpus-grounded text three ways -- by the bare model, behind
+-- each cartridge, and with the corpus in context (ICL) -- and prints the mean
+-- negative log-likelihood per token of each, the fraction of the bare -> ICL
+-- gap each cartridge recovers, and the KV rows and bytes each needs.
+--
+--   # a story corpus the model writes itself: beginnings for training, endings held out
+--   cartridge run recipes/report.lua --model stories260K.gguf --make-stories out/stories
+--   cartridge run recipes/selfstudy.lua --model stories260K.gguf --corpus out/stories/corpus.md \
+--       --p 128 --steps 30 --save out/stories/p128.safetensors
+--   cartridge run recipes/report.lua --model stories260K.gguf --corpus out/stories/corpus.md \
+--       --heldout out/stories/heldout.json --load out/stories/p128.safetensors
+--
+-- Held-out file: a JSON array of texts, or of { "context": ..., "text": ... }
+-- objects. Each text is scored on its own, after its context (which every arm
+-- sees and which is not scored): after BOS (bare), after the cartridge rows,
+-- or after the corpus wrapped as a system message (ICL). A text without a
+-- context has its first token serve as one. Lower NLL is better; "gap
+-- recovered" is (bare - cartridge) / (bare - ICL). --make-stories writes the
+-- endings of the stories with the 16 tokens before each ending as context:
+-- the rest of each story -- its names, objects and events -- is only in the
+-- corpus.
+
+local cartridge = require("cartridge")
+local options = require("cartridge.options")
+local defaults = require("cartridge.defaults")
+local corpus_mod = require("cartridge.corpus")
+local selfstudy = require("cartridge.selfstudy")
+local serve = require("cartridge.serve")
+local chat = require("cartridge.chat")
+local json = require("cartridge.json")
+local fmt = require("cartridge.fmt")
+local C = cartridge.C
+
+local opts = options.parse(arg, {
+    summary = "Score held-out corpus-grounded text bare, behind cartridges, and with the corpus in context.",
+    flags = {
+        { "model", help = "GGUF model (default: " .. defaults.user_model .. ", else the embedded demo model)" },
+        { "corpus", repeatable = true, help = "the corpus the cartridges were trained on (for the ICL arm)" },
+        { "heldout", help = "a JSON array of held-out texts to score" },
+        { "load", repeatable = true, help = "a cartridge to score (repeatable)" },
+        { "icl-max", type = "int", default = 4096, help = "corpus tokens in the ICL context at most" },
+        { "make-stories", help = "instead: write a story corpus (corpus.md) and held-out endings (heldout.json) here" },
+        { "stories", type = "int", default = 16, help = "--make-stories: how many stories" },
+        { "story-tokens", type = "int", default = 200, help = "--make-stories: tokens per story" },
+        { "split", type = "number", default = 0.6, help = "--make-stories: fraction of each story in the corpus" },
+        { "seed", type = "int", default = 1, help = "--make-stories: sampling seed" },
+        { "cue", type = "int", default = 16, help = "--make-stories: tokens before each ending given to every arm" },
+        { "json", type = "boolean", help = "print the results as JSON" },
+        { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
+    },
+})
+
+cartridge.set_threads(opts.threads)
+local m = cartridge.model.load(defaults.pick_model(opts.model))
+local tok = m:tokenizer()
+local V = m.n_vocab
+
+local function concat_ids(a, b)
+    local out = {}
+    for i = 1, #a do out[i] = a[i] end
+    for i = 1, #b do out[#out + 1] = b[i] end
+    return out
+end
+
+local function write_file(path, text)
+    local tmp = path .. ".tmp"
+    local f = assert(io.open(tmp, "wb"))
+    f:write(text)
+    f:close()
+    assert(os.rename(tmp, path))
+end
+
+-- ---------------------------------------------------------------------------
+-- The story corpus
+
+if opts.make_stories then
+    local generate = require("cartridge.generate")
+    local openings = { "Once upon a time", "One day", "There was a little", "Tom and Lily", "Once there was a big",
+        "In a small town", "The sun was shining", "A little bird" }
+    os.execute("mkdir -p '" .. opts.make_stories:gsub("'", "'\\''") .. "'")
+    local parts, heldout = {}, {}
+    for i = 1, opts.stories do
+        local prompt = openings[(i - 1) % #openings + 1]
+        local ids = tok:encode(prompt, { add_special = true })
+        local r = generate.run({ model = m, tokenizer = tok, prompt_ids = ids, max_tokens = opts.story_tokens,
+            sampling = { temperature = 0.8, top_p = 0.95, seed = opts.seed * 1000 + i } })
+        -- the head keeps the prompt's own ids, so SentencePiece spacing survives decoding
+        local head, tail = {}, {}
+        for _, id in ipairs(ids) do if id ~= tok.bos then head[#head + 1] = id end end
+        local cut = math.floor(#r.ids * opts.split)
+        for j, id in ipairs(r.ids) do
+            if j <= cut then head[#head + 1] = id else tail[#tail + 1] = id end
+        end
+        parts[#parts + 1] = tok:decode(head)
+        if #tail > 8 then
+            -- the ending, scored after the last words before it (which every
+            -- arm sees); the rest of the story is only in the corpus
+            local cue = {}
+            for j = math.max(1, #head - opts.cue + 1), #head do cue[#cue + 1] = head[j] end
+            heldout[#heldout + 1] = { context = tok:decode(cue), text = tok:decode(concat_ids(cue, tail)):sub(#tok:decode(cue) + 1) }
+        end
+    end
+    write_file(opts.make_stories .. "/corpus.md", table.concat(parts, "\n\n") .. "\n")
+    write_file(opts.make_stories .. "/heldout.json", json.encode(json.array(heldout)) .. "\n")
+    print(("wrote %s/corpus.md (%d stories) and %s/heldout.json (%d held-out endings)"):format(opts.make_stories,
+        #parts, opts.make_stories, #heldout))
+    return
+end
+
+-- ---------------------------------------------------------------------------
+-- Scoring
+
+if not opts.heldout then error("report: --heldout FILE (a JSON array of texts) is required", 0) end
+local f = io.open(opts.heldout, "rb")
+if not f then error("report: cannot open " .. opts.heldout, 0) end
+local ok, texts = pcall(json.decode, f:read("*a"))
+f:close()
+if not ok or type(texts) ~= "table" or #texts == 0 then
+    error("report: " .. opts.heldout .. " must hold a non-empty JSON array of strings", 0)
+end
+
+-- Sum of -log p(token) over the text ids, fed after `prefix` ids (on top of
+-- whatever kv holds) and the entry's own context ids.
+local function nll(kv, prefix, entry)
+    local seq = concat_ids(prefix, entry.context)
+    local first = #seq
+    for i = 1, #entry.text do seq[#seq + 1] = entry.text[i] end
+    local rows = {}
+    for i = 1, #entry.text do rows[i] = first + i - 2 end -- the row before each text token
+    local logits = m:forward(kv, seq, rows)
+    local sum = 0
+    for r = 0, #entry.text - 1 do
+        local l = logits + r * V
+        local max = l[0]
+        for v = 1, V - 1 do if l[v] > max then max = l[v] end end
+        local s = 0
+        for v = 0, V - 1 do s = s + math.exp(l[v] - max) end
+        sum = sum + (max + math.log(s) - l[entry.text[r + 1]])
+    end
+    return sum
+end
+
+local scored = {}
+local n_tokens = 0
+for i, e in ipairs(texts) do
+    local context, text
+    if type(e) == "string" then
+        local ids = tok:encode(e, {})
+        context, text = { ids[1] }, {}
+        for j = 2, #ids do text[#text + 1] = ids[j] end
+    elseif type(e) == "table" and type(e.text) == "string" and type(e.context or "") == "string" then
+        context = tok:encode(e.context or "", {})
+        text = tok:encode(e.text, {})
+        if #context == 0 and #text > 0 then
+            context = { table.remove(text, 1) }
+        end
+    else
+        error(("report: held-out entry %d is neither a string nor {\"context\", \"text\"}"):format(i), 0)
+    end
+    if #text < 1 then error(("report: held-out entry %d has no text to score"):format(i), 0) end
+    scored[i] = { context = context, text = text }
+    n_tokens = n_tokens + #text
+end
+
+-- arm: { name, rows (KV rows in front of the text), cartridge or prefix ids }
+local function score(arm)
+    local total = 0
+    local prefix = arm.prefix or {}
+    local p = arm.cartridge and arm.cartridge.p or 0
+    for _, entry in ipairs(scored) do
+        local kv = m:new_kv(p + #prefix + #entry.context + #entry.text + 1, "f32")
+        if arm.cartridge then arm.cartridge:append_to(kv) end
+        total = total + nll(kv, prefix, entry)
+        kv:free()
+    end
+    arm.nll = total / n_tokens
+    return arm
+end
+
+local template = chat.for_model(m)
+local arms = {}
+local bos_ctx = tok.bos and tok.adds_bos and { tok.bos } or {}
+arms[#arms + 1] = score({ name = "bare model", rows = #bos_ctx, prefix = bos_ctx })
+
+local corpus
+if #opts.corpus > 0 then corpus = corpus_mod.load(opts.corpus, tok) end
+
+for _, path in ipairs(opts.load) do
+    local c, info = cartridge.cart.load(path, m)
+    local training = info.training or {}
+    arms[#arms + 1] = score({ name = ("cartridge %s (p=%d, %s steps)"):format(path:match("[^/]+$"), c.p,
+        tostring(training.steps or "?")), cartridge = c, rows = c.p })
+end
+
+if corpus then
+    local text, _, truncated = serve.icl_text(corpus, tok, opts.icl_max)
+    local ctx = tok:encode(selfstudy.system_block(template, text),
+        { special = true, add_special = true })
+    arms[#arms + 1] = score({ name = "ICL (corpus in context" .. (truncated and ", truncated)" or ")"),
+        prefix = ctx, rows = #ctx })
+end
+
+-- bytes of K and V rows per position at f16, as a serving cache holds them
+local row_bytes = 2 * m.config.n_layer * m.config.n_head_kv * m.config.head_dim * 2
+local bare, icl = arms[1], corpus and arms[#arms] or nil
+local rows_out = {}
+print(("held-out: %d texts, %d scored tokens; model %s"):format(#scored, n_tokens, m.path))
+print(("%-46s %8s %10s %10s %14s"):format("arm", "KV rows", "KV bytes", "NLL/token", "gap recovered"))
+for _, a in ipairs(arms) do
+    local gap = ""
+    if icl and a ~= bare and a ~= icl and bare.nll > icl.nll then
+        gap = ("%.0f%%"):format(100 * (bare.nll - a.nll) / (bare.nll - icl.nll))
+    end
+    print(("%-46s %8d %10s %10.4f %14s"):format(a.name, a.rows, fmt.bytes(a.rows * row_bytes), a.nll, gap))
+    rows_out[#rows_out + 1] = { arm = a.name, kv_rows = a.rows, kv_bytes = a.rows * row_bytes, nll = a.nll }
+end
+if opts.json then print(json.encode(rows_out)) end
