@@ -27,6 +27,9 @@ static const cart_abi_struct abi_table[] = {
     {"cart_distill_targets", sizeof(cart_distill_targets), alignof(cart_distill_targets)},
     {"cart_trainer_options", sizeof(cart_trainer_options), alignof(cart_trainer_options)},
     {"cart_sam_cursor", sizeof(cart_sam_cursor), alignof(cart_sam_cursor)},
+    {"cart_http_options", sizeof(cart_http_options), alignof(cart_http_options)},
+    {"cart_http_event", sizeof(cart_http_event), alignof(cart_http_event)},
+    {"cart_http_request", sizeof(cart_http_request), alignof(cart_http_request)},
     {"cart_abi_struct", sizeof(cart_abi_struct), alignof(cart_abi_struct)},
 };
 

@@ -25,6 +25,7 @@
 #include "adam.h"
 #include "train.h"
 #include "spec.h"
+#include "http.h"
 #include "abi.h"
 
 #endif

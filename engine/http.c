@@ -164,41 +164,76 @@ static int span_ieq(const char *base, span s, const char *lit) {
 
 static const char *reason_phrase(int32_t status) {
     switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 206: return "Partial Content";
-    case 301: return "Moved Permanently";
-    case 302: return "Found";
-    case 303: return "See Other";
-    case 304: return "Not Modified";
-    case 307: return "Temporary Redirect";
-    case 308: return "Permanent Redirect";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 406: return "Not Acceptable";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 410: return "Gone";
-    case 411: return "Length Required";
-    case 413: return "Content Too Large";
-    case 415: return "Unsupported Media Type";
-    case 417: return "Expectation Failed";
-    case 422: return "Unprocessable Content";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Status";
+    case 100:
+        return "Continue";
+    case 200:
+        return "OK";
+    case 201:
+        return "Created";
+    case 202:
+        return "Accepted";
+    case 204:
+        return "No Content";
+    case 206:
+        return "Partial Content";
+    case 301:
+        return "Moved Permanently";
+    case 302:
+        return "Found";
+    case 303:
+        return "See Other";
+    case 304:
+        return "Not Modified";
+    case 307:
+        return "Temporary Redirect";
+    case 308:
+        return "Permanent Redirect";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 406:
+        return "Not Acceptable";
+    case 408:
+        return "Request Timeout";
+    case 409:
+        return "Conflict";
+    case 410:
+        return "Gone";
+    case 411:
+        return "Length Required";
+    case 413:
+        return "Content Too Large";
+    case 415:
+        return "Unsupported Media Type";
+    case 417:
+        return "Expectation Failed";
+    case 422:
+        return "Unprocessable Content";
+    case 429:
+        return "Too Many Requests";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 500:
+        return "Internal Server Error";
+    case 501:
+        return "Not Implemented";
+    case 502:
+        return "Bad Gateway";
+    case 503:
+        return "Service Unavailable";
+    case 504:
+        return "Gateway Timeout";
+    case 505:
+        return "HTTP Version Not Supported";
+    default:
+        return "Status";
     }
 }
 
@@ -576,8 +611,8 @@ static int32_t parse_head(const cart_http *h, const conn *c, size_t head_len, re
                 while (q < vend && b[q] != ',') q++;
                 span tok = {s, q - s};
                 while (tok.len && (b[tok.off] == ' ' || b[tok.off] == '\t')) tok.off++, tok.len--;
-                while (tok.len && (b[tok.off + tok.len - 1] == ' ' ||
-                                   b[tok.off + tok.len - 1] == '\t'))
+                while (tok.len &&
+                       (b[tok.off + tok.len - 1] == ' ' || b[tok.off + tok.len - 1] == '\t'))
                     tok.len--;
                 if (span_ieq(b, tok, "close")) r->close = 1;
                 q++;
@@ -593,10 +628,11 @@ static int32_t parse_head(const cart_http *h, const conn *c, size_t head_len, re
     }
     if (te) {
         status = te_chunked ? 411 : 501;
-        snprintf(why, why_cap, te_chunked ? "chunked request bodies are not supported; send "
-                                            "the body with a Content-Length header"
-                                          : "Transfer-Encoding is not supported; send the body "
-                                            "with a Content-Length header");
+        snprintf(why, why_cap,
+                 te_chunked ? "chunked request bodies are not supported; send "
+                              "the body with a Content-Length header"
+                            : "Transfer-Encoding is not supported; send the body "
+                              "with a Content-Length header");
         goto fail;
     }
     if (length > (uint64_t)h->o.max_body_bytes) {
@@ -900,7 +936,8 @@ int cart_http_poll(cart_http *h, int32_t timeout_ms) {
         h->pfds[n] = (struct pollfd){.fd = c->fd, .events = ev};
         h->pfd_slot[n++] = i;
     }
-    int r = poll(h->pfds, (nfds_t)n, wait == INT64_MAX ? -1 : (int)(wait > 1 << 30 ? 1 << 30 : wait));
+    int r =
+        poll(h->pfds, (nfds_t)n, wait == INT64_MAX ? -1 : (int)(wait > 1 << 30 ? 1 << 30 : wait));
     if (r < 0 && errno != EINTR) return cart_fail_errno(CART_E_IO, "http poll: poll failed");
     now = now_ms();
     int listener_ready = 0;
@@ -1020,8 +1057,9 @@ static conn *writable(cart_http *h, int64_t id, const char *what) {
     }
     conn *c = find(h, id);
     if (!c) {
-        cart_fail(CART_E_STATE, "http %s: request %lld is not in flight (answered, closed or unknown)",
-                  what, (long long)id);
+        cart_fail(CART_E_STATE,
+                  "http %s: request %lld is not in flight (answered, closed or unknown)", what,
+                  (long long)id);
         return NULL;
     }
     if (c->broken) {
@@ -1078,11 +1116,11 @@ static int check_extra_headers(const char *s, const char *what) {
         const char *n = s;
         while (is_tchar((unsigned char)*s)) s++;
         if (s == n || *s != ':')
-            return cart_fail(CART_E_ARG,
-                             "http %s: extra header line %d is not 'Name: value\\r\\n'", what,
-                             line);
+            return cart_fail(CART_E_ARG, "http %s: extra header line %d is not 'Name: value\\r\\n'",
+                             what, line);
         for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++)
-            if ((size_t)(s - n) == strlen(owned[k]) && strncasecmp(n, owned[k], (size_t)(s - n)) == 0)
+            if ((size_t)(s - n) == strlen(owned[k]) &&
+                strncasecmp(n, owned[k], (size_t)(s - n)) == 0)
                 return cart_fail(CART_E_ARG,
                                  "http %s: extra header line %d sets %.*s, which the server sets",
                                  what, line, (int)(s - n), n);
@@ -1120,7 +1158,8 @@ static int queue_head(conn *c, int32_t status, const char *content_type, int64_t
     if (length >= 0)
         n += snprintf(fixed + n, sizeof fixed - (size_t)n, "Content-Length: %lld\r\n",
                       (long long)length);
-    if (chunked) n += snprintf(fixed + n, sizeof fixed - (size_t)n, "Transfer-Encoding: chunked\r\n");
+    if (chunked)
+        n += snprintf(fixed + n, sizeof fixed - (size_t)n, "Transfer-Encoding: chunked\r\n");
     if (c->req->close) n += snprintf(fixed + n, sizeof fixed - (size_t)n, "Connection: close\r\n");
     if (rc == CART_OK) rc = queue(c, fixed, (size_t)n, what, now);
     if (rc == CART_OK && extra) rc = queue(c, extra, strlen(extra), what, now);
@@ -1177,8 +1216,8 @@ int cart_http_respond(cart_http *h, int64_t request_id, int32_t status, const ch
     rc = room_for(h, c, head_estimate(content_type, extra_headers) + (send_body ? (size_t)len : 0),
                   what);
     if (rc == CART_OK)
-        rc = queue_head(c, status, content_type, no_content ? -1 : len, 0, extra_headers, what,
-                        now);
+        rc =
+            queue_head(c, status, content_type, no_content ? -1 : len, 0, extra_headers, what, now);
     if (rc == CART_OK && send_body) rc = queue(c, body, (size_t)len, what, now);
     if (rc != CART_OK) return rc;
     finish(h, c, now);

@@ -185,8 +185,8 @@ int cart_http_respond(cart_http *h, int64_t request, int32_t status, const char 
  * "Transfer-Encoding: chunked" instead of Content-Length; for HTTP/1.0
  * clients the body is sent raw and the connection closes at the end).
  * Errors as cart_http_respond; status 204 and 304 are refused (CART_E_ARG). */
-int cart_http_stream_begin(cart_http *h, int64_t request, int32_t status,
-                           const char *content_type, const char *extra_headers);
+int cart_http_stream_begin(cart_http *h, int64_t request, int32_t status, const char *content_type,
+                           const char *extra_headers);
 
 /* Queues len bytes as one chunk of a begun stream (len 0 is a no-op) and
  * tries to send at once. CART_E_STATE when the stream was not begun or its

@@ -65,8 +65,8 @@ static size_t float_bytes(int64_t a, int64_t b) {
  * much as a whole 1024 x 1024 x 512 product. The cache holds at most
  * CACHE_SLOTS blocks of at most CACHE_MAX bytes; it lives until exit. */
 
-enum { CACHE_SLOTS = 4 };
-static const size_t CACHE_MAX = (size_t)64 << 20;
+enum { CACHE_SLOTS = 2 };
+static const size_t CACHE_MAX = (size_t)32 << 20;
 
 typedef struct workspace {
     float *p;

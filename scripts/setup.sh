@@ -6,7 +6,9 @@
 # Usage: scripts/setup.sh [--check]   (--check only reports, never installs)
 set -eu
 
-PACKAGES="build-essential cmake luajit libluajit-5.1-dev libopenblas-dev libcjson-dev libedit-dev lua-busted"
+# curl, nodejs and npm are for the server tests (curl and the official openai
+# npm client as HTTP clients).
+PACKAGES="build-essential cmake luajit libluajit-5.1-dev libopenblas-dev libcjson-dev libedit-dev lua-busted curl nodejs npm"
 
 missing=""
 for pkg in $PACKAGES; do
@@ -15,8 +17,20 @@ for pkg in $PACKAGES; do
     fi
 done
 
+# The openai npm package the server spec drives (tests/node/package.json).
+npm_client() {
+    here=$(cd "$(dirname "$0")/.." && pwd)
+    if [ -f "$here/tests/node/node_modules/openai/package.json" ]; then return 0; fi
+    if command -v npm >/dev/null 2>&1; then
+        echo "setup: installing the openai npm client into tests/node"
+        npm install --prefix "$here/tests/node" --no-audit --no-fund --loglevel=error ||
+            echo "setup: npm install failed; the server spec's openai-client case will be pending"
+    fi
+}
+
 if [ -z "$missing" ]; then
     echo "setup: all dependencies are installed ($PACKAGES)"
+    npm_client
     exit 0
 fi
 
@@ -33,3 +47,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update
 apt-get install -y --no-install-recommends $missing
 echo "setup: installed$missing"
+npm_client

@@ -1,0 +1,72 @@
+-- serve.lua: an OpenAI-compatible HTTP server that serves cartridges.
+--
+--   cartridge run recipes/serve.lua MODEL.gguf --port 8080 --cartridge docs=out/docs.safetensors
+--   curl -s localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \
+--        -d '{"model": "docs", "messages": [{"role": "user", "content": "How do I install it?"}]}'
+--
+-- The request's "model" picks a cartridge by name (--cartridge name=path,
+-- repeatable; a bare path is named after its file) or the bare model (its
+-- GGUF name, see GET /v1/models). Every conversation starts from the
+-- cartridge's rows in its slot's cache; follow-up turns reuse the cached
+-- tokens they share with the previous turn. Concurrent requests decode
+-- together, one pass over the weights per token for all of them. SIGINT or
+-- SIGTERM stops the server cleanly. See docs/server.md.
+
+local cartridge = require("cartridge")
+local options = require("cartridge.options")
+local http = require("cartridge.http")
+local server_mod = require("cartridge.server")
+
+local opts = options.parse(arg, {
+    summary = "Serve a GGUF model and its cartridges over an OpenAI-compatible HTTP API.",
+    positional = { { "model", help = "the GGUF model", required = true } },
+    flags = {
+        { "host", default = "127.0.0.1", help = "address to listen on" },
+        { "port", type = "int", default = 8080, help = "port (0: any free port, printed at start)" },
+        { "cartridge", repeatable = true, help = "NAME=PATH or PATH of a cartridge to serve (repeatable)" },
+        { "ctx", type = "int", default = 4096, help = "tokens per slot after the cartridge rows (prompt + completion)" },
+        { "parallel", type = "int", default = 4, help = "slots: requests decoded together" },
+        { "api-key", help = "require 'Authorization: Bearer KEY' on /v1 requests" },
+        { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
+        { "kv", default = "f16", choices = { "f16", "f32" }, help = "KV cache dtype" },
+        { "max-tokens", type = "int", default = 4096, help = "largest max_tokens a request may ask for" },
+        { "max-messages", type = "int", default = 256, help = "most messages a chat request may carry" },
+        { "max-body", type = "int", default = 1048576, help = "largest request body, bytes" },
+        { "queue", type = "int", default = 64, help = "requests waiting for a slot before 429" },
+        { "quiet", type = "boolean", help = "no per-request log lines" },
+    },
+})
+
+if opts.parallel < 1 or opts.ctx < 16 then error("serve: --parallel must be >= 1 and --ctx >= 16", 0) end
+cartridge.set_threads(opts.threads)
+local m = cartridge.model.load(opts.model)
+local model_name = tostring(m.file:get("general.name") or opts.model:match("([^/]+)%.gguf$") or opts.model)
+local carts = {}
+for _, spec in ipairs(opts.cartridge) do
+    local name, path = spec:match("^([^=]+)=(.+)$")
+    if not name then
+        path = spec
+        name = spec:match("([^/]+)%.safetensors$") or spec
+    end
+    if carts[name] or name == model_name then
+        error(("serve: two models would be named '%s'; name them with --cartridge NAME=PATH"):format(name), 0)
+    end
+    carts[name] = cartridge.cart.load(path, m)
+    io.stderr:write(("cartridge '%s': %s (p = %d)\n"):format(name, path, carts[name].p))
+end
+
+local h = http.listen({ host = opts.host, port = opts.port, max_body_bytes = opts.max_body })
+h:catch_signals()
+local srv = server_mod.new({
+    model = m, model_name = model_name, cartridges = carts, http = h, parallel = opts.parallel, ctx = opts.ctx,
+    kv = opts.kv, api_key = opts.api_key, max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
+    queue_limit = opts.queue,
+    log = not opts.quiet and function(line) io.stderr:write(line, "\n") end or nil,
+})
+print(("serving %s (%s) and %d cartridge(s) on http://%s:%d with %d slots"):format(model_name, opts.model,
+    #opts.cartridge, opts.host, h:port(), opts.parallel))
+io.stdout:flush()
+srv:run()
+srv:free()
+h:close()
+io.stderr:write("serve: stopped\n")

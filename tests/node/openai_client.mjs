@@ -1,0 +1,44 @@
+// Calls a cartridge server with the official `openai` client, non-streaming
+// and streaming, and prints what came back as one JSON line for the spec.
+//   CARTRIDGE_URL=http://127.0.0.1:PORT/v1 CARTRIDGE_MODEL=name node openai_client.mjs
+import OpenAI from "openai";
+
+const client = new OpenAI({
+  baseURL: process.env.CARTRIDGE_URL,
+  apiKey: process.env.CARTRIDGE_KEY || "unused",
+  maxRetries: 0,
+});
+const model = process.env.CARTRIDGE_MODEL;
+const messages = [{ role: "user", content: process.env.CARTRIDGE_QUESTION || "Lily" }];
+
+const plain = await client.chat.completions.create({ model, messages, max_tokens: 16, temperature: 0 });
+let streamed = "";
+let finish = null;
+let usage = null;
+let chunks = 0;
+const stream = await client.chat.completions.create({
+  model, messages, max_tokens: 16, temperature: 0, stream: true, stream_options: { include_usage: true },
+});
+for await (const chunk of stream) {
+  chunks += 1;
+  if (chunk.usage) usage = chunk.usage;
+  for (const choice of chunk.choices) {
+    streamed += choice.delta?.content ?? "";
+    if (choice.finish_reason) finish = choice.finish_reason;
+  }
+}
+const models = await client.models.list();
+let notFound = null;
+try {
+  await client.chat.completions.create({ model: "no-such-cartridge", messages, max_tokens: 4 });
+} catch (e) {
+  notFound = e.status;
+}
+console.log(JSON.stringify({
+  text: plain.choices[0].message.content,
+  finish: plain.choices[0].finish_reason,
+  usage: plain.usage,
+  streamed, stream_finish: finish, stream_usage: usage, chunks,
+  models: models.data.map((m) => m.id),
+  not_found: notFound,
+}));
