@@ -6,9 +6,13 @@
 # Usage: scripts/setup.sh [--check]   (--check only reports, never installs)
 set -eu
 
-# curl, nodejs and npm are for the server tests (curl and the official openai
-# npm client as HTTP clients).
-PACKAGES="build-essential cmake luajit libluajit-5.1-dev libopenblas-dev libcjson-dev libedit-dev lua-busted curl nodejs npm"
+PACKAGES="build-essential cmake luajit libluajit-5.1-dev libopenblas-dev libcjson-dev libedit-dev lua-busted"
+# The server tests use curl and the official openai npm client as HTTP
+# clients. A machine that already has node and npm (from NodeSource, say, whose
+# nodejs conflicts with Debian's npm) keeps them.
+command -v curl >/dev/null 2>&1 || PACKAGES="$PACKAGES curl"
+command -v node >/dev/null 2>&1 || PACKAGES="$PACKAGES nodejs"
+command -v npm >/dev/null 2>&1 || PACKAGES="$PACKAGES npm"
 
 missing=""
 for pkg in $PACKAGES; do
