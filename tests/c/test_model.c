@@ -240,7 +240,9 @@ static void test_lockstep_streams_match_running_them_alone(void) {
         free(alone);
         cart_kv_free(solo);
     }
-    CHECK_MAXDIFF("4 lockstep streams vs each alone", worst, 1e-5);
+    /* the batched prefill of 21 tokens runs the GEMM kernels, each stream alone
+     * (at most 13 tokens) the GEMV ones: f32 round-off apart (matmul.h) */
+    CHECK_MAXDIFF("4 lockstep streams vs each alone", worst, 1e-4);
     free(batched);
     for (int i = 0; i < 4; i++) cart_kv_free(kv[i]);
     cart_model_free(m);
@@ -351,7 +353,8 @@ static void test_kv_cache_rows_round_trip_and_copy(void) {
     CHECK_ERR(cart_kv_truncate(b, 3), CART_E_ARG);
     CHECK_ERR(cart_kv_write(a, 2, 0, 1, k, v), CART_E_ARG);
     CHECK_ERR(cart_kv_write(a, 0, 8, 3, k, v), CART_E_ARG);
-    CHECK_ERR(cart_kv_new(&b, 2, 2, 4, 10, CART_Q8_0), CART_E_ARG);
+    cart_kv *bad = NULL;
+    CHECK_ERR(cart_kv_new(&bad, 2, 2, 4, 10, CART_Q8_0), CART_E_ARG);
     cart_kv_free(a);
     cart_kv_free(b);
 }

@@ -506,8 +506,9 @@ static void test_bad_targets_and_segments_are_refused(void) {
     CHECK_OK(cart_cartridge_new(&other, 3, 2, 8, 4, 1));
     CHECK_ERR(cart_trainer_distill(pb.t, other, pb.tokens, pb.n, pb.seg, 2, &tg, 1, 1, 0, NULL),
               CART_E_ARG);
-    CHECK_ERR(cart_cartridge_new(&other, 2, 2, 8, 4, 4), CART_E_ARG);
     cart_cartridge_free(other);
+    CHECK_ERR(cart_cartridge_new(&other, 2, 2, 8, 4, 4), CART_E_ARG);
+    CHECK(other == NULL);
     free_problem(&pb);
 }
 
