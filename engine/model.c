@@ -427,6 +427,9 @@ typedef struct forward_state {
     float *angles;   /* [T, n_rot] cos/sin pairs per token */
     int64_t *pos;    /* [T] position of each token */
     int32_t *stream; /* [T] stream of each token */
+    int64_t *block_start; /* attention blocks: up to 16 consecutive tokens of one stream */
+    int32_t *block_len;
+    int64_t n_blocks;
     cart_kv *const *kvs;
     int32_t layer;
 } forward_state;
@@ -450,23 +453,26 @@ static void qk_prepare_range(void *ctx, int64_t begin, int64_t end, int32_t thre
     }
 }
 
-/* Attention for work items [begin, end): item = token * n_head_kv + kv head. */
+/* Attention for work items [begin, end): item = block * n_head_kv + kv head,
+ * where a block is up to 16 consecutive tokens of one stream. */
 static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     forward_state *s = ctx;
     const cart_model_config *c = s->c;
     int64_t D = c->head_dim, KV = c->n_head_kv, rep = c->n_head / c->n_head_kv;
+    int64_t HD = (int64_t)c->n_head * D;
     float scale = 1.0f / sqrtf((float)D);
     for (int64_t item = begin; item < end; item++) {
-        int64_t t = item / KV, g = item % KV;
+        int64_t b = item / KV, g = item % KV;
+        int64_t t = s->block_start[b];
         cart_kv *kv = s->kvs[s->stream[t]];
         int32_t dtype = cart_kv_dtype(kv);
         size_t el = dtype == CART_F16 ? 2 : 4;
         const uint8_t *krows = cart_kv_rows(kv, s->layer, 0);
         const uint8_t *vrows = cart_kv_rows(kv, s->layer, 1);
-        attention_forward(s->att + t * c->n_head * D + g * rep * D,
-                          s->q + t * c->n_head * D + g * rep * D, krows + (size_t)(g * D) * el,
-                          vrows + (size_t)(g * D) * el, dtype, s->pos[t] + 1, KV * D,
-                          (int32_t)rep, 1, (int32_t)D, scale);
+        attention_forward(s->att + t * HD + g * rep * D, s->q + t * HD + g * rep * D, HD,
+                          s->block_len[b], krows + (size_t)(g * D) * el,
+                          vrows + (size_t)(g * D) * el, dtype, s->pos[t] + 1, KV * D, (int32_t)rep,
+                          1, (int32_t)D, scale);
     }
 }
 
@@ -515,7 +521,7 @@ int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
     const int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
     /* one arena for the pass: floats first, then the index arrays */
     size_t floats = (size_t)T * (size_t)(3 * E + HD * 2 + KD * 2 + 2 * F + c->n_rot);
-    size_t bytes = floats * sizeof(float) + (size_t)T * (sizeof(int64_t) + sizeof(int32_t)) + 64;
+    size_t bytes = floats * sizeof(float) + (size_t)T * (2 * sizeof(int64_t) + 2 * sizeof(int32_t)) + 64;
     float *arena = cart_malloc(bytes, "forward activations");
     if (!arena) return CART_E_NOMEM;
     forward_state s = {.m = m, .c = c, .T = T, .kvs = kvs};
@@ -531,12 +537,19 @@ int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
     s.up = p, p += T * F;
     s.angles = p, p += T * c->n_rot;
     s.pos = (int64_t *)p;
-    s.stream = (int32_t *)(s.pos + T);
+    s.block_start = s.pos + T;
+    s.stream = (int32_t *)(s.block_start + T);
+    s.block_len = s.stream + T;
 
     for (int32_t b = 0, t = 0; b < n_streams; b++)
         for (int64_t i = 0; i < n_tokens[b]; i++, t++) {
             s.pos[t] = cart_kv_len(kvs[b]) + i;
             s.stream[t] = b;
+            if (i % 16 == 0) {
+                s.block_start[s.n_blocks] = t;
+                s.block_len[s.n_blocks++] = 0;
+            }
+            s.block_len[s.n_blocks - 1]++;
         }
     for (int64_t t = 0; t < T; t++) {
         rope_angles(s.angles + t * c->n_rot, s.pos[t], c->n_rot, c->rope_theta);
@@ -558,7 +571,7 @@ int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
             if (n_tokens[b] > 0)
                 cart_kv_write(kvs[b], l, cart_kv_len(kvs[b]), n_tokens[b], s.k + t * KD,
                               s.v + t * KD);
-        cart_pool_for(pool, T * c->n_head_kv, 1, attention_range, &s);
+        cart_pool_for(pool, s.n_blocks * c->n_head_kv, 1, attention_range, &s);
         if ((rc = cart_matmul_forward(s.tmp, E, s.att, HD, &L->wo, T, pool))) break;
         for (int64_t i = 0; i < T * E; i++) s.x[i] += s.tmp[i];
         rmsnorm_forward(s.xn, s.x, L->ffn_norm, T, E, c->rms_eps);

@@ -62,7 +62,7 @@ void swiglu_forward(float *gate, const float *up, int64_t n) {
 
 /* ---- attention ----------------------------------------------------------- */
 
-enum { TILE = 64, LANES = 16, MAX_HEAD_DIM = 256, MAX_REP = 16 };
+enum { TILE = 64, LANES = 16, MAX_HEAD_DIM = 256, MAX_REP = 16, MAX_QUERIES = 16 };
 
 /* A dot product with LANES partial sums combined in a fixed order: the
  * compiler vectorizes it without reassociation flags, and the result does not
@@ -90,51 +90,60 @@ static void load_tile(float *dst, const void *src, int32_t dtype, int64_t first,
     }
 }
 
-void attention_forward(float *out, const float *q, const void *k, const void *v, int32_t dtype,
-                       int64_t n_ctx, int64_t stride, int32_t n_head, int32_t n_head_kv,
-                       int32_t head_dim, float scale) {
+void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq, const void *k,
+                       const void *v, int32_t dtype, int64_t n_ctx0, int64_t stride, int32_t n_head,
+                       int32_t n_head_kv, int32_t head_dim, float scale) {
     const int32_t n_rep = n_head / n_head_kv;
     float kt[TILE * MAX_HEAD_DIM], vt[TILE * MAX_HEAD_DIM];
     float score[TILE];
-    float run_max[MAX_REP], run_sum[MAX_REP];
+    float run_max[MAX_QUERIES][MAX_REP], run_sum[MAX_QUERIES][MAX_REP];
+    const int64_t n_ctx_last = n_ctx0 + nq - 1;
 
     for (int32_t g = 0; g < n_head_kv; g++) {
-        float *acc = out + (int64_t)g * n_rep * head_dim; /* heads g*n_rep .. +n_rep-1 */
-        memset(acc, 0, sizeof(float) * (size_t)n_rep * (size_t)head_dim);
-        for (int32_t r = 0; r < n_rep; r++) {
-            run_max[r] = -INFINITY;
-            run_sum[r] = 0.0f;
-        }
-        for (int64_t t0 = 0; t0 < n_ctx; t0 += TILE) {
-            int64_t nt = n_ctx - t0 < TILE ? n_ctx - t0 : TILE;
-            load_tile(kt, k, dtype, t0, nt, stride, (int64_t)g * head_dim, head_dim);
-            load_tile(vt, v, dtype, t0, nt, stride, (int64_t)g * head_dim, head_dim);
+        for (int32_t j = 0; j < nq; j++) {
+            memset(out + j * q_stride + (int64_t)g * n_rep * head_dim, 0,
+                   sizeof(float) * (size_t)n_rep * (size_t)head_dim);
             for (int32_t r = 0; r < n_rep; r++) {
-                const float *qh = q + ((int64_t)g * n_rep + r) * head_dim;
-                float *acc_h = acc + (int64_t)r * head_dim;
-                float tile_max = -INFINITY;
-                for (int64_t j = 0; j < nt; j++) {
-                    score[j] = dot(qh, kt + j * head_dim, head_dim) * scale;
-                    if (score[j] > tile_max) tile_max = score[j];
-                }
-                float new_max = tile_max > run_max[r] ? tile_max : run_max[r];
-                float correction = expf(run_max[r] - new_max); /* 0 on the first tile */
-                run_sum[r] *= correction;
-                for (int32_t d = 0; d < head_dim; d++) acc_h[d] *= correction;
-                for (int64_t j = 0; j < nt; j++) {
-                    float p = expf(score[j] - new_max);
-                    run_sum[r] += p;
-                    const float *vj = vt + j * head_dim;
-                    for (int32_t d = 0; d < head_dim; d++) acc_h[d] += p * vj[d];
-                }
-                run_max[r] = new_max;
+                run_max[j][r] = -INFINITY;
+                run_sum[j][r] = 0.0f;
             }
         }
-        for (int32_t r = 0; r < n_rep; r++) {
-            float inv = 1.0f / run_sum[r];
-            float *acc_h = acc + (int64_t)r * head_dim;
-            for (int32_t d = 0; d < head_dim; d++) acc_h[d] *= inv;
+        for (int64_t t0 = 0; t0 < n_ctx_last; t0 += TILE) {
+            int64_t nt_all = n_ctx_last - t0 < TILE ? n_ctx_last - t0 : TILE;
+            load_tile(kt, k, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
+            load_tile(vt, v, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
+            for (int32_t j = 0; j < nq; j++) {
+                int64_t n_ctx = n_ctx0 + j; /* query j sees rows 0 .. n_ctx - 1 */
+                if (n_ctx <= t0) continue;
+                int64_t nt = n_ctx - t0 < TILE ? n_ctx - t0 : TILE;
+                for (int32_t r = 0; r < n_rep; r++) {
+                    const float *qh = q + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
+                    float *acc_h = out + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
+                    float tile_max = -INFINITY;
+                    for (int64_t i = 0; i < nt; i++) {
+                        score[i] = dot(qh, kt + i * head_dim, head_dim) * scale;
+                        if (score[i] > tile_max) tile_max = score[i];
+                    }
+                    float new_max = tile_max > run_max[j][r] ? tile_max : run_max[j][r];
+                    float correction = expf(run_max[j][r] - new_max); /* 0 on the first tile */
+                    run_sum[j][r] *= correction;
+                    for (int32_t d = 0; d < head_dim; d++) acc_h[d] *= correction;
+                    for (int64_t i = 0; i < nt; i++) {
+                        float p = expf(score[i] - new_max);
+                        run_sum[j][r] += p;
+                        const float *vi = vt + i * head_dim;
+                        for (int32_t d = 0; d < head_dim; d++) acc_h[d] += p * vi[d];
+                    }
+                    run_max[j][r] = new_max;
+                }
+            }
         }
+        for (int32_t j = 0; j < nq; j++)
+            for (int32_t r = 0; r < n_rep; r++) {
+                float inv = 1.0f / run_sum[j][r];
+                float *acc_h = out + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
+                for (int32_t d = 0; d < head_dim; d++) acc_h[d] *= inv;
+            }
     }
 }
 

@@ -36,21 +36,24 @@ void rope_backward(float *dy, const float *cs, int32_t n_heads, int32_t head_dim
 /* gate[i] = silu(gate[i]) * up[i] over n values; silu(x) = x / (1 + exp(-x)). */
 void swiglu_forward(float *gate, const float *up, int64_t n);
 
-/* Attention of one token's query heads over n_ctx cache rows.
- *   out [n_head, head_dim]   result
- *   q   [n_head, head_dim]   queries (already normed and rotated)
- *   k   n_ctx rows of `dtype` (CART_F16 or CART_F32), `stride` elements
+/* Causal attention of nq (<= 16) consecutive tokens of one stream over its
+ * cache rows.
+ *   out [nq][q_stride]  row j holds query token j's n_head heads of head_dim
+ *   q   [nq][q_stride]  the queries (already normed and rotated), same layout
+ *   k   cache rows of `dtype` (CART_F16 or CART_F32), `stride` elements
  *       apart; each row holds n_head_kv heads of head_dim values from the
  *       pointer on (pass a pointer offset by g * head_dim to start at kv
  *       head g)
  *   v   the same for values
- * Query head h reads kv head h / (n_head / n_head_kv); head_dim <= 256 and
- * n_head / n_head_kv <= 16. scale multiplies the scores. The softmax runs
- * over the rows in tiles with a running maximum, so nothing of size n_ctx is
- * materialized. Causality is the caller's: pass n_ctx = position + 1. */
-void attention_forward(float *out, const float *q, const void *k, const void *v, int32_t dtype,
-                       int64_t n_ctx, int64_t stride, int32_t n_head, int32_t n_head_kv,
-                       int32_t head_dim, float scale);
+ * Query j sees rows 0 .. n_ctx0 + j - 1. Query head h reads kv head
+ * h / (n_head / n_head_kv); head_dim <= 256 and n_head / n_head_kv <= 16.
+ * scale multiplies the scores. The rows are read in tiles of 64, converted
+ * once per tile for all the queries, with a running maximum per query: no
+ * buffer of size n_ctx, and a query's result is the same bits whatever nq
+ * and its place in the block are. */
+void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq, const void *k,
+                       const void *v, int32_t dtype, int64_t n_ctx0, int64_t stride, int32_t n_head,
+                       int32_t n_head_kv, int32_t head_dim, float scale);
 
 /* rmsnorm_forward that also keeps 1/rms of each row in rstd[rows]. */
 void rmsnorm_forward_keep(float *y, float *rstd, const float *x, const float *w, int64_t rows,
