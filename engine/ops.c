@@ -6,6 +6,9 @@
 
 #include "dtype.h"
 #include "ops.h"
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 void rmsnorm_forward(float *y, const float *x, const float *w, int64_t rows, int64_t dim,
                      float eps) {
@@ -90,11 +93,59 @@ static void load_tile(float *dst, const void *src, int32_t dtype, int64_t first,
     }
 }
 
+/* score[i] = sum over d of q[d] * kt[d][i] for i < nt: a chain of FMAs in d
+ * order for every key, vectorized across keys. kt is [head_dim][TILE] and
+ * must hold finite values up to nt rounded up to 16. */
+static void tile_scores(float *score, const float *q, const float *kt, int32_t head_dim, int64_t nt) {
+#if defined(__AVX512F__)
+    __m512 acc[TILE / 16];
+    int64_t nv = (nt + 15) / 16;
+    for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
+    for (int32_t d = 0; d < head_dim; d++) {
+        __m512 b = _mm512_set1_ps(q[d]);
+        const float *kd = kt + d * TILE;
+        for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(b, _mm512_loadu_ps(kd + 16 * v), acc[v]);
+    }
+    for (int64_t v = 0; v < nv; v++) _mm512_storeu_ps(score + 16 * v, acc[v]);
+#else
+    for (int64_t i = 0; i < nt; i++) score[i] = 0.0f;
+    for (int32_t d = 0; d < head_dim; d++) {
+        const float qd = q[d], *kd = kt + d * TILE;
+        for (int64_t i = 0; i < nt; i++) score[i] += qd * kd[i];
+    }
+#endif
+}
+
+/* acc[d] += sum over i < nt of p[i] * vt[i][d], in i order. */
+static void tile_values(float *acc, const float *p, const float *vt, int64_t nt, int32_t head_dim) {
+#if defined(__AVX512F__)
+    if (head_dim % 16 == 0) {
+        __m512 a[MAX_HEAD_DIM / 16];
+        int32_t nv = head_dim / 16;
+        for (int32_t v = 0; v < nv; v++) a[v] = _mm512_loadu_ps(acc + 16 * v);
+        for (int64_t i = 0; i < nt; i++) {
+            __m512 b = _mm512_set1_ps(p[i]);
+            const float *vi = vt + i * head_dim;
+            for (int32_t v = 0; v < nv; v++) a[v] = _mm512_fmadd_ps(b, _mm512_loadu_ps(vi + 16 * v), a[v]);
+        }
+        for (int32_t v = 0; v < nv; v++) _mm512_storeu_ps(acc + 16 * v, a[v]);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < nt; i++) {
+        const float *vi = vt + i * head_dim;
+        for (int32_t d = 0; d < head_dim; d++) acc[d] += p[i] * vi[d];
+    }
+}
+
 void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq, const void *k,
                        const void *v, int32_t dtype, int64_t n_ctx0, int64_t stride, int32_t n_head,
                        int32_t n_head_kv, int32_t head_dim, float scale) {
     const int32_t n_rep = n_head / n_head_kv;
-    float kt[TILE * MAX_HEAD_DIM], vt[TILE * MAX_HEAD_DIM];
+    /* kt: the tile's keys transposed, [head_dim][TILE], so a query's scores
+     * against the whole tile are axpys over the key dimension (vectorized
+     * across keys); vt: values, [TILE][head_dim] */
+    float kt[TILE * MAX_HEAD_DIM], vt[TILE * MAX_HEAD_DIM], rows[TILE * MAX_HEAD_DIM];
     float score[TILE];
     float run_max[MAX_QUERIES][MAX_REP], run_sum[MAX_QUERIES][MAX_REP];
     const int64_t n_ctx_last = n_ctx0 + nq - 1;
@@ -110,7 +161,12 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
         }
         for (int64_t t0 = 0; t0 < n_ctx_last; t0 += TILE) {
             int64_t nt_all = n_ctx_last - t0 < TILE ? n_ctx_last - t0 : TILE;
-            load_tile(kt, k, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
+            load_tile(rows, k, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
+            int64_t padded = (nt_all + 15) / 16 * 16;
+            for (int32_t d = 0; d < head_dim; d++) {
+                for (int64_t i = 0; i < nt_all; i++) kt[d * TILE + i] = rows[i * head_dim + d];
+                for (int64_t i = nt_all; i < padded; i++) kt[d * TILE + i] = 0.0f;
+            }
             load_tile(vt, v, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
             for (int32_t j = 0; j < nq; j++) {
                 int64_t n_ctx = n_ctx0 + j; /* query j sees rows 0 .. n_ctx - 1 */
@@ -119,9 +175,10 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                 for (int32_t r = 0; r < n_rep; r++) {
                     const float *qh = q + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
                     float *acc_h = out + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
+                    tile_scores(score, qh, kt, head_dim, nt);
                     float tile_max = -INFINITY;
                     for (int64_t i = 0; i < nt; i++) {
-                        score[i] = dot(qh, kt + i * head_dim, head_dim) * scale;
+                        score[i] *= scale;
                         if (score[i] > tile_max) tile_max = score[i];
                     }
                     float new_max = tile_max > run_max[j][r] ? tile_max : run_max[j][r];
@@ -129,11 +186,10 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                     run_sum[j][r] *= correction;
                     for (int32_t d = 0; d < head_dim; d++) acc_h[d] *= correction;
                     for (int64_t i = 0; i < nt; i++) {
-                        float p = expf(score[i] - new_max);
-                        run_sum[j][r] += p;
-                        const float *vi = vt + i * head_dim;
-                        for (int32_t d = 0; d < head_dim; d++) acc_h[d] += p * vi[d];
+                        score[i] = expf(score[i] - new_max); /* now the weights */
+                        run_sum[j][r] += score[i];
                     }
+                    tile_values(acc_h, score, vt, nt, head_dim);
                     run_max[j][r] = new_max;
                 }
             }
