@@ -93,27 +93,44 @@ static void load_tile(float *dst, const void *src, int32_t dtype, int64_t first,
     }
 }
 
-/* score[i] = sum over d of q[d] * kt[d][i] for i < nt: a chain of FMAs in d
- * order for every key, vectorized across keys. kt is [head_dim][TILE] and
- * must hold finite values up to nt rounded up to 16. */
+/* score[i] = q . kt[i] for the keys i < nt of a tile (kt: [TILE][head_dim],
+ * rows past nt zero up to a multiple of 16). Each score is the same
+ * arithmetic whatever the tile or the batch: 16 lane sums over d (one FMA
+ * chain per lane), then a fixed tree over the lanes. */
 static void tile_scores(float *score, const float *q, const float *kt, int32_t head_dim, int64_t nt) {
 #if defined(__AVX512F__)
-    __m512 acc[TILE / 16];
-    int64_t nv = (nt + 15) / 16;
-    for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
-    for (int32_t d = 0; d < head_dim; d++) {
-        __m512 b = _mm512_set1_ps(q[d]);
-        const float *kd = kt + d * TILE;
-        for (int64_t v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(b, _mm512_loadu_ps(kd + 16 * v), acc[v]);
-    }
-    for (int64_t v = 0; v < nv; v++) _mm512_storeu_ps(score + 16 * v, acc[v]);
-#else
-    for (int64_t i = 0; i < nt; i++) score[i] = 0.0f;
-    for (int32_t d = 0; d < head_dim; d++) {
-        const float qd = q[d], *kd = kt + d * TILE;
-        for (int64_t i = 0; i < nt; i++) score[i] += qd * kd[i];
+    if (head_dim % 16 == 0) {
+        int32_t nv = head_dim / 16;
+        for (int64_t i0 = 0; i0 < nt; i0 += 16) {
+            __m512 acc[16];
+            for (int32_t i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+            for (int32_t v = 0; v < nv; v++) {
+                __m512 qv = _mm512_loadu_ps(q + 16 * v);
+                for (int32_t i = 0; i < 16; i++)
+                    acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kt + (i0 + i) * head_dim + 16 * v), acc[i]);
+            }
+            /* sum each accumulator's 16 lanes: pairs inside 128-bit lanes,
+             * then across lanes; lane k of the result holds keys 4k..4k+3 */
+            __m512 s1[8], s2[4];
+            for (int32_t k = 0; k < 8; k++)
+                s1[k] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * k], acc[2 * k + 1]),
+                                      _mm512_unpackhi_ps(acc[2 * k], acc[2 * k + 1]));
+            for (int32_t k = 0; k < 4; k++) {
+                __m512d c = _mm512_castps_pd(s1[2 * k]), d = _mm512_castps_pd(s1[2 * k + 1]);
+                s2[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
+                                      _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+            }
+            __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], 0x88),
+                                      _mm512_shuffle_f32x4(s2[0], s2[1], 0xdd));
+            __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], 0x88),
+                                      _mm512_shuffle_f32x4(s2[2], s2[3], 0xdd));
+            __m512 out = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xdd));
+            _mm512_storeu_ps(score + i0, out);
+        }
+        return;
     }
 #endif
+    for (int64_t i = 0; i < nt; i++) score[i] = dot(q, kt + i * head_dim, head_dim);
 }
 
 /* acc[d] += sum over i < nt of p[i] * vt[i][d], in i order. */
@@ -142,10 +159,8 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                        const void *v, int32_t dtype, int64_t n_ctx0, int64_t stride, int32_t n_head,
                        int32_t n_head_kv, int32_t head_dim, float scale) {
     const int32_t n_rep = n_head / n_head_kv;
-    /* kt: the tile's keys transposed, [head_dim][TILE], so a query's scores
-     * against the whole tile are axpys over the key dimension (vectorized
-     * across keys); vt: values, [TILE][head_dim] */
-    float kt[TILE * MAX_HEAD_DIM], vt[TILE * MAX_HEAD_DIM], rows[TILE * MAX_HEAD_DIM];
+    /* the tile's keys and values converted to f32, [TILE][head_dim] each */
+    float kt[TILE * MAX_HEAD_DIM], vt[TILE * MAX_HEAD_DIM];
     float score[TILE];
     float run_max[MAX_QUERIES][MAX_REP], run_sum[MAX_QUERIES][MAX_REP];
     const int64_t n_ctx_last = n_ctx0 + nq - 1;
@@ -161,12 +176,9 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
         }
         for (int64_t t0 = 0; t0 < n_ctx_last; t0 += TILE) {
             int64_t nt_all = n_ctx_last - t0 < TILE ? n_ctx_last - t0 : TILE;
-            load_tile(rows, k, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
+            load_tile(kt, k, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
             int64_t padded = (nt_all + 15) / 16 * 16;
-            for (int32_t d = 0; d < head_dim; d++) {
-                for (int64_t i = 0; i < nt_all; i++) kt[d * TILE + i] = rows[i * head_dim + d];
-                for (int64_t i = nt_all; i < padded; i++) kt[d * TILE + i] = 0.0f;
-            }
+            memset(kt + nt_all * head_dim, 0, sizeof(float) * (size_t)((padded - nt_all) * head_dim));
             load_tile(vt, v, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
             for (int32_t j = 0; j < nq; j++) {
                 int64_t n_ctx = n_ctx0 + j; /* query j sees rows 0 .. n_ctx - 1 */

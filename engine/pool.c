@@ -6,9 +6,22 @@
  * chunks from an atomic cursor until none is left. The caller then waits for
  * the workers to report back, so when cart_pool_for returns no worker touches
  * the job any more.
+ *
+ * Waiting spins first (about SPIN_ROUNDS pause instructions, tens of
+ * microseconds) and only then sleeps on a condition variable: a decode step
+ * runs hundreds of short jobs back to back, and a futex wake-up costs more
+ * than such a job. The sleeper counts and the generation are sequentially
+ * consistent atomics, so a waker sees a sleeper or the sleeper sees the new
+ * generation (never neither).
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -23,9 +36,11 @@ struct cart_pool {
     pthread_cond_t start;
     pthread_cond_t done;
     pthread_mutex_t call_mutex; /* serializes cart_pool_for calls */
-    uint64_t generation;        /* guarded by mutex */
-    int stopping;               /* guarded by mutex */
-    int32_t running;            /* workers still on the current job; guarded by mutex */
+    atomic_ullong generation;   /* bumped once per job */
+    atomic_int stopping;
+    atomic_int running;         /* workers still on the current job */
+    atomic_int sleepers;        /* workers asleep on `start` */
+    atomic_int caller_sleeping; /* the caller asleep on `done` */
     /* the current job */
     cart_pool_fn fn;
     void *ctx;
@@ -48,6 +63,8 @@ static void run_chunks(cart_pool *p, int32_t thread) {
     }
 }
 
+enum { SPIN_ROUNDS = 20000 };
+
 static void *worker_main(void *arg_) {
     worker_arg *arg = arg_;
     cart_pool *p = arg->pool;
@@ -55,20 +72,29 @@ static void *worker_main(void *arg_) {
     free(arg);
     uint64_t seen = 0;
     for (;;) {
-        pthread_mutex_lock(&p->mutex);
-        while (!p->stopping && p->generation == seen) pthread_cond_wait(&p->start, &p->mutex);
-        if (p->stopping) {
+        /* wait for a new generation: spin, then sleep */
+        for (int i = 0; i < SPIN_ROUNDS && atomic_load(&p->generation) == seen &&
+                        !atomic_load(&p->stopping);
+             i++)
+            cpu_relax();
+        if (atomic_load(&p->generation) == seen && !atomic_load(&p->stopping)) {
+            pthread_mutex_lock(&p->mutex);
+            atomic_fetch_add(&p->sleepers, 1);
+            while (atomic_load(&p->generation) == seen && !atomic_load(&p->stopping))
+                pthread_cond_wait(&p->start, &p->mutex);
+            atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mutex);
-            return NULL;
         }
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mutex);
+        if (atomic_load(&p->stopping)) return NULL;
+        seen = atomic_load(&p->generation);
 
         run_chunks(p, thread);
 
-        pthread_mutex_lock(&p->mutex);
-        if (--p->running == 0) pthread_cond_signal(&p->done);
-        pthread_mutex_unlock(&p->mutex);
+        if (atomic_fetch_sub(&p->running, 1) == 1 && atomic_load(&p->caller_sleeping)) {
+            pthread_mutex_lock(&p->mutex);
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mutex);
+        }
     }
 }
 
@@ -91,6 +117,11 @@ int cart_pool_new(cart_pool **out, int32_t n_threads) {
     pthread_cond_init(&p->start, NULL);
     pthread_cond_init(&p->done, NULL);
     atomic_init(&p->cursor, 0);
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->stopping, 0);
+    atomic_init(&p->running, 0);
+    atomic_init(&p->sleepers, 0);
+    atomic_init(&p->caller_sleeping, 0);
     if (n_threads > 1) {
         p->workers = cart_calloc((size_t)n_threads - 1, sizeof *p->workers, "thread pool workers");
         if (!p->workers) {
@@ -121,7 +152,7 @@ int cart_pool_new(cart_pool **out, int32_t n_threads) {
 void cart_pool_free(cart_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mutex);
-    p->stopping = 1;
+    atomic_store(&p->stopping, 1);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->mutex);
     for (int32_t i = 1; i < p->size; i++) pthread_join(p->workers[i - 1], NULL);
@@ -155,17 +186,24 @@ void cart_pool_for(cart_pool *p, int64_t n, int64_t grain, cart_pool_fn fn, void
     p->n = n;
     p->chunk = chunk;
     atomic_store(&p->cursor, 0);
-    pthread_mutex_lock(&p->mutex);
-    p->running = p->size - 1;
-    p->generation++;
-    pthread_cond_broadcast(&p->start);
-    pthread_mutex_unlock(&p->mutex);
+    atomic_store(&p->running, p->size - 1);
+    atomic_fetch_add(&p->generation, 1);
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mutex);
+        pthread_cond_broadcast(&p->start);
+        pthread_mutex_unlock(&p->mutex);
+    }
 
     run_chunks(p, 0);
 
-    pthread_mutex_lock(&p->mutex);
-    while (p->running > 0) pthread_cond_wait(&p->done, &p->mutex);
-    pthread_mutex_unlock(&p->mutex);
+    for (int i = 0; i < SPIN_ROUNDS && atomic_load(&p->running) > 0; i++) cpu_relax();
+    if (atomic_load(&p->running) > 0) {
+        pthread_mutex_lock(&p->mutex);
+        atomic_store(&p->caller_sleeping, 1);
+        while (atomic_load(&p->running) > 0) pthread_cond_wait(&p->done, &p->mutex);
+        atomic_store(&p->caller_sleeping, 0);
+        pthread_mutex_unlock(&p->mutex);
+    }
     pthread_mutex_unlock(&p->call_mutex);
 }
 
