@@ -97,17 +97,19 @@ static void load_tile(float *dst, const void *src, int32_t dtype, int64_t first,
  * rows past nt zero up to a multiple of 16). Each score is the same
  * arithmetic whatever the tile or the batch: 16 lane sums over d (one FMA
  * chain per lane), then a fixed tree over the lanes. */
-static void tile_scores(float *score, const float *q, const float *kt, int32_t head_dim, int64_t nt) {
+static void rows_scores(float *score, const float *q, const float *kt, int64_t stride,
+                        int32_t head_dim, int64_t nt) {
 #if defined(__AVX512F__)
     if (head_dim % 16 == 0) {
         int32_t nv = head_dim / 16;
         for (int64_t i0 = 0; i0 < nt; i0 += 16) {
             __m512 acc[16];
+            int32_t m = nt - i0 < 16 ? (int32_t)(nt - i0) : 16; /* keys past nt stay zero */
             for (int32_t i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
             for (int32_t v = 0; v < nv; v++) {
                 __m512 qv = _mm512_loadu_ps(q + 16 * v);
-                for (int32_t i = 0; i < 16; i++)
-                    acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kt + (i0 + i) * head_dim + 16 * v), acc[i]);
+                for (int32_t i = 0; i < m; i++)
+                    acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kt + (i0 + i) * stride + 16 * v), acc[i]);
             }
             /* sum each accumulator's 16 lanes: pairs inside 128-bit lanes,
              * then across lanes; lane k of the result holds keys 4k..4k+3 */
@@ -125,16 +127,23 @@ static void tile_scores(float *score, const float *q, const float *kt, int32_t h
             __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], 0x88),
                                       _mm512_shuffle_f32x4(s2[2], s2[3], 0xdd));
             __m512 out = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xdd));
-            _mm512_storeu_ps(score + i0, out);
+            if (m == 16) _mm512_storeu_ps(score + i0, out);
+            else _mm512_mask_storeu_ps(score + i0, (__mmask16)((1u << m) - 1), out);
         }
         return;
     }
 #endif
-    for (int64_t i = 0; i < nt; i++) score[i] = dot(q, kt + i * head_dim, head_dim);
+    for (int64_t i = 0; i < nt; i++) score[i] = dot(q, kt + i * stride, head_dim);
 }
 
-/* acc[d] += sum over i < nt of p[i] * vt[i][d], in i order. */
-static void tile_values(float *acc, const float *p, const float *vt, int64_t nt, int32_t head_dim) {
+static void tile_scores(float *score, const float *q, const float *kt, int32_t head_dim, int64_t nt) {
+    rows_scores(score, q, kt, head_dim, head_dim, nt);
+}
+
+/* acc[d] += sum over i < nt of p[i] * vt[i][d] (rows `stride` apart), in i
+ * order. */
+static void rows_values(float *acc, const float *p, const float *vt, int64_t stride, int64_t nt,
+                        int32_t head_dim) {
 #if defined(__AVX512F__)
     if (head_dim % 16 == 0) {
         __m512 a[MAX_HEAD_DIM / 16];
@@ -142,7 +151,7 @@ static void tile_values(float *acc, const float *p, const float *vt, int64_t nt,
         for (int32_t v = 0; v < nv; v++) a[v] = _mm512_loadu_ps(acc + 16 * v);
         for (int64_t i = 0; i < nt; i++) {
             __m512 b = _mm512_set1_ps(p[i]);
-            const float *vi = vt + i * head_dim;
+            const float *vi = vt + i * stride;
             for (int32_t v = 0; v < nv; v++) a[v] = _mm512_fmadd_ps(b, _mm512_loadu_ps(vi + 16 * v), a[v]);
         }
         for (int32_t v = 0; v < nv; v++) _mm512_storeu_ps(acc + 16 * v, a[v]);
@@ -150,9 +159,13 @@ static void tile_values(float *acc, const float *p, const float *vt, int64_t nt,
     }
 #endif
     for (int64_t i = 0; i < nt; i++) {
-        const float *vi = vt + i * head_dim;
+        const float *vi = vt + i * stride;
         for (int32_t d = 0; d < head_dim; d++) acc[d] += p[i] * vi[d];
     }
+}
+
+static void tile_values(float *acc, const float *p, const float *vt, int64_t nt, int32_t head_dim) {
+    rows_values(acc, p, vt, head_dim, nt, head_dim);
 }
 
 void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq, const void *k,
@@ -269,9 +282,10 @@ void attention_head_forward(float *out, float *lse, const float *q, const float 
         int64_t n = block ? nb : na, stride = block ? stride_b : stride_a;
         for (int64_t t0 = 0; t0 < n; t0 += TILE) {
             int64_t nt = n - t0 < TILE ? n - t0 : TILE;
+            rows_scores(score, q, k + t0 * stride, stride, head_dim, nt);
             float tile_max = -INFINITY;
             for (int64_t j = 0; j < nt; j++) {
-                score[j] = dot(q, k + (t0 + j) * stride, head_dim) * scale;
+                score[j] *= scale;
                 if (score[j] > tile_max) tile_max = score[j];
             }
             float new_max = tile_max > run_max ? tile_max : run_max;
@@ -279,10 +293,10 @@ void attention_head_forward(float *out, float *lse, const float *q, const float 
             run_sum *= correction;
             for (int32_t d = 0; d < head_dim; d++) out[d] *= correction;
             for (int64_t j = 0; j < nt; j++) {
-                float pj = expf(score[j] - new_max);
-                run_sum += pj;
-                axpy(out, pj, v + (t0 + j) * stride, head_dim);
+                score[j] = expf(score[j] - new_max);
+                run_sum += score[j];
             }
+            rows_values(out, score, v + t0 * stride, stride, nt, head_dim);
             run_max = new_max;
         }
     }
@@ -297,21 +311,28 @@ void attention_head_backward(float *dq, float *dka, float *dva, int64_t skip_a, 
                              int64_t stride_a, const float *kb, const float *vb, int64_t nb,
                              int64_t stride_b, int32_t head_dim, float scale) {
     /* p_j = exp(s_j - lse); dv_j += p_j dout; ds_j = p_j (dout.v_j - dout.out);
-     * dq += ds_j scale k_j; dk_j += ds_j scale q */
+     * dq += ds_j scale k_j; dk_j += ds_j scale q -- a tile of rows at a time */
+    float p[TILE], ds[TILE];
     float delta = dot(dout, out, head_dim);
     for (int32_t block = 0; block < 2; block++) {
         const float *k = block ? kb : ka, *v = block ? vb : va;
         float *dk = block ? dkb : dka, *dv = block ? dvb : dva;
         int64_t n = block ? nb : na, stride = block ? stride_b : stride_a;
         int64_t first = block ? 0 : skip_a;
-        for (int64_t j = 0; j < n; j++) {
-            const float *kj = k + j * stride, *vj = v + j * stride;
-            float pj = expf(dot(q, kj, head_dim) * scale - lse);
-            float ds = pj * (dot(dout, vj, head_dim) - delta) * scale;
-            axpy(dq, ds, kj, head_dim);
-            if (dk && j >= first) {
-                axpy(dk + j * stride, ds, q, head_dim);
-                axpy(dv + j * stride, pj, dout, head_dim);
+        for (int64_t t0 = 0; t0 < n; t0 += TILE) {
+            int64_t nt = n - t0 < TILE ? n - t0 : TILE;
+            rows_scores(p, q, k + t0 * stride, stride, head_dim, nt);
+            rows_scores(ds, dout, v + t0 * stride, stride, head_dim, nt);
+            for (int64_t j = 0; j < nt; j++) {
+                p[j] = expf(p[j] * scale - lse);
+                ds[j] = p[j] * (ds[j] - delta) * scale;
+            }
+            rows_values(dq, ds, k + t0 * stride, stride, nt, head_dim);
+            if (!dk) continue;
+            for (int64_t j = 0; j < nt; j++) {
+                if (t0 + j < first) continue;
+                axpy(dk + (t0 + j) * stride, ds[j], q, head_dim);
+                axpy(dv + (t0 + j) * stride, p[j], dout, head_dim);
             }
         }
     }

@@ -246,6 +246,10 @@ struct cart_trainer {
     cart_model *m;
     cart_trainer_options opts;
     uint64_t peak_bytes;
+    /* the activations of the last pass, kept for the next one: a training
+     * step allocates gigabytes, and fresh pages cost their zeroing */
+    float *cache;
+    size_t cache_bytes;
 };
 
 int cart_trainer_new(cart_trainer **out, cart_model *m, const cart_trainer_options *opts) {
@@ -259,6 +263,8 @@ int cart_trainer_new(cart_trainer **out, cart_model *m, const cart_trainer_optio
 }
 
 void cart_trainer_free(cart_trainer *t) {
+    if (!t) return;
+    free(t->cache);
     free(t);
 }
 
@@ -526,24 +532,34 @@ static int setup_positions(pass *s, const int64_t *seg_len, int32_t n_seg, const
 typedef struct trunk {
     acts *layers;   /* [n_layer] */
     float *x_final; /* [T, E] */
-    float *block;   /* the allocation behind all of it */
+    float *block;   /* the allocation behind all of it (the trainer's cache) */
     size_t bytes;
 } trunk;
 
 static void trunk_free(trunk *tr) {
-    free(tr->block);
     free(tr->layers);
     memset(tr, 0, sizeof *tr);
 }
 
-static int trunk_forward(pass *s, const int32_t *tokens, int keep_all, acts *scratch, trunk *tr) {
+/* At least `bytes` of the trainer's activation cache. */
+static float *trainer_block(cart_trainer *t, size_t bytes) {
+    if (t->cache_bytes < bytes) {
+        free(t->cache);
+        t->cache = cart_malloc(bytes, "trainer activations");
+        t->cache_bytes = t->cache ? bytes : 0;
+    }
+    return t->cache;
+}
+
+static int trunk_forward(cart_trainer *t, pass *s, const int32_t *tokens, int keep_all, acts *scratch,
+                         trunk *tr) {
     const cart_model_config *c = s->c;
     int64_t T = s->T, E = c->n_embd;
     size_t per_layer = keep_all ? acts_floats(c, T) : (size_t)(T * E);
     size_t floats = per_layer * (size_t)c->n_layer + (size_t)(T * E);
     if (!keep_all) floats += acts_floats(c, T); /* the scratch layer */
     tr->layers = cart_calloc((size_t)c->n_layer, sizeof(acts), "trainer activations");
-    tr->block = tr->layers ? cart_malloc(floats * sizeof(float), "trainer activations") : NULL;
+    tr->block = tr->layers ? trainer_block(t, floats * sizeof(float)) : NULL;
     if (!tr->block) {
         trunk_free(tr);
         return CART_E_NOMEM;
@@ -638,7 +654,7 @@ int cart_trainer_logits(cart_trainer *t, const cart_cartridge *c, const int32_t 
     acts scratch;
     float *xn = NULL, *rstd = NULL;
     if (!(rc = pass_init(&s, t, c, n)) && !(rc = setup_positions(&s, seg_len, n_seg, "cart_trainer_logits")))
-        rc = trunk_forward(&s, tokens, 0, &scratch, &tr);
+        rc = trunk_forward(t, &s, tokens, 0, &scratch, &tr);
     if (!rc) {
         xn = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)s.c->n_embd, "head rows");
         rstd = cart_malloc(sizeof(float) * HEAD_CHUNK, "head rows");
@@ -713,7 +729,7 @@ int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *toke
         for (int64_t e = 0; e < tg->n; e++)
             if (n_rows == 0 || rows[n_rows - 1] != refs[e].row) rows[n_rows++] = refs[e].row;
         int keep_all = !t->opts.recompute;
-        rc = trunk_forward(&s, tokens, keep_all, &scratch, &tr);
+        rc = trunk_forward(t, &s, tokens, keep_all, &scratch, &tr);
     }
     if (!rc && backward) {
         dx = cart_calloc((size_t)(n * E), sizeof(float), "trunk gradient");

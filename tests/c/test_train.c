@@ -513,10 +513,11 @@ static void test_bad_targets_and_segments_are_refused(void) {
 }
 
 int main(void) {
-    tiny_shape q = {.qwen3 = 1, .layers = 2, .embd = 32, .heads = 4, .kv_heads = 2, .head_dim = 8,
+    /* head_dim 16 takes the AVX-512 attention kernels, 8 the portable ones */
+    tiny_shape q = {.qwen3 = 1, .layers = 2, .embd = 32, .heads = 4, .kv_heads = 2, .head_dim = 16,
                     .ff = 48, .vocab = 40, .dtype = CART_F32, .tied = 1, .seed = 5};
     tiny_shape l = q;
-    l.qwen3 = 0, l.tied = 0, l.seed = 6;
+    l.qwen3 = 0, l.tied = 0, l.seed = 6, l.head_dim = 8;
     if (write_tiny_model(QWEN_PATH, &q) || write_tiny_model(LLAMA_PATH, &l)) {
         printf("cannot write the test models: %s\n", cart_last_error());
         return 1;
