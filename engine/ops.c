@@ -337,3 +337,26 @@ void attention_head_backward(float *dq, float *dka, float *dva, int64_t skip_a, 
         }
     }
 }
+
+void attention_tile_backward(float *dq, float *dkt, float *dvt, int64_t skip, const float *dout,
+                             float delta, float lse, const float *q, const float *k,
+                             const float *v, int64_t stride, int64_t nt, int32_t head_dim,
+                             float scale) {
+    float p[TILE], ds[TILE];
+    rows_scores(p, q, k, stride, head_dim, nt);
+    rows_scores(ds, dout, v, stride, head_dim, nt);
+    for (int64_t j = 0; j < nt; j++) {
+        p[j] = expf(p[j] * scale - lse);
+        ds[j] = p[j] * (ds[j] - delta) * scale;
+    }
+    rows_values(dq, ds, k, stride, nt, head_dim);
+    if (!dkt) return;
+    for (int64_t j = skip; j < nt; j++) {
+        axpy(dkt + j * head_dim, ds[j], q, head_dim);
+        axpy(dvt + j * head_dim, p[j], dout, head_dim);
+    }
+}
+
+float attention_delta(const float *dout, const float *out, int32_t head_dim) {
+    return dot(dout, out, head_dim);
+}

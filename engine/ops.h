@@ -91,6 +91,20 @@ void attention_head_backward(float *dq, float *dka, float *dva, int64_t skip_a, 
                              int64_t stride_a, const float *kb, const float *vb, int64_t nb,
                              int64_t stride_b, int32_t head_dim, float scale);
 
+/* One query head against nt (<= 64) rows of a tile (k, v: rows `stride`
+ * apart), given the forward's log-sum-exp and delta = dout . out:
+ * p_j = exp(q.k_j * scale - lse), ds_j = p_j (dout.v_j - delta) scale;
+ * dq += sum_j ds_j k_j; for rows j >= skip, dkt[j] += ds_j q and
+ * dvt[j] += p_j dout, with dkt/dvt contiguous [nt][head_dim] tile buffers
+ * (NULL: no row gradients). The scores use the same kernels as the forward. */
+void attention_tile_backward(float *dq, float *dkt, float *dvt, int64_t skip, const float *dout,
+                             float delta, float lse, const float *q, const float *k,
+                             const float *v, int64_t stride, int64_t nt, int32_t head_dim,
+                             float scale);
+
+/* dout . out, as attention_head_backward computes it. */
+float attention_delta(const float *dout, const float *out, int32_t head_dim);
+
 #pragma GCC visibility pop
 
 #endif

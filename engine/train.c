@@ -290,6 +290,7 @@ typedef struct pass {
     float *dq;          /* [T, HD] */
     float *dk;          /* [T, KD] */
     float *dv;          /* [T, KD] */
+    float *delta;       /* [T, H] dout . out per token and head */
 } pass;
 
 /* Forward attention for items [begin, end): item = token * G + kv head. */
@@ -314,8 +315,13 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t threa
     }
 }
 
-/* Backward attention for kv heads [begin, end): every token of the pass, so
- * the prefix rows' gradients accumulate in a fixed order. */
+/* Backward attention for kv heads [begin, end), tile by tile: for a tile of
+ * 64 key rows, every query that sees it adds its share to the tile's
+ * gradients held in L1-sized buffers, which are then added to the rows. Row
+ * gradients sum over queries in token order, query gradients over tiles in
+ * row order: the order of the plain per-query loop. */
+enum { BTILE = 64 };
+
 static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
     const cart_model_config *c = s->c;
@@ -328,19 +334,70 @@ static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int3
     float *gv = s->grad_cart ? cart_cartridge_grad(s->grad_cart, s->layer, 1) : NULL;
     int64_t frozen = s->cart ? s->cart->frozen : 0;
     const acts *a = s->a;
-    for (int64_t g = begin; g < end; g++)
-        for (int64_t t = 0; t < s->T; t++) {
-            int64_t s0 = s->seg_start[t];
-            for (int32_t r = 0; r < rep; r++) {
-                int64_t h = g * rep + r, at = t * HD + h * D;
-                attention_head_backward(s->dq + at, gk ? gk + g * D : NULL, gv ? gv + g * D : NULL,
-                                        frozen, s->dk + s0 * KD + g * D, s->dv + s0 * KD + g * D,
-                                        s->datt + at, a->att + at, a->lse[t * c->n_head + h],
-                                        a->q + at, pk ? pk + g * D : NULL, pv ? pv + g * D : NULL,
-                                        s->p, KD, a->k + s0 * KD + g * D, a->v + s0 * KD + g * D,
-                                        t - s0 + 1, KD, D, scale);
+    float dkt[BTILE * 256], dvt[BTILE * 256]; /* head_dim <= 256 */
+    for (int64_t g = begin; g < end; g++) {
+        /* the cartridge rows: every token sees all of them */
+        for (int64_t t0 = 0; t0 < s->p; t0 += BTILE) {
+            int64_t nt = s->p - t0 < BTILE ? s->p - t0 : BTILE;
+            int64_t skip = frozen > t0 ? frozen - t0 : 0;
+            int want = gk && skip < nt;
+            if (want) {
+                memset(dkt, 0, sizeof(float) * (size_t)(nt * D));
+                memset(dvt, 0, sizeof(float) * (size_t)(nt * D));
             }
+            for (int64_t t = 0; t < s->T; t++)
+                for (int32_t r = 0; r < rep; r++) {
+                    int64_t h = g * rep + r, at = t * HD + h * D;
+                    attention_tile_backward(s->dq + at, want ? dkt : NULL, want ? dvt : NULL, skip,
+                                            s->datt + at, s->delta[t * c->n_head + h],
+                                            a->lse[t * c->n_head + h], a->q + at,
+                                            pk + t0 * KD + g * D, pv + t0 * KD + g * D, KD, nt, D,
+                                            scale);
+                }
+            if (want)
+                for (int64_t j = skip; j < nt; j++)
+                    for (int32_t d = 0; d < D; d++) {
+                        gk[(t0 + j) * KD + g * D + d] += dkt[j * D + d];
+                        gv[(t0 + j) * KD + g * D + d] += dvt[j * D + d];
+                    }
         }
+        /* each segment's own rows: token t sees rows s0..t */
+        for (int64_t s0 = 0; s0 < s->T;) {
+            int64_t s1 = s0;
+            while (s1 < s->T && s->seg_start[s1] == s0) s1++;
+            for (int64_t t0 = s0; t0 < s1; t0 += BTILE) {
+                int64_t width = s1 - t0 < BTILE ? s1 - t0 : BTILE;
+                memset(dkt, 0, sizeof(float) * (size_t)(width * D));
+                memset(dvt, 0, sizeof(float) * (size_t)(width * D));
+                for (int64_t t = t0; t < s1; t++) {
+                    int64_t nt = t - t0 + 1 < width ? t - t0 + 1 : width;
+                    for (int32_t r = 0; r < rep; r++) {
+                        int64_t h = g * rep + r, at = t * HD + h * D;
+                        attention_tile_backward(s->dq + at, dkt, dvt, 0, s->datt + at,
+                                                s->delta[t * c->n_head + h],
+                                                a->lse[t * c->n_head + h], a->q + at,
+                                                a->k + t0 * KD + g * D, a->v + t0 * KD + g * D, KD,
+                                                nt, D, scale);
+                    }
+                }
+                for (int64_t j = 0; j < width; j++)
+                    for (int32_t d = 0; d < D; d++) {
+                        s->dk[(t0 + j) * KD + g * D + d] += dkt[j * D + d];
+                        s->dv[(t0 + j) * KD + g * D + d] += dvt[j * D + d];
+                    }
+            }
+            s0 = s1;
+        }
+    }
+}
+
+/* delta = dout . out for every token and head (the backward's softmax term). */
+static void delta_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    pass *s = ctx;
+    const cart_model_config *c = s->c;
+    int32_t D = c->head_dim;
+    for (int64_t i = begin; i < end; i++)
+        s->delta[i] = attention_delta(s->datt + i * D, s->a->att + i * D, D);
 }
 
 /* q/k norm and RoPE for tokens [begin, end). */
@@ -493,6 +550,7 @@ static int layer_backward(pass *s, float *dx, back_scratch *b) {
     memset(s->dq, 0, sizeof(float) * (size_t)(T * HD));
     memset(s->dk, 0, sizeof(float) * (size_t)(T * KD));
     memset(s->dv, 0, sizeof(float) * (size_t)(T * KD));
+    cart_pool_for(pool, T * c->n_head, 64, delta_range, s);
     cart_pool_for(pool, c->n_head_kv, 1, attention_backward_range, s);
     cart_pool_for(pool, T, 16, qk_backward_range, s);
     memset(b->dxn, 0, sizeof(float) * (size_t)(T * E));
@@ -784,7 +842,7 @@ int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *toke
          * layer's recomputed activations live in `scratch` already */
         int64_t T = n, F = cfg->n_ff;
         int64_t HD = (int64_t)cfg->n_head * cfg->head_dim, KD = (int64_t)cfg->n_head_kv * cfg->head_dim;
-        size_t floats = (size_t)(T * (3 * F + E + 2 * HD + 2 * KD));
+        size_t floats = (size_t)(T * (3 * F + E + 2 * HD + 2 * KD + cfg->n_head));
         bblock = cart_malloc(floats * sizeof(float), "backward scratch");
         if (!bblock) rc = CART_E_NOMEM;
         if (!rc) {
@@ -797,6 +855,7 @@ int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *toke
             s.dq = p, p += T * HD;
             s.dk = p, p += T * KD;
             s.dv = p, p += T * KD;
+            s.delta = p, p += T * cfg->n_head;
         }
         s.grad_cart = c;
         uint64_t bytes = tr.bytes + floats * sizeof(float) + (size_t)(n * E) * sizeof(float);
