@@ -246,10 +246,11 @@ struct cart_trainer {
     cart_model *m;
     cart_trainer_options opts;
     uint64_t peak_bytes;
-    /* the activations of the last pass, kept for the next one: a training
-     * step allocates gigabytes, and fresh pages cost their zeroing */
-    float *cache;
-    size_t cache_bytes;
+    /* the activations and backward scratch of the last pass, kept for the
+     * next one: a training step needs gigabytes, and fresh pages cost their
+     * zeroing (slot 0: activations, 1: backward scratch, 2: trunk gradient) */
+    float *cache[3];
+    size_t cache_bytes[3];
 };
 
 int cart_trainer_new(cart_trainer **out, cart_model *m, const cart_trainer_options *opts) {
@@ -264,7 +265,7 @@ int cart_trainer_new(cart_trainer **out, cart_model *m, const cart_trainer_optio
 
 void cart_trainer_free(cart_trainer *t) {
     if (!t) return;
-    free(t->cache);
+    for (int i = 0; i < 3; i++) free(t->cache[i]);
     free(t);
 }
 
@@ -599,14 +600,14 @@ static void trunk_free(trunk *tr) {
     memset(tr, 0, sizeof *tr);
 }
 
-/* At least `bytes` of the trainer's activation cache. */
-static float *trainer_block(cart_trainer *t, size_t bytes) {
-    if (t->cache_bytes < bytes) {
-        free(t->cache);
-        t->cache = cart_malloc(bytes, "trainer activations");
-        t->cache_bytes = t->cache ? bytes : 0;
+/* At least `bytes` of one of the trainer's cached blocks (contents stale). */
+static float *trainer_block(cart_trainer *t, int slot, size_t bytes) {
+    if (t->cache_bytes[slot] < bytes) {
+        free(t->cache[slot]);
+        t->cache[slot] = cart_malloc(bytes, "trainer working memory");
+        t->cache_bytes[slot] = t->cache[slot] ? bytes : 0;
     }
-    return t->cache;
+    return t->cache[slot];
 }
 
 static int trunk_forward(cart_trainer *t, pass *s, const int32_t *tokens, int keep_all, acts *scratch,
@@ -617,7 +618,7 @@ static int trunk_forward(cart_trainer *t, pass *s, const int32_t *tokens, int ke
     size_t floats = per_layer * (size_t)c->n_layer + (size_t)(T * E);
     if (!keep_all) floats += acts_floats(c, T); /* the scratch layer */
     tr->layers = cart_calloc((size_t)c->n_layer, sizeof(acts), "trainer activations");
-    tr->block = tr->layers ? trainer_block(t, floats * sizeof(float)) : NULL;
+    tr->block = tr->layers ? trainer_block(t, 0, floats * sizeof(float)) : NULL;
     if (!tr->block) {
         trunk_free(tr);
         return CART_E_NOMEM;
@@ -790,8 +791,9 @@ int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *toke
         rc = trunk_forward(t, &s, tokens, keep_all, &scratch, &tr);
     }
     if (!rc && backward) {
-        dx = cart_calloc((size_t)(n * E), sizeof(float), "trunk gradient");
+        dx = trainer_block(t, 2, (size_t)(n * E) * sizeof(float));
         if (!dx) rc = CART_E_NOMEM;
+        else memset(dx, 0, (size_t)(n * E) * sizeof(float));
     }
     const double scale = (double)loss_scale / (mean ? (double)tg->n : 1.0);
     double loss = 0.0;
@@ -843,7 +845,7 @@ int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *toke
         int64_t T = n, F = cfg->n_ff;
         int64_t HD = (int64_t)cfg->n_head * cfg->head_dim, KD = (int64_t)cfg->n_head_kv * cfg->head_dim;
         size_t floats = (size_t)(T * (3 * F + E + 2 * HD + 2 * KD + cfg->n_head));
-        bblock = cart_malloc(floats * sizeof(float), "backward scratch");
+        bblock = trainer_block(t, 1, floats * sizeof(float));
         if (!bblock) rc = CART_E_NOMEM;
         if (!rc) {
             float *p = bblock;
@@ -878,8 +880,6 @@ int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *toke
         t->peak_bytes = tr.bytes;
     }
     if (!rc && loss_out) *loss_out = loss;
-    free(bblock);
-    free(dx);
     free(refs);
     free(rows);
     free(xn);
