@@ -12,15 +12,7 @@
 
 void rmsnorm_forward(float *y, const float *x, const float *w, int64_t rows, int64_t dim,
                      float eps) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * dim;
-        float *yr = y + r * dim;
-        double sum = 0.0;
-        for (int64_t i = 0; i < dim; i++) sum += (double)(xr[i] * xr[i]);
-        float mean = (float)(sum / (double)dim);
-        float scale = 1.0f / sqrtf(mean + eps);
-        for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale * w[i];
-    }
+    rmsnorm_forward_keep(y, NULL, x, w, rows, dim, eps);
 }
 
 void rope_angles(float *cs, int64_t pos, int32_t n_rot, float base) {
@@ -239,7 +231,7 @@ void rmsnorm_forward_keep(float *y, float *rstd, const float *x, const float *w,
         for (int64_t i = 0; i < dim; i++) sum += (double)(xr[i] * xr[i]);
         float mean = (float)(sum / (double)dim);
         float scale = 1.0f / sqrtf(mean + eps);
-        rstd[r] = scale;
+        if (rstd) rstd[r] = scale;
         for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale * w[i];
     }
 }

@@ -55,7 +55,8 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                        const void *v, int32_t dtype, int64_t n_ctx0, int64_t stride, int32_t n_head,
                        int32_t n_head_kv, int32_t head_dim, float scale);
 
-/* rmsnorm_forward that also keeps 1/rms of each row in rstd[rows]. */
+/* rmsnorm_forward that also keeps 1/rms of each row in rstd[rows] (rstd may
+ * be NULL). */
 void rmsnorm_forward_keep(float *y, float *rstd, const float *x, const float *w, int64_t rows,
                           int64_t dim, float eps);
 

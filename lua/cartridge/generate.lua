@@ -27,7 +27,8 @@ local function now()
     return C.cart_now_seconds()
 end
 
--- The length of the longest suffix of text that is a proper prefix of a stop string.
+-- The length of the longest suffix of text that is a proper prefix of a stop
+-- string: text a stream must hold back until it knows it is not a stop.
 local function pending_stop(text, stops)
     local keep = 0
     for _, s in ipairs(stops) do
@@ -114,4 +115,5 @@ function generate.run(opts)
     }
 end
 
+generate.pending_stop = pending_stop
 return generate

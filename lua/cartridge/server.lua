@@ -380,19 +380,7 @@ function Server:finish_job(job)
     self:release(job)
 end
 
--- The longest suffix of text that is a proper prefix of a stop string.
-local function pending_stop(text, stops)
-    local keep = 0
-    for _, s in ipairs(stops) do
-        for n = math.min(#s - 1, #text), 1, -1 do
-            if n > keep and text:sub(-n) == s:sub(1, n) then
-                keep = n
-                break
-            end
-        end
-    end
-    return keep
-end
+local pending_stop = require("cartridge.generate").pending_stop
 
 -- Takes the sampled token of a running job; returns true when it finished.
 function Server:accept(job, id)
