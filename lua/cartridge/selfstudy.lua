@@ -221,7 +221,10 @@ function Synth:group(n)
         local cap = #c.sys_ids + math.max(#a_rest + o.max_q, o.max_q + 128 + o.max_a) + 16
         c.kv = m:new_kv(cap, "f16")
         streams_a[i] = { kv = c.kv, ids = concat(c.sys_ids, a_rest), max = o.max_q,
-            sampler = sampler_mod.new({ temperature = 0.6, seed = c.a_seed }) }
+            -- temperature 0.6 over the 256 most likely tokens (the reference's
+            -- window; the rest of a 150k vocabulary carries no mass at 0.6, and
+            -- sorting all of it per token would cost more than the forward)
+            sampler = sampler_mod.new({ temperature = 0.6, top_k = 256, seed = c.a_seed }) }
     end
     -- bot A: the questions
     local t0 = now()
