@@ -95,8 +95,22 @@ f:close()
 -- warm up, then measure
 sh(("wrk -t1 -c2 -d2s -s %s http://127.0.0.1:%s/v1/chat/completions 2>&1"):format(q(script), port))
 local before = rss_kib()
-local out = sh(("wrk -t2 -c%d -d%ds --timeout 30s -s %s http://127.0.0.1:%s/v1/chat/completions 2>&1"):format(
-    opts.connections, opts.seconds, q(script), port))
+-- wrk in the background; the server's RSS sampled every 10 s meanwhile
+local wrk_out = dir .. "/wrk.out"
+os.execute(("wrk -t2 -c%d -d%ds --timeout 30s -s %s http://127.0.0.1:%s/v1/chat/completions > %s 2>&1 &"):format(
+    opts.connections, opts.seconds, q(script), port, q(wrk_out)))
+local samples = {}
+for t = 10, opts.seconds, 10 do
+    os.execute("sleep 10")
+    samples[#samples + 1] = ("%ds %.1f"):format(t, rss_kib() / 1024)
+end
+os.execute("sleep 2")
+local out
+for _ = 1, 100 do
+    out = sh("cat " .. q(wrk_out))
+    if out:find("CARTRIDGE", 1, true) then break end
+    os.execute("sleep 0.5")
+end
 local after = rss_kib()
 os.execute("kill -TERM " .. pid)
 local non200, requests, errors, p50, p99 = out:match("CARTRIDGE non200=(%d+) requests=(%d+) errors=(%d+) p50=(%d+) p99=(%d+)")
@@ -107,6 +121,6 @@ print(("%d connections for %d s, %d completion tokens per request, %d server slo
 print(("requests: %d (%.1f/s, %.0f completion tokens/s); latency p50 %.0f ms, p99 %.0f ms"):format(tonumber(requests),
     rps, rps * opts.max_tokens, tonumber(p50) / 1000, tonumber(p99) / 1000))
 print(("errors: %d socket, %d non-200"):format(tonumber(errors), tonumber(non200)))
-print(("server RSS: %.1f MiB before, %.1f MiB after (%+.1f MiB)"):format(before / 1024, after / 1024,
-    (after - before) / 1024))
+print(("server RSS: %.1f MiB before, %.1f MiB after (%+.1f MiB); during the run: %s MiB"):format(before / 1024,
+    after / 1024, (after - before) / 1024, table.concat(samples, ", ")))
 os.execute("rm -rf " .. q(dir))
