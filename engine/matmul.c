@@ -487,6 +487,86 @@ int cart_matmul_forward(float *y, int64_t ldy, const float *x, int64_t ldx, cons
 #endif
 }
 
+#if MM_HAVE_AVX512
+enum { MANY_MAX = 8 };
+
+typedef struct many_job {
+    int32_t count;
+    mm_src src[MANY_MAX];
+    float *y[MANY_MAX];
+    int64_t ldy[MANY_MAX];
+    int64_t first_task[MANY_MAX + 1]; /* task index where weight k starts */
+    const float *in;
+    int64_t ldi;
+    int64_t n;
+    float *scratch;
+    int64_t scratch_floats;
+} many_job;
+
+static void gemv_many_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    many_job *j = ctx;
+    float *scratch = j->scratch + (int64_t)thread * j->scratch_floats;
+    for (int32_t k = 0; k < j->count; k++) {
+        int64_t lo = begin > j->first_task[k] ? begin : j->first_task[k];
+        int64_t hi = end < j->first_task[k + 1] ? end : j->first_task[k + 1];
+        if (lo >= hi) continue;
+        int64_t r0 = (lo - j->first_task[k]) * GEMV_ROWS;
+        int64_t r1 = min64((hi - j->first_task[k]) * GEMV_ROWS, j->src[k].rows);
+        mm512_gemv_rows(&j->src[k], j->y[k], j->ldy[k], j->in, j->ldi, j->n, r0, r1, scratch);
+    }
+}
+#endif
+
+int cart_matmul_forward_many(int32_t count, float *const *y, const int64_t *ldy, const float *x,
+                             int64_t ldx, const cart_weight *const *w, int64_t n,
+                             cart_pool *pool) {
+    static const char fn[] = "cart_matmul_forward_many";
+    if (count < 0) return cart_fail(CART_E_ARG, "%s: count %d", fn, (int)count);
+#if MM_HAVE_AVX512
+    int same = count >= 1 && count <= MANY_MAX && n >= 1 && n <= GEMV_MAX_N;
+    many_job j = {.count = count, .in = x, .ldi = ldx, .n = n};
+    int64_t scratch = 0;
+    for (int32_t k = 0; same && k < count; k++) {
+        int rc = check_weight(&j.src[k], w[k], fn);
+        if (rc != CART_OK) return rc;
+        rc = check_operands(fn, y[k], ldy[k], j.src[k].rows, "y", x, ldx, j.src[k].cols, "x", n);
+        if (rc != CART_OK) return rc;
+        same = j.src[k].cols == j.src[0].cols && round_for(j.src[k].dtype) == round_for(j.src[0].dtype) &&
+               j.src[k].rows > 0 && j.src[k].cols > 0;
+        j.y[k] = y[k];
+        j.ldy[k] = ldy[k];
+        j.first_task[k + 1] = j.first_task[k] + ceil_div(j.src[k].rows, GEMV_ROWS);
+        int64_t need = mm_scratch_floats(&j.src[k], MM_PATH_GEMV);
+        if (need > scratch) scratch = need;
+    }
+    if (same) {
+        if (!pool) pool = cart_default_pool();
+        const int32_t threads = cart_pool_size(pool);
+        int32_t round = round_for(j.src[0].dtype);
+        int64_t rounded = round != MM_ROUND_NONE ? n * j.src[0].cols : 0;
+        job tmp = {0};
+        workspace ws;
+        if (workspace_for(&tmp, &ws, threads, scratch, rounded) != CART_OK) return CART_E_NOMEM;
+        j.scratch = tmp.scratch;
+        j.scratch_floats = tmp.scratch_floats;
+        if (rounded) {
+            /* the activations rounded once for every weight, as each call would */
+            mm512_round_rows(tmp.packed, x, ldx, j.src[0].cols, round, 0, n);
+            j.in = tmp.packed;
+            j.ldi = j.src[0].cols;
+        }
+        cart_pool_for(pool, j.first_task[count], 1, gemv_many_task, &j);
+        workspace_put(&ws);
+        return CART_OK;
+    }
+#endif
+    for (int32_t k = 0; k < count; k++) {
+        int rc = cart_matmul_forward(y[k], ldy[k], x, ldx, w[k], n, pool);
+        if (rc != CART_OK) return rc;
+    }
+    return CART_OK;
+}
+
 int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy, const cart_weight *w,
                          int64_t n, cart_pool *pool) {
     static const char fn[] = "cart_matmul_backward";

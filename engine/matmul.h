@@ -63,6 +63,15 @@ int cart_weight_init(cart_weight *w, int32_t dtype, const void *data, int64_t ro
 int cart_matmul_forward(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
                         int64_t n, cart_pool *pool);
 
+/* Several products with one input: y[k][i, :] = W[k] @ x[i, :] for each of
+ * `count` weights of the same cols (and the same dtype family), in one pass
+ * over the thread pool when n is small enough for the GEMV kernels -- what a
+ * decode step does for Q, K and V, or for the gate and up projections. The
+ * results are bitwise those of cart_matmul_forward called once per weight. */
+int cart_matmul_forward_many(int32_t count, float *const *y, const int64_t *ldy, const float *x,
+                             int64_t ldx, const cart_weight *const *w, int64_t n,
+                             cart_pool *pool);
+
 /* dx[i, :] += W^T @ dy[i, :] for i in [0, n). ldx >= cols, ldy >= rows. */
 int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy,
                          const cart_weight *w, int64_t n, cart_pool *pool);

@@ -563,9 +563,12 @@ int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
         const layer_weights *L = &m->layers[l];
         s.layer = l;
         rmsnorm_forward(s.xn, s.x, L->attn_norm, T, E, c->rms_eps);
-        if ((rc = cart_matmul_forward(s.q, HD, s.xn, E, &L->wq, T, pool))) break;
-        if ((rc = cart_matmul_forward(s.k, KD, s.xn, E, &L->wk, T, pool))) break;
-        if ((rc = cart_matmul_forward(s.v, KD, s.xn, E, &L->wv, T, pool))) break;
+        {
+            float *ys[3] = {s.q, s.k, s.v};
+            int64_t lds[3] = {HD, KD, KD};
+            const cart_weight *ws[3] = {&L->wq, &L->wk, &L->wv};
+            if ((rc = cart_matmul_forward_many(3, ys, lds, s.xn, E, ws, T, pool))) break;
+        }
         cart_pool_for(pool, T, 16, qk_prepare_range, &s);
         for (int32_t b = 0, t = 0; b < n_streams; t += (int32_t)n_tokens[b], b++)
             if (n_tokens[b] > 0)
@@ -575,8 +578,12 @@ int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
         if ((rc = cart_matmul_forward(s.tmp, E, s.att, HD, &L->wo, T, pool))) break;
         for (int64_t i = 0; i < T * E; i++) s.x[i] += s.tmp[i];
         rmsnorm_forward(s.xn, s.x, L->ffn_norm, T, E, c->rms_eps);
-        if ((rc = cart_matmul_forward(s.gate, F, s.xn, E, &L->wgate, T, pool))) break;
-        if ((rc = cart_matmul_forward(s.up, F, s.xn, E, &L->wup, T, pool))) break;
+        {
+            float *ys[2] = {s.gate, s.up};
+            int64_t lds[2] = {F, F};
+            const cart_weight *ws[2] = {&L->wgate, &L->wup};
+            if ((rc = cart_matmul_forward_many(2, ys, lds, s.xn, E, ws, T, pool))) break;
+        }
         swiglu_forward(s.gate, s.up, T * F);
         if ((rc = cart_matmul_forward(s.tmp, E, s.gate, F, &L->wdown, T, pool))) break;
         for (int64_t i = 0; i < T * E; i++) s.x[i] += s.tmp[i];

@@ -489,7 +489,45 @@ static void test_row_pitch_larger_than_a_row_is_respected(void) {
     free(x), free(y), free(ys), free(spread), free(wf), free(data);
 }
 
+
+static void test_forward_many_equals_one_call_per_weight(void) {
+    int32_t dtypes[] = {CART_F32, CART_F16, CART_BF16, CART_Q8_0};
+    for (size_t di = 0; di < sizeof dtypes / sizeof dtypes[0]; di++) {
+        const int64_t cols = 256, rows[3] = {96, 40, 40};
+        cart_weight ws[3];
+        void *data[3];
+        uint64_t seed = 99;
+        for (int k = 0; k < 3; k++) {
+            float *f = malloc(sizeof(float) * (size_t)(rows[k] * cols));
+            for (int64_t i = 0; i < rows[k] * cols; i++) {
+                seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+                f[i] = (float)((double)(seed >> 40) / (double)(1ULL << 24)) - 0.5f;
+            }
+            uint64_t nb = 0;
+            cart_dtype_nbytes(&nb, dtypes[di], rows[k] * cols);
+            data[k] = malloc(nb);
+            cart_from_f32(data[k], dtypes[di], f, rows[k] * cols);
+            free(f);
+            CHECK_OK(cart_weight_init(&ws[k], dtypes[di], data[k], rows[k], cols));
+        }
+        for (int64_t n = 1; n <= 20; n += 19) {
+            float x[20 * 256], one[3][20 * 96], many[3][20 * 96];
+            for (int i = 0; i < 20 * 256; i++) x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+            float *ys[3] = {many[0], many[1], many[2]};
+            int64_t lds[3] = {96, 40, 40};
+            const cart_weight *wp[3] = {&ws[0], &ws[1], &ws[2]};
+            for (int k = 0; k < 3; k++) CHECK_OK(cart_matmul_forward(one[k], lds[k], x, cols, &ws[k], n, NULL));
+            CHECK_OK(cart_matmul_forward_many(3, ys, lds, x, cols, wp, n, NULL));
+            int same = 1;
+            for (int k = 0; k < 3; k++) same &= memcmp(one[k], many[k], sizeof(float) * (size_t)(n * lds[k])) == 0;
+            CHECK_MSG(same, "forward_many differs from separate calls (dtype %d, n %lld)", dtypes[di], (long long)n);
+        }
+        for (int k = 0; k < 3; k++) free(data[k]);
+    }
+}
+
 int main(void) {
+    RUN(test_forward_many_equals_one_call_per_weight);
     RUN(test_every_dtype_matches_a_double_reference_on_every_thread_count);
     RUN(test_activations_are_rounded_to_the_weight_type_first);
     RUN(test_widened_weights_multiply_bit_for_bit_like_the_originals);
