@@ -156,6 +156,58 @@ static void rows_values(float *acc, const float *p, const float *vt, int64_t str
     }
 }
 
+#if defined(__AVX512F__)
+/* rows_scores and rows_values straight from f16 rows (converted in
+ * registers): the same products and sums, so the same bits, without a staging
+ * tile. For one query, where a tile would be converted to be read once. */
+static void rows_scores_f16(float *score, const float *q, const uint16_t *k, int64_t stride,
+                            int32_t head_dim, int64_t nt) {
+    int32_t nv = head_dim / 16;
+    for (int64_t i0 = 0; i0 < nt; i0 += 16) {
+        __m512 acc[16];
+        int32_t m = nt - i0 < 16 ? (int32_t)(nt - i0) : 16;
+        for (int32_t i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        for (int32_t v = 0; v < nv; v++) {
+            __m512 qv = _mm512_loadu_ps(q + 16 * v);
+            for (int32_t i = 0; i < m; i++)
+                acc[i] = _mm512_fmadd_ps(
+                    qv, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + (i0 + i) * stride + 16 * v))),
+                    acc[i]);
+        }
+        __m512 s1[8], s2[4];
+        for (int32_t j = 0; j < 8; j++)
+            s1[j] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * j], acc[2 * j + 1]),
+                                  _mm512_unpackhi_ps(acc[2 * j], acc[2 * j + 1]));
+        for (int32_t j = 0; j < 4; j++) {
+            __m512d c = _mm512_castps_pd(s1[2 * j]), d = _mm512_castps_pd(s1[2 * j + 1]);
+            s2[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
+                                  _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+        }
+        __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], 0x88),
+                                  _mm512_shuffle_f32x4(s2[0], s2[1], 0xdd));
+        __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], 0x88),
+                                  _mm512_shuffle_f32x4(s2[2], s2[3], 0xdd));
+        __m512 out = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xdd));
+        if (m == 16) _mm512_storeu_ps(score + i0, out);
+        else _mm512_mask_storeu_ps(score + i0, (__mmask16)((1u << m) - 1), out);
+    }
+}
+
+static void rows_values_f16(float *acc, const float *p, const uint16_t *v, int64_t stride, int64_t nt,
+                            int32_t head_dim) {
+    __m512 a[MAX_HEAD_DIM / 16];
+    int32_t nv = head_dim / 16;
+    for (int32_t j = 0; j < nv; j++) a[j] = _mm512_loadu_ps(acc + 16 * j);
+    for (int64_t i = 0; i < nt; i++) {
+        __m512 b = _mm512_set1_ps(p[i]);
+        const uint16_t *vi = v + i * stride;
+        for (int32_t j = 0; j < nv; j++)
+            a[j] = _mm512_fmadd_ps(b, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vi + 16 * j))), a[j]);
+    }
+    for (int32_t j = 0; j < nv; j++) _mm512_storeu_ps(acc + 16 * j, a[j]);
+}
+#endif
+
 static void tile_values(float *acc, const float *p, const float *vt, int64_t nt, int32_t head_dim) {
     rows_values(acc, p, vt, head_dim, nt, head_dim);
 }
@@ -179,12 +231,20 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                 run_sum[j][r] = 0.0f;
             }
         }
+#if defined(__AVX512F__)
+        /* one query over an f16 cache: read the rows where they are */
+        const int direct = nq == 1 && dtype == CART_F16 && head_dim % 16 == 0;
+#else
+        const int direct = 0;
+#endif
         for (int64_t t0 = 0; t0 < n_ctx_last; t0 += TILE) {
             int64_t nt_all = n_ctx_last - t0 < TILE ? n_ctx_last - t0 : TILE;
-            load_tile(kt, k, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
-            int64_t padded = (nt_all + 15) / 16 * 16;
-            memset(kt + nt_all * head_dim, 0, sizeof(float) * (size_t)((padded - nt_all) * head_dim));
-            load_tile(vt, v, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
+            const uint16_t *kh = (const uint16_t *)k + t0 * stride + (int64_t)g * head_dim;
+            const uint16_t *vh = (const uint16_t *)v + t0 * stride + (int64_t)g * head_dim;
+            if (!direct) {
+                load_tile(kt, k, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
+                load_tile(vt, v, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
+            }
             for (int32_t j = 0; j < nq; j++) {
                 int64_t n_ctx = n_ctx0 + j; /* query j sees rows 0 .. n_ctx - 1 */
                 if (n_ctx <= t0) continue;
@@ -192,7 +252,11 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                 for (int32_t r = 0; r < n_rep; r++) {
                     const float *qh = q + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
                     float *acc_h = out + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
-                    tile_scores(score, qh, kt, head_dim, nt);
+#if defined(__AVX512F__)
+                    if (direct) rows_scores_f16(score, qh, kh, stride, head_dim, nt);
+                    else
+#endif
+                        tile_scores(score, qh, kt, head_dim, nt);
                     float tile_max = -INFINITY;
                     for (int64_t i = 0; i < nt; i++) {
                         score[i] *= scale;
@@ -206,7 +270,11 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                         score[i] = expf(score[i] - new_max); /* now the weights */
                         run_sum[j][r] += score[i];
                     }
-                    tile_values(acc_h, score, vt, nt, head_dim);
+#if defined(__AVX512F__)
+                    if (direct) rows_values_f16(acc_h, score, vh, stride, nt, head_dim);
+                    else
+#endif
+                        tile_values(acc_h, score, vt, nt, head_dim);
                     run_max[j][r] = new_max;
                 }
             }

@@ -359,6 +359,29 @@ static void test_kv_cache_rows_round_trip_and_copy(void) {
     cart_kv_free(b);
 }
 
+/* What speculative decoding relies on: a span of up to 16 tokens gives every
+ * token the bits one-token steps give it (GEMV kernels, matmul.h; attention
+ * per query whether the f16 rows are read directly or through a tile). */
+static void test_short_spans_match_one_token_steps_bit_for_bit(void) {
+    cart_model *m = NULL;
+    CHECK_OK(cart_model_load(&m, CART_SHARED_DIR "/reference/qwen3-tiny-f32.gguf", NULL));
+    if (!m) return;
+    int64_t V = cart_model_get_config(m)->n_vocab;
+    int32_t toks[24];
+    for (int i = 0; i < 24; i++) toks[i] = (i * 13 + 5) % 290;
+    for (int dt = 0; dt < 2; dt++) {
+        int32_t dtype = dt ? CART_F16 : CART_F32;
+        float *a = malloc(sizeof(float) * 24 * V), *b = malloc(sizeof(float) * 24 * V);
+        logits_in_chunks(m, toks, 24, 1, dtype, a);
+        logits_in_chunks(m, toks, 24, 8, dtype, b);
+        CHECK_MAXDIFF(dt ? "spans of 8 vs one-token steps (f16 cache, bitwise)"
+                         : "spans of 8 vs one-token steps (f32 cache, bitwise)",
+                      max_diff(a, b, 24 * V), 0.0);
+        free(a), free(b);
+    }
+    cart_model_free(m);
+}
+
 int main(void) {
     if (!shared_present()) {
         printf("skipping: %s not found (the ../shared fixtures are absent)\n",
@@ -371,6 +394,7 @@ int main(void) {
     RUN(test_qwen3_realvocab_f16_matches_llama_cpp);
     RUN(test_chunked_prefill_and_decode_give_the_logits_of_one_pass);
     RUN(test_lockstep_streams_match_running_them_alone);
+    RUN(test_short_spans_match_one_token_steps_bit_for_bit);
     RUN(test_bad_forward_input_fails_and_leaves_caches_alone);
     RUN(test_loading_names_the_tensor_or_key_that_is_wrong);
     RUN(test_kv_cache_rows_round_trip_and_copy);
