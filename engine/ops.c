@@ -85,6 +85,28 @@ static void load_tile(float *dst, const void *src, int32_t dtype, int64_t first,
     }
 }
 
+#if defined(__AVX512F__)
+/* The 16 lane sums of 16 accumulators as one vector (element i = the sum of
+ * acc[i]'s lanes): pairs inside 128-bit lanes, then across lanes, in a fixed
+ * tree, so a score never depends on which other keys share its block. */
+static inline __m512 lane_sums(const __m512 *acc) {
+    __m512 s1[8], s2[4];
+    for (int32_t k = 0; k < 8; k++)
+        s1[k] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * k], acc[2 * k + 1]),
+                              _mm512_unpackhi_ps(acc[2 * k], acc[2 * k + 1]));
+    for (int32_t k = 0; k < 4; k++) {
+        __m512d c = _mm512_castps_pd(s1[2 * k]), d = _mm512_castps_pd(s1[2 * k + 1]);
+        s2[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
+                              _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+    }
+    __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], 0x88),
+                              _mm512_shuffle_f32x4(s2[0], s2[1], 0xdd));
+    __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], 0x88),
+                              _mm512_shuffle_f32x4(s2[2], s2[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xdd));
+}
+#endif
+
 /* score[i] = q . kt[i] for the keys i < nt of a tile (kt: [TILE][head_dim],
  * rows past nt zero up to a multiple of 16). Each score is the same
  * arithmetic whatever the tile or the batch: 16 lane sums over d (one FMA
@@ -103,22 +125,7 @@ static void rows_scores(float *score, const float *q, const float *kt, int64_t s
                 for (int32_t i = 0; i < m; i++)
                     acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kt + (i0 + i) * stride + 16 * v), acc[i]);
             }
-            /* sum each accumulator's 16 lanes: pairs inside 128-bit lanes,
-             * then across lanes; lane k of the result holds keys 4k..4k+3 */
-            __m512 s1[8], s2[4];
-            for (int32_t k = 0; k < 8; k++)
-                s1[k] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * k], acc[2 * k + 1]),
-                                      _mm512_unpackhi_ps(acc[2 * k], acc[2 * k + 1]));
-            for (int32_t k = 0; k < 4; k++) {
-                __m512d c = _mm512_castps_pd(s1[2 * k]), d = _mm512_castps_pd(s1[2 * k + 1]);
-                s2[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
-                                      _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
-            }
-            __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], 0x88),
-                                      _mm512_shuffle_f32x4(s2[0], s2[1], 0xdd));
-            __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], 0x88),
-                                      _mm512_shuffle_f32x4(s2[2], s2[3], 0xdd));
-            __m512 out = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xdd));
+            __m512 out = lane_sums(acc);
             if (m == 16) _mm512_storeu_ps(score + i0, out);
             else _mm512_mask_storeu_ps(score + i0, (__mmask16)((1u << m) - 1), out);
         }
@@ -174,20 +181,7 @@ static void rows_scores_f16(float *score, const float *q, const uint16_t *k, int
                     qv, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + (i0 + i) * stride + 16 * v))),
                     acc[i]);
         }
-        __m512 s1[8], s2[4];
-        for (int32_t j = 0; j < 8; j++)
-            s1[j] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * j], acc[2 * j + 1]),
-                                  _mm512_unpackhi_ps(acc[2 * j], acc[2 * j + 1]));
-        for (int32_t j = 0; j < 4; j++) {
-            __m512d c = _mm512_castps_pd(s1[2 * j]), d = _mm512_castps_pd(s1[2 * j + 1]);
-            s2[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
-                                  _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
-        }
-        __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], 0x88),
-                                  _mm512_shuffle_f32x4(s2[0], s2[1], 0xdd));
-        __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], 0x88),
-                                  _mm512_shuffle_f32x4(s2[2], s2[3], 0xdd));
-        __m512 out = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xdd));
+        __m512 out = lane_sums(acc);
         if (m == 16) _mm512_storeu_ps(score + i0, out);
         else _mm512_mask_storeu_ps(score + i0, (__mmask16)((1u << m) - 1), out);
     }
