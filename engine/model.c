@@ -441,15 +441,10 @@ static void qk_prepare_range(void *ctx, int64_t begin, int64_t end, int32_t thre
     const layer_weights *L = &s->m->layers[s->layer];
     int64_t D = c->head_dim;
     for (int64_t t = begin; t < end; t++) {
-        float *qt = s->q + t * c->n_head * D;
-        float *kt = s->k + t * c->n_head_kv * D;
-        if (c->qk_norm) {
-            rmsnorm_forward(qt, qt, L->q_norm, c->n_head, D, c->rms_eps);
-            rmsnorm_forward(kt, kt, L->k_norm, c->n_head_kv, D, c->rms_eps);
-        }
-        const float *cs = s->angles + t * c->n_rot;
-        rope_forward(qt, cs, c->n_head, (int32_t)D, c->n_rot, c->rope_neox);
-        rope_forward(kt, cs, c->n_head_kv, (int32_t)D, c->n_rot, c->rope_neox);
+        float *qt = s->q + t * c->n_head * D, *kt = s->k + t * c->n_head_kv * D;
+        qk_prepare_forward(qt, kt, NULL, NULL, qt, kt, c->qk_norm ? L->q_norm : NULL,
+                           c->qk_norm ? L->k_norm : NULL, s->angles + t * c->n_rot, c->n_head,
+                           c->n_head_kv, (int32_t)D, c->n_rot, c->rope_neox, c->rms_eps);
     }
 }
 

@@ -48,6 +48,21 @@ void rope_backward(float *dy, const float *cs, int32_t n_heads, int32_t head_dim
         rotate(dy + (int64_t)h * head_dim, cs, n_rot, neox, -1.0f);
 }
 
+void qk_prepare_forward(float *q, float *k, float *q_rstd, float *k_rstd, const float *q_src,
+                        const float *k_src, const float *q_norm, const float *k_norm,
+                        const float *cs, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                        int32_t n_rot, int32_t neox, float eps) {
+    if (q_norm) {
+        rmsnorm_forward_keep(q, q_rstd, q_src, q_norm, n_head, head_dim, eps);
+        rmsnorm_forward_keep(k, k_rstd, k_src, k_norm, n_head_kv, head_dim, eps);
+    } else {
+        if (q != q_src) memcpy(q, q_src, sizeof(float) * (size_t)n_head * (size_t)head_dim);
+        if (k != k_src) memcpy(k, k_src, sizeof(float) * (size_t)n_head_kv * (size_t)head_dim);
+    }
+    rope_forward(q, cs, n_head, head_dim, n_rot, neox);
+    rope_forward(k, cs, n_head_kv, head_dim, n_rot, neox);
+}
+
 void swiglu_forward(float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];

@@ -33,6 +33,15 @@ void rope_forward(float *x, const float *cs, int32_t n_heads, int32_t head_dim, 
 void rope_backward(float *dy, const float *cs, int32_t n_heads, int32_t head_dim, int32_t n_rot,
                    int32_t neox);
 
+/* One token's queries and keys made ready for attention: q = RoPE(qk-norm
+ * (q_src)), k likewise, where q is [n_head, head_dim] and k [n_head_kv,
+ * head_dim]. q_norm/k_norm NULL: no norm (llama). q may equal q_src (in
+ * place); q_rstd/k_rstd receive 1/rms per head when not NULL (training). */
+void qk_prepare_forward(float *q, float *k, float *q_rstd, float *k_rstd, const float *q_src,
+                        const float *k_src, const float *q_norm, const float *k_norm,
+                        const float *cs, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                        int32_t n_rot, int32_t neox, float eps);
+
 /* gate[i] = silu(gate[i]) * up[i] over n values; silu(x) = x / (1 + exp(-x)). */
 void swiglu_forward(float *gate, const float *up, int64_t n);
 

@@ -408,21 +408,12 @@ static void qk_prepare_range(void *ctx, int64_t begin, int64_t end, int32_t thre
     const layer_weights *L = s->L;
     int64_t D = c->head_dim, HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
     acts *a = s->a;
-    for (int64_t t = begin; t < end; t++) {
-        float *q = a->q + t * HD, *k = a->k + t * KD;
-        if (c->qk_norm) {
-            rmsnorm_forward_keep(q, a->q_rstd + t * c->n_head, a->q_raw + t * HD, L->q_norm, c->n_head, D,
-                         c->rms_eps);
-            rmsnorm_forward_keep(k, a->k_rstd + t * c->n_head_kv, a->k_raw + t * KD, L->k_norm,
-                         c->n_head_kv, D, c->rms_eps);
-        } else {
-            memcpy(q, a->q_raw + t * HD, sizeof(float) * (size_t)HD);
-            memcpy(k, a->k_raw + t * KD, sizeof(float) * (size_t)KD);
-        }
-        const float *cs = s->angles + t * c->n_rot;
-        rope_forward(q, cs, c->n_head, (int32_t)D, c->n_rot, c->rope_neox);
-        rope_forward(k, cs, c->n_head_kv, (int32_t)D, c->n_rot, c->rope_neox);
-    }
+    for (int64_t t = begin; t < end; t++)
+        qk_prepare_forward(a->q + t * HD, a->k + t * KD, a->q_rstd + t * c->n_head,
+                           a->k_rstd + t * c->n_head_kv, a->q_raw + t * HD, a->k_raw + t * KD,
+                           c->qk_norm ? L->q_norm : NULL, c->qk_norm ? L->k_norm : NULL,
+                           s->angles + t * c->n_rot, c->n_head, c->n_head_kv, (int32_t)D,
+                           c->n_rot, c->rope_neox, c->rms_eps);
 }
 
 /* The backward of qk_prepare for tokens [begin, end): dq, dk (gradients of
