@@ -9,10 +9,12 @@
 #define CARTRIDGE_H
 
 #include "common.h"
+#include "cpu.h"
 #include "dtype.h"
 #include "pool.h"
 #include "blas.h"
 #include "matmul.h"
+#include "probe.h"
 #include "tensor.h"
 #include "gguf.h"
 #include "utf8.h"

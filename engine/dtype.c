@@ -4,12 +4,9 @@
  */
 #include <ctype.h>
 #include <string.h>
-#if defined(__F16C__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "dtype.h"
 #include "internal.h"
+#include "kernels/kernels.h"
 
 typedef struct dtype_row {
     int32_t id;
@@ -112,7 +109,8 @@ float cart_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f;
     uint32_t man = h & 0x3ff;
-    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (man << 13)); /* inf, nan */
+    if (exp == 0x1f) /* inf; NaN comes out quiet with its payload, as F16C and FCVTL give it */
+        return bits_f32(sign | 0x7f800000u | (man ? 0x00400000u : 0) | (man << 13));
     if (exp == 0) {
         if (man == 0) return bits_f32(sign);
         /* subnormal: man * 2^-24, exact in f32 */
@@ -162,60 +160,21 @@ uint16_t cart_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* The bulk conversions use the CPU's F16C instructions where the build has
- * them (they round to nearest even and keep NaNs quiet, as the scalar code
- * does; test_dtype checks the two agree) and the scalar code for the rest. */
+/* The bulk conversions run at the active level (cpu.h): F16C, AVX-512 or
+ * NEON conversions round to nearest even and keep NaNs quiet, as the scalar
+ * functions above do, and test_dtype checks every level against them. */
 void cart_f16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
-    const uint8_t *s = (const uint8_t *)src;
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 2 * i))));
-#elif defined(__F16C__)
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
-#endif
-    for (; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, s + 2 * i, 2);
-        float v = cart_f16_to_f32(h);
-        memcpy((uint8_t *)dst + 4 * i, &v, 4);
-    }
+    cart_kern()->f16_to_f32(dst, src, n);
 }
 
 void cart_f32_to_f16_n(uint16_t *dst, const float *src, int64_t n) {
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256((__m256i *)((uint8_t *)dst + 2 * i),
-                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-#elif defined(__F16C__)
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)((uint8_t *)dst + 2 * i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-    for (; i < n; i++) {
-        float v;
-        memcpy(&v, (const uint8_t *)src + 4 * i, 4);
-        uint16_t h = cart_f32_to_f16(v);
-        memcpy((uint8_t *)dst + 2 * i, &h, 2);
-    }
+    cart_kern()->f32_to_f16(dst, src, n);
 }
 
 void cart_bf16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, (const uint8_t *)src + 2 * i, 2);
-        float v = cart_bf16_to_f32(h);
-        memcpy((uint8_t *)dst + 4 * i, &v, 4);
-    }
+    cart_kern()->bf16_to_f32(dst, src, n);
 }
 
 void cart_f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float v;
-        memcpy(&v, (const uint8_t *)src + 4 * i, 4);
-        uint16_t h = cart_f32_to_bf16(v);
-        memcpy((uint8_t *)dst + 2 * i, &h, 2);
-    }
+    cart_kern()->f32_to_bf16(dst, src, n);
 }

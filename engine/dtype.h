@@ -84,7 +84,9 @@ int cart_dtype_nbytes(uint64_t *out, int32_t dtype, int64_t n);
 
 /* IEEE binary16 and bfloat16 <-> binary32. f32 -> 16-bit rounds to nearest,
  * ties to even; NaN stays NaN (quiet), infinities and signed zeros are kept,
- * overflow gives infinity, f16 subnormals are produced and read exactly. */
+ * overflow gives infinity, f16 subnormals are produced and read exactly.
+ * f16 -> f32 makes a signalling NaN quiet, as the F16C and NEON instructions
+ * do; bf16 -> f32 is the plain 16-bit shift. */
 float cart_f16_to_f32(uint16_t h);
 uint16_t cart_f32_to_f16(float f);
 float cart_bf16_to_f32(uint16_t h);

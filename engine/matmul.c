@@ -1,31 +1,30 @@
 /*
  * matmul.c - products with weight matrices in any storage dtype: argument
- * checks, scratch, the split over the pool, and the portable path for builds
- * without AVX-512. The AVX-512 kernels are in matmul_avx512.c.
+ * checks, scratch, and the split over the pool. The arithmetic is the active
+ * level's kernels (kernels/kernels.h, chosen by cpu.c).
  *
- * Forward, AVX-512:
- *   n <= GEMV_MAX_N (16) tokens: GEMV kernels read each weight row once per 8
- *     tokens (memory-bound decode). Tasks are groups of weight rows.
- *   more tokens: GEMM. Tokens go in blocks of MM_MC; per block the
+ * Forward:
+ *   n <= GEMV_MAX_N (16) tokens: GEMV kernels read each weight row once per
+ *     few tokens (memory-bound decode). Tasks are groups of weight rows.
+ *   more tokens: GEMM. Tokens go in blocks of about MC_TOKENS; per block the
  *     activations are rounded and packed once (split over token panels), then
  *     tasks of MM_FWD_ROWS weight rows run the packed micro-kernel.
- * Backward (dx += dy @ W), AVX-512: GEMM for every n, tasks are groups of
- *   weight columns, i.e. of dx columns, so no two tasks write the same element.
- * Portable: rows are widened to f32 (cart_to_f32) and multiplied with dot
- *   products (few tokens) or cart_gemm (many tokens).
+ * Backward (dx += dy @ W): GEMM for every n, tasks are groups of weight
+ *   columns, i.e. of dx columns, so no two tasks write the same element.
  *
  * Results do not depend on the thread count: a task is a fixed range of
  * outputs computed by one thread, and which thread runs it does not matter.
+ * Nor on the level: every level does the same arithmetic (kernels.h).
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "blas.h"
+#include "cpu.h"
 #include "dtype.h"
 #include "internal.h"
+#include "kernels/kernels.h"
 #include "matmul.h"
-#include "matmul_kernels.h"
 
 enum {
     /* Forward products of at most this many tokens take the GEMV path. The
@@ -35,10 +34,18 @@ enum {
      * that a widened copy takes the same path as its original and gives the
      * same bits. */
     GEMV_MAX_N = 16,
-    MM_MC = 44 * MM_U,        /* tokens per GEMM block: their packed k block fits L2 */
-    GEMV_ROWS = 48,           /* weight rows per GEMV task: whole GEMV passes of 8, 6, 4, 3 */
-    PORTABLE_CHUNK = 1 << 22, /* floats of widened weight per cart_gemm call (16 MiB) */
+    MC_TOKENS = 528, /* tokens per GEMM block (rounded down to whole micro-tiles): their packed
+                        k block fits L2 */
+    GEMV_ROWS = 48,  /* weight rows per GEMV task: whole GEMV passes of 8, 6, 4, 3, 2 and 1 */
 };
+
+int64_t mm_bwd_cols(const mm_src *w) {
+    return w->block_size > MM_BWD_COLS ? w->block_size : MM_BWD_COLS;
+}
+
+int64_t mm_bwd_kc(const mm_src *w) {
+    return MM_BWD_BLOCK / mm_bwd_cols(w);
+}
 
 static int64_t min64(int64_t a, int64_t b) {
     return a < b ? a : b;
@@ -231,6 +238,7 @@ static int32_t round_for(int32_t dtype) {
 /* ---- jobs run on the pool ------------------------------------------------- */
 
 typedef struct job {
+    const cart_kernels *k;
     const mm_src *w;
     float *out; /* y (forward) or dx (backward) */
     int64_t ldo;
@@ -243,8 +251,6 @@ typedef struct job {
     int64_t scratch_floats;
     int64_t d0;    /* first reduction index of the packed block */
     int64_t depth; /* reduction length of the packed block */
-    float *wide;   /* portable: widened weight chunk (rows r0.., cols floats each) */
-    int64_t r0;
 } job;
 
 /* Carves one workspace into per-thread scratch (each floats per thread) and
@@ -259,15 +265,13 @@ static int workspace_for(job *j, workspace *ws, int32_t threads, int64_t each, i
     return CART_OK;
 }
 
-#if MM_HAVE_AVX512
-
 static int64_t ceil_div(int64_t a, int64_t b) {
     return (a + b - 1) / b;
 }
 
 static void pack_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     job *j = ctx;
-    mm512_pack_act(j->packed, j->in, j->ldi, j->n, j->depth, j->round, begin, end);
+    j->k->pack_act(j->packed, j->in, j->ldi, j->n, j->depth, j->round, begin, end);
 }
 
 static void forward_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
@@ -275,7 +279,8 @@ static void forward_task(void *ctx, int64_t begin, int64_t end, int32_t thread) 
     float *scratch = j->scratch + (int64_t)thread * j->scratch_floats;
     for (int64_t t = begin; t < end; t++) {
         int64_t r0 = t * MM_FWD_ROWS, r1 = min64(r0 + MM_FWD_ROWS, j->w->rows);
-        mm512_forward_rows(j->w, j->out, j->ldo, j->packed, j->n, j->d0, j->depth, r0, r1, scratch);
+        j->k->forward_rows(j->w, j->out, j->ldo, j->packed, j->n, j->d0, j->depth, r0, r1,
+                           scratch);
     }
 }
 
@@ -283,7 +288,7 @@ static void gemv_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     job *j = ctx;
     float *scratch = j->scratch + (int64_t)thread * j->scratch_floats;
     int64_t r0 = begin * GEMV_ROWS, r1 = min64(end * GEMV_ROWS, j->w->rows);
-    mm512_gemv_rows(j->w, j->out, j->ldo, j->in, j->ldi, j->n, r0, r1, scratch);
+    j->k->gemv_rows(j->w, j->out, j->ldo, j->in, j->ldi, j->n, r0, r1, scratch);
 }
 
 static void backward_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
@@ -292,32 +297,45 @@ static void backward_task(void *ctx, int64_t begin, int64_t end, int32_t thread)
     int64_t width = mm_bwd_cols(j->w);
     for (int64_t t = begin; t < end; t++) {
         int64_t c0 = t * width, c1 = min64(c0 + width, j->w->cols);
-        mm512_backward_cols(j->w, j->out, j->ldo, j->packed, j->n, j->d0, j->depth, c0, c1,
+        j->k->backward_cols(j->w, j->out, j->ldo, j->packed, j->n, j->d0, j->depth, c0, c1,
                             scratch);
     }
 }
 
-static int forward_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w,
-                          int64_t n, cart_pool *pool) {
+/* Tokens per GEMM block for n tokens: at most about MC_TOKENS, as even as
+ * whole micro-tiles allow. */
+static int64_t block_tokens(const cart_kernels *k, int64_t n) {
+    const int64_t mc = MC_TOKENS / k->mu * k->mu;
+    const int64_t blocks = ceil_div(n, mc);
+    return ceil_div(ceil_div(n, blocks), k->mu) * k->mu;
+}
+
+static int forward_run(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w,
+                       int64_t n, cart_pool *pool) {
     const int32_t threads = cart_pool_size(pool);
-    job j = {
-        .w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
+    const cart_kernels *k = cart_kern();
+    job j = {.k = k,
+             .w = w,
+             .out = y,
+             .ldo = ldy,
+             .in = x,
+             .ldi = ldx,
+             .n = n,
+             .round = round_for(w->dtype)};
     workspace ws;
     if (n <= GEMV_MAX_N) {
         int64_t rounded = j.round != MM_ROUND_NONE ? n * w->cols : 0;
-        if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_GEMV), rounded) != CART_OK)
+        if (workspace_for(&j, &ws, threads, k->scratch_floats(w, MM_PATH_GEMV), rounded) != CART_OK)
             return CART_E_NOMEM;
         if (rounded) {
-            mm512_round_rows(j.packed, x, ldx, w->cols, j.round, 0, n);
+            k->round_rows(j.packed, x, ldx, w->cols, j.round, 0, n);
             j.in = j.packed;
             j.ldi = w->cols;
         }
         cart_pool_for(pool, ceil_div(w->rows, GEMV_ROWS), 1, gemv_task, &j);
     } else {
-        /* blocks of at most MM_MC tokens, as even as whole micro-tiles allow */
-        int64_t blocks = ceil_div(n, MM_MC);
-        int64_t per = ceil_div(ceil_div(n, blocks), MM_U) * MM_U;
-        if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_FORWARD),
+        const int64_t per = block_tokens(k, n);
+        if (workspace_for(&j, &ws, threads, k->scratch_floats(w, MM_PATH_FORWARD),
                           per * min64(w->cols, MM_DEPTH)) != CART_OK)
             return CART_E_NOMEM;
         for (int64_t i0 = 0; i0 < n; i0 += per)
@@ -326,7 +344,7 @@ static int forward_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, co
                 j.depth = min64(MM_DEPTH, w->cols - j.d0);
                 j.in = x + i0 * ldx + j.d0;
                 j.out = y + i0 * ldy;
-                cart_pool_for(pool, ceil_div(j.n, MM_U), 4, pack_task, &j);
+                cart_pool_for(pool, ceil_div(j.n, k->mu), 4, pack_task, &j);
                 cart_pool_for(pool, ceil_div(w->rows, MM_FWD_ROWS), 1, forward_task, &j);
             }
     }
@@ -334,14 +352,14 @@ static int forward_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, co
     return CART_OK;
 }
 
-static int backward_avx512(float *dx, int64_t ldx, const float *dy, int64_t ldy, const mm_src *w,
-                           int64_t n, cart_pool *pool) {
+static int backward_run(float *dx, int64_t ldx, const float *dy, int64_t ldy, const mm_src *w,
+                        int64_t n, cart_pool *pool) {
     const int32_t threads = cart_pool_size(pool);
-    job j = {.w = w, .ldo = ldx, .ldi = ldy, .round = MM_ROUND_NONE};
-    int64_t blocks = ceil_div(n, MM_MC);
-    int64_t per = ceil_div(ceil_div(n, blocks), MM_U) * MM_U;
+    const cart_kernels *k = cart_kern();
+    job j = {.k = k, .w = w, .ldo = ldx, .ldi = ldy, .round = MM_ROUND_NONE};
+    const int64_t per = block_tokens(k, n);
     workspace ws;
-    if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_BACKWARD),
+    if (workspace_for(&j, &ws, threads, k->scratch_floats(w, MM_PATH_BACKWARD),
                       per * min64(w->rows, MM_DEPTH)) != CART_OK)
         return CART_E_NOMEM;
     for (int64_t i0 = 0; i0 < n; i0 += per)
@@ -350,125 +368,20 @@ static int backward_avx512(float *dx, int64_t ldx, const float *dy, int64_t ldy,
             j.depth = min64(MM_DEPTH, w->rows - j.d0);
             j.in = dy + i0 * ldy + j.d0;
             j.out = dx + i0 * ldx;
-            cart_pool_for(pool, ceil_div(j.n, MM_U), 4, pack_task, &j);
+            cart_pool_for(pool, ceil_div(j.n, k->mu), 4, pack_task, &j);
             cart_pool_for(pool, ceil_div(w->cols, mm_bwd_cols(w)), 1, backward_task, &j);
         }
     workspace_put(&ws);
     return CART_OK;
 }
 
-#else
-
-/* ---- portable path -------------------------------------------------------- */
-
-static float round_value(float v, int32_t round) {
-    if (round == MM_ROUND_F16) return cart_f16_to_f32(cart_f32_to_f16(v));
-    if (round == MM_ROUND_BF16) return cart_bf16_to_f32(cart_f32_to_bf16(v));
-    return v;
-}
-
-/* a . b over n elements in 16 lane sums added in a fixed tree. */
-static float dot(const float *a, const float *b, int64_t n) {
-    float s[16] = {0};
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16)
-        for (int l = 0; l < 16; l++) s[l] += a[k + l] * b[k + l];
-    for (int l = 0; k + l < n; l++) s[l] += a[k + l] * b[k + l];
-    for (int width = 8; width >= 1; width /= 2)
-        for (int l = 0; l < width; l++) s[l] += s[l + width];
-    return s[0];
-}
-
-static void widen_row(const mm_src *w, float *dst, int64_t r) {
-    cart_to_f32(dst, w->dtype, w->data + (uint64_t)r * w->row_bytes, w->cols);
-}
-
-static void round_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
-    job *j = ctx;
-    const int64_t cols = j->w->cols;
-    for (int64_t i = begin; i < end; i++)
-        for (int64_t k = 0; k < cols; k++)
-            j->packed[i * cols + k] = round_value(j->in[i * j->ldi + k], j->round);
-}
-
-static void dot_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
-    job *j = ctx;
-    float *row = j->scratch + (int64_t)thread * j->scratch_floats;
-    for (int64_t r = begin; r < end; r++) {
-        widen_row(j->w, row, r);
-        for (int64_t i = 0; i < j->n; i++)
-            j->out[i * j->ldo + r] = dot(row, j->in + i * j->ldi, j->w->cols);
-    }
-}
-
-static void widen_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
-    job *j = ctx;
-    for (int64_t r = begin; r < end; r++) widen_row(j->w, j->wide + r * j->w->cols, j->r0 + r);
-}
-
-/* Rows of widened weight per cart_gemm call: PORTABLE_CHUNK floats in all. */
-static int64_t portable_chunk(const mm_src *w) {
-    int64_t chunk = PORTABLE_CHUNK / w->cols;
-    return chunk < 1 ? 1 : min64(chunk, w->rows);
-}
-
-static int forward_portable(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w,
-                            int64_t n, cart_pool *pool) {
-    const int64_t cols = w->cols, chunk = portable_chunk(w);
-    const int small = n <= GEMV_MAX_N;
-    job j = {
-        .w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
-    const int64_t rounded = j.round != MM_ROUND_NONE ? n * cols : 0;
-    workspace ws;
-    if (workspace_for(&j, &ws, small ? cart_pool_size(pool) : 1, small ? cols : chunk * cols,
-                      rounded) != CART_OK)
-        return CART_E_NOMEM;
-    if (rounded) {
-        cart_pool_for(pool, n, 16, round_task, &j);
-        j.in = j.packed;
-        j.ldi = cols;
-    }
-    int rc = CART_OK;
-    if (small) {
-        cart_pool_for(pool, w->rows, 16, dot_task, &j);
-    } else {
-        j.wide = j.scratch;
-        for (int64_t r0 = 0; rc == CART_OK && r0 < w->rows; r0 += chunk) {
-            int64_t nr = min64(chunk, w->rows - r0);
-            j.r0 = r0;
-            cart_pool_for(pool, nr, 16, widen_task, &j);
-            rc = cart_gemm(y + r0, ldy, j.in, j.ldi, 0, j.wide, cols, 1, n, nr, cols, 1.0f, 0.0f);
-        }
-    }
-    workspace_put(&ws);
-    return rc;
-}
-
-static int backward_portable(float *dx, int64_t ldx, const float *dy, int64_t ldy, const mm_src *w,
-                             int64_t n, cart_pool *pool) {
-    const int64_t cols = w->cols, chunk = portable_chunk(w);
-    job j = {.w = w};
-    workspace ws;
-    if (workspace_for(&j, &ws, 1, chunk * cols, 0) != CART_OK) return CART_E_NOMEM;
-    j.wide = j.scratch;
-    int rc = CART_OK;
-    for (int64_t r0 = 0; rc == CART_OK && r0 < w->rows; r0 += chunk) {
-        int64_t nr = min64(chunk, w->rows - r0);
-        j.r0 = r0;
-        cart_pool_for(pool, nr, 16, widen_task, &j);
-        rc = cart_gemm(dx, ldx, dy + r0, ldy, 0, j.wide, cols, 0, n, cols, nr, 1.0f, 1.0f);
-    }
-    workspace_put(&ws);
-    return rc;
-}
-
-#endif
 
 /* ---- entry points --------------------------------------------------------- */
 
 int cart_matmul_forward(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
                         int64_t n, cart_pool *pool) {
     static const char fn[] = "cart_matmul_forward";
+    if (cart_isa_init() != CART_OK) return cart_fail_context(cart_last_status(), "%s", fn);
     mm_src src;
     int rc = check_weight(&src, w, fn);
     if (rc != CART_OK) return rc;
@@ -480,17 +393,13 @@ int cart_matmul_forward(float *y, int64_t ldy, const float *x, int64_t ldx, cons
         return CART_OK;
     }
     if (!pool) pool = cart_default_pool();
-#if MM_HAVE_AVX512
-    return forward_avx512(y, ldy, x, ldx, &src, n, pool);
-#else
-    return forward_portable(y, ldy, x, ldx, &src, n, pool);
-#endif
+    return forward_run(y, ldy, x, ldx, &src, n, pool);
 }
 
-#if MM_HAVE_AVX512
 enum { MANY_MAX = 8 };
 
 typedef struct many_job {
+    const cart_kernels *k;
     int32_t count;
     mm_src src[MANY_MAX];
     float *y[MANY_MAX];
@@ -512,19 +421,18 @@ static void gemv_many_task(void *ctx, int64_t begin, int64_t end, int32_t thread
         if (lo >= hi) continue;
         int64_t r0 = (lo - j->first_task[k]) * GEMV_ROWS;
         int64_t r1 = min64((hi - j->first_task[k]) * GEMV_ROWS, j->src[k].rows);
-        mm512_gemv_rows(&j->src[k], j->y[k], j->ldy[k], j->in, j->ldi, j->n, r0, r1, scratch);
+        j->k->gemv_rows(&j->src[k], j->y[k], j->ldy[k], j->in, j->ldi, j->n, r0, r1, scratch);
     }
 }
-#endif
 
 int cart_matmul_forward_many(int32_t count, float *const *y, const int64_t *ldy, const float *x,
                              int64_t ldx, const cart_weight *const *w, int64_t n,
                              cart_pool *pool) {
     static const char fn[] = "cart_matmul_forward_many";
     if (count < 0) return cart_fail(CART_E_ARG, "%s: count %d", fn, (int)count);
-#if MM_HAVE_AVX512
+    if (cart_isa_init() != CART_OK) return cart_fail_context(cart_last_status(), "%s", fn);
     int same = count >= 1 && count <= MANY_MAX && n >= 1 && n <= GEMV_MAX_N;
-    many_job j = {.count = count, .in = x, .ldi = ldx, .n = n};
+    many_job j = {.k = cart_kern(), .count = count, .in = x, .ldi = ldx, .n = n};
     int64_t scratch = 0;
     for (int32_t k = 0; same && k < count; k++) {
         int rc = check_weight(&j.src[k], w[k], fn);
@@ -536,7 +444,7 @@ int cart_matmul_forward_many(int32_t count, float *const *y, const int64_t *ldy,
         j.y[k] = y[k];
         j.ldy[k] = ldy[k];
         j.first_task[k + 1] = j.first_task[k] + ceil_div(j.src[k].rows, GEMV_ROWS);
-        int64_t need = mm_scratch_floats(&j.src[k], MM_PATH_GEMV);
+        int64_t need = j.k->scratch_floats(&j.src[k], MM_PATH_GEMV);
         if (need > scratch) scratch = need;
     }
     if (same) {
@@ -551,7 +459,7 @@ int cart_matmul_forward_many(int32_t count, float *const *y, const int64_t *ldy,
         j.scratch_floats = tmp.scratch_floats;
         if (rounded) {
             /* the activations rounded once for every weight, as each call would */
-            mm512_round_rows(tmp.packed, x, ldx, j.src[0].cols, round, 0, n);
+            j.k->round_rows(tmp.packed, x, ldx, j.src[0].cols, round, 0, n);
             j.in = tmp.packed;
             j.ldi = j.src[0].cols;
         }
@@ -559,7 +467,6 @@ int cart_matmul_forward_many(int32_t count, float *const *y, const int64_t *ldy,
         workspace_put(&ws);
         return CART_OK;
     }
-#endif
     for (int32_t k = 0; k < count; k++) {
         int rc = cart_matmul_forward(y[k], ldy[k], x, ldx, w[k], n, pool);
         if (rc != CART_OK) return rc;
@@ -570,6 +477,7 @@ int cart_matmul_forward_many(int32_t count, float *const *y, const int64_t *ldy,
 int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy, const cart_weight *w,
                          int64_t n, cart_pool *pool) {
     static const char fn[] = "cart_matmul_backward";
+    if (cart_isa_init() != CART_OK) return cart_fail_context(cart_last_status(), "%s", fn);
     mm_src src;
     int rc = check_weight(&src, w, fn);
     if (rc != CART_OK) return rc;
@@ -577,11 +485,7 @@ int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy, c
     if (rc != CART_OK) return rc;
     if (n == 0 || src.rows == 0 || src.cols == 0) return CART_OK;
     if (!pool) pool = cart_default_pool();
-#if MM_HAVE_AVX512
-    return backward_avx512(dx, ldx, dy, ldy, &src, n, pool);
-#else
-    return backward_portable(dx, ldx, dy, ldy, &src, n, pool);
-#endif
+    return backward_run(dx, ldx, dy, ldy, &src, n, pool);
 }
 
 typedef struct widen_job {

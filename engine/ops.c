@@ -5,10 +5,8 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "kernels/kernels.h"
 #include "ops.h"
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 void rmsnorm_forward(float *y, const float *x, const float *w, int64_t rows, int64_t dim,
                      float eps) {
@@ -100,53 +98,17 @@ static void load_tile(float *dst, const void *src, int32_t dtype, int64_t first,
     }
 }
 
-#if defined(__AVX512F__)
-/* The 16 lane sums of 16 accumulators as one vector (element i = the sum of
- * acc[i]'s lanes): pairs inside 128-bit lanes, then across lanes, in a fixed
- * tree, so a score never depends on which other keys share its block. */
-static inline __m512 lane_sums(const __m512 *acc) {
-    __m512 s1[8], s2[4];
-    for (int32_t k = 0; k < 8; k++)
-        s1[k] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * k], acc[2 * k + 1]),
-                              _mm512_unpackhi_ps(acc[2 * k], acc[2 * k + 1]));
-    for (int32_t k = 0; k < 4; k++) {
-        __m512d c = _mm512_castps_pd(s1[2 * k]), d = _mm512_castps_pd(s1[2 * k + 1]);
-        s2[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
-                              _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
-    }
-    __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], 0x88),
-                              _mm512_shuffle_f32x4(s2[0], s2[1], 0xdd));
-    __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], 0x88),
-                              _mm512_shuffle_f32x4(s2[2], s2[3], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xdd));
-}
-#endif
 
-/* score[i] = q . kt[i] for the keys i < nt of a tile (kt: [TILE][head_dim],
- * rows past nt zero up to a multiple of 16). Each score is the same
- * arithmetic whatever the tile or the batch: 16 lane sums over d (one FMA
- * chain per lane), then a fixed tree over the lanes. */
+/* score[i] = q . kt[i] for the keys i < nt of a tile (rows `stride` floats
+ * apart). Each score is the same arithmetic whatever the tile, the batch or
+ * the level: with head_dim a multiple of 16, the level's kernel (16 lane sums
+ * over d, then a fixed tree; kernels.h), else dot() above. */
 static void rows_scores(float *score, const float *q, const float *kt, int64_t stride,
                         int32_t head_dim, int64_t nt) {
-#if defined(__AVX512F__)
     if (head_dim % 16 == 0) {
-        int32_t nv = head_dim / 16;
-        for (int64_t i0 = 0; i0 < nt; i0 += 16) {
-            __m512 acc[16];
-            int32_t m = nt - i0 < 16 ? (int32_t)(nt - i0) : 16; /* keys past nt stay zero */
-            for (int32_t i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-            for (int32_t v = 0; v < nv; v++) {
-                __m512 qv = _mm512_loadu_ps(q + 16 * v);
-                for (int32_t i = 0; i < m; i++)
-                    acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kt + (i0 + i) * stride + 16 * v), acc[i]);
-            }
-            __m512 out = lane_sums(acc);
-            if (m == 16) _mm512_storeu_ps(score + i0, out);
-            else _mm512_mask_storeu_ps(score + i0, (__mmask16)((1u << m) - 1), out);
-        }
+        cart_kern()->scores(score, q, kt, stride, head_dim, nt);
         return;
     }
-#endif
     for (int64_t i = 0; i < nt; i++) score[i] = dot(q, kt + i * stride, head_dim);
 }
 
@@ -155,67 +117,19 @@ static void tile_scores(float *score, const float *q, const float *kt, int32_t h
 }
 
 /* acc[d] += sum over i < nt of p[i] * vt[i][d] (rows `stride` apart), in i
- * order. */
+ * order: the level's kernel (one fused chain per output) when head_dim is a
+ * multiple of 16, else plain products and sums. */
 static void rows_values(float *acc, const float *p, const float *vt, int64_t stride, int64_t nt,
                         int32_t head_dim) {
-#if defined(__AVX512F__)
     if (head_dim % 16 == 0) {
-        __m512 a[MAX_HEAD_DIM / 16];
-        int32_t nv = head_dim / 16;
-        for (int32_t v = 0; v < nv; v++) a[v] = _mm512_loadu_ps(acc + 16 * v);
-        for (int64_t i = 0; i < nt; i++) {
-            __m512 b = _mm512_set1_ps(p[i]);
-            const float *vi = vt + i * stride;
-            for (int32_t v = 0; v < nv; v++) a[v] = _mm512_fmadd_ps(b, _mm512_loadu_ps(vi + 16 * v), a[v]);
-        }
-        for (int32_t v = 0; v < nv; v++) _mm512_storeu_ps(acc + 16 * v, a[v]);
+        cart_kern()->values(acc, p, vt, stride, nt, head_dim);
         return;
     }
-#endif
     for (int64_t i = 0; i < nt; i++) {
         const float *vi = vt + i * stride;
         for (int32_t d = 0; d < head_dim; d++) acc[d] += p[i] * vi[d];
     }
 }
-
-#if defined(__AVX512F__)
-/* rows_scores and rows_values straight from f16 rows (converted in
- * registers): the same products and sums, so the same bits, without a staging
- * tile. For one query, where a tile would be converted to be read once. */
-static void rows_scores_f16(float *score, const float *q, const uint16_t *k, int64_t stride,
-                            int32_t head_dim, int64_t nt) {
-    int32_t nv = head_dim / 16;
-    for (int64_t i0 = 0; i0 < nt; i0 += 16) {
-        __m512 acc[16];
-        int32_t m = nt - i0 < 16 ? (int32_t)(nt - i0) : 16;
-        for (int32_t i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-        for (int32_t v = 0; v < nv; v++) {
-            __m512 qv = _mm512_loadu_ps(q + 16 * v);
-            for (int32_t i = 0; i < m; i++)
-                acc[i] = _mm512_fmadd_ps(
-                    qv, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + (i0 + i) * stride + 16 * v))),
-                    acc[i]);
-        }
-        __m512 out = lane_sums(acc);
-        if (m == 16) _mm512_storeu_ps(score + i0, out);
-        else _mm512_mask_storeu_ps(score + i0, (__mmask16)((1u << m) - 1), out);
-    }
-}
-
-static void rows_values_f16(float *acc, const float *p, const uint16_t *v, int64_t stride, int64_t nt,
-                            int32_t head_dim) {
-    __m512 a[MAX_HEAD_DIM / 16];
-    int32_t nv = head_dim / 16;
-    for (int32_t j = 0; j < nv; j++) a[j] = _mm512_loadu_ps(acc + 16 * j);
-    for (int64_t i = 0; i < nt; i++) {
-        __m512 b = _mm512_set1_ps(p[i]);
-        const uint16_t *vi = v + i * stride;
-        for (int32_t j = 0; j < nv; j++)
-            a[j] = _mm512_fmadd_ps(b, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vi + 16 * j))), a[j]);
-    }
-    for (int32_t j = 0; j < nv; j++) _mm512_storeu_ps(acc + 16 * j, a[j]);
-}
-#endif
 
 static void tile_values(float *acc, const float *p, const float *vt, int64_t nt, int32_t head_dim) {
     rows_values(acc, p, vt, head_dim, nt, head_dim);
@@ -240,12 +154,10 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                 run_sum[j][r] = 0.0f;
             }
         }
-#if defined(__AVX512F__)
-        /* one query over an f16 cache: read the rows where they are */
+        /* one query over an f16 cache: read the rows where they are (the
+         * same bits as converting a tile first) */
+        const cart_kernels *kern = cart_kern();
         const int direct = nq == 1 && dtype == CART_F16 && head_dim % 16 == 0;
-#else
-        const int direct = 0;
-#endif
         for (int64_t t0 = 0; t0 < n_ctx_last; t0 += TILE) {
             int64_t nt_all = n_ctx_last - t0 < TILE ? n_ctx_last - t0 : TILE;
             const uint16_t *kh = (const uint16_t *)k + t0 * stride + (int64_t)g * head_dim;
@@ -261,11 +173,8 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                 for (int32_t r = 0; r < n_rep; r++) {
                     const float *qh = q + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
                     float *acc_h = out + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
-#if defined(__AVX512F__)
-                    if (direct) rows_scores_f16(score, qh, kh, stride, head_dim, nt);
-                    else
-#endif
-                        tile_scores(score, qh, kt, head_dim, nt);
+                    if (direct) kern->scores_f16(score, qh, kh, stride, head_dim, nt);
+                    else tile_scores(score, qh, kt, head_dim, nt);
                     float tile_max = -INFINITY;
                     for (int64_t i = 0; i < nt; i++) {
                         score[i] *= scale;
@@ -279,11 +188,8 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                         score[i] = expf(score[i] - new_max); /* now the weights */
                         run_sum[j][r] += score[i];
                     }
-#if defined(__AVX512F__)
-                    if (direct) rows_values_f16(acc_h, score, vh, stride, nt, head_dim);
-                    else
-#endif
-                        tile_values(acc_h, score, vt, nt, head_dim);
+                    if (direct) kern->values_f16(acc_h, score, vh, stride, nt, head_dim);
+                    else tile_values(acc_h, score, vt, nt, head_dim);
                     run_max[j][r] = new_max;
                 }
             }

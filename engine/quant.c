@@ -29,6 +29,7 @@
 
 #include "dtype.h"
 #include "internal.h"
+#include "kernels/kernels.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error                                                                                             \
@@ -51,15 +52,17 @@ static const float iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
 /* ---- little helpers ----------------------------------------------------- */
 
 /* binary16 bits to f32, branch-free so that loops over it vectorize; the same
- * results as cart_f16_to_f32 for all 65536 inputs (NaN payloads included). */
+ * results as cart_f16_to_f32 for all 65536 inputs (NaN payloads included,
+ * signalling NaNs made quiet). */
 static inline float half_to_float(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     const uint32_t exp = h & 0x7c00;
     uint32_t o = (uint32_t)(h & 0x7fff) << 13; /* exponent and mantissa in place */
     o += (uint32_t)(127 - 15) << 23;           /* rebias the exponent */
     float f;
-    if (exp == 0x7c00) { /* inf, nan: exponent to 255 */
+    if (exp == 0x7c00) { /* inf, nan: exponent to 255, NaN quiet */
         o += (uint32_t)(128 - 16) << 23;
+        if (h & 0x3ff) o |= 0x00400000u;
         memcpy(&f, &o, 4);
     } else if (exp == 0) { /* zero, subnormal: (1 + m/1024) 2^-14 - 2^-14, exact */
         o += 1u << 23;
@@ -268,11 +271,12 @@ static void dequantize_q3_K(float *restrict y, const uint8_t *restrict x, int64_
     }
 }
 
+
 /* Scale and min of sub-block j (< 8) of a q4_K/q5_K block from its 12 scale
  * bytes s: j < 4: s[j] & 63 and s[j + 4] & 63; j >= 4: the low nibbles of
  * s[j + 4] carry the low four bits, and the top two bits of s[j - 4] (scale)
  * and s[j] (min) the high two. */
-static void scale_min_k4(int j, const uint8_t *s, int *scale, int *min) {
+void cart_scale_min_k4(int j, const uint8_t *s, int *scale, int *min) {
     if (j < 4) {
         *scale = s[j] & 63;
         *min = s[j + 4] & 63;
@@ -294,9 +298,9 @@ static void dequantize_q4_K(float *restrict y, const uint8_t *restrict x, int64_
         for (int c = 0; c < 4; c++) {
             const uint8_t *q = x + 16 + 32 * c;
             int sc, mn;
-            scale_min_k4(2 * c, scales, &sc, &mn);
+            cart_scale_min_k4(2 * c, scales, &sc, &mn);
             const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-            scale_min_k4(2 * c + 1, scales, &sc, &mn);
+            cart_scale_min_k4(2 * c + 1, scales, &sc, &mn);
             const float d2 = d * (float)sc, m2 = dmin * (float)mn;
             float *yy = y + 64 * c;
             for (int l = 0; l < 32; l++) {
@@ -324,9 +328,9 @@ static void dequantize_q5_K(float *restrict y, const uint8_t *restrict x, int64_
             const uint8_t *ql = x + 48 + 32 * c;
             const uint8_t u1 = (uint8_t)(1u << (2 * c)), u2 = (uint8_t)(2u << (2 * c));
             int sc, mn;
-            scale_min_k4(2 * c, scales, &sc, &mn);
+            cart_scale_min_k4(2 * c, scales, &sc, &mn);
             const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-            scale_min_k4(2 * c + 1, scales, &sc, &mn);
+            cart_scale_min_k4(2 * c + 1, scales, &sc, &mn);
             const float d2 = d * (float)sc, m2 = dmin * (float)mn;
             float *yy = y + 64 * c;
             for (int l = 0; l < 32; l++) {
@@ -850,7 +854,7 @@ static void quantize_q3_K(uint8_t *y, const float *x, int64_t nb) {
 }
 
 /* The 12 scale bytes of q4_K/q5_K from 8 six-bit scales and mins (the
- * inverse of scale_min_k4). */
+ * inverse of cart_scale_min_k4). */
 static void pack_scales_k4(uint8_t *s, const int *ls, const int *lm) {
     for (int j = 0; j < 4; j++) {
         s[j] = (uint8_t)(ls[j] | ((ls[j + 4] >> 4) << 6));

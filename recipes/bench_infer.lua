@@ -1,62 +1,78 @@
--- bench_infer.lua: inference speed at the Qwen3-0.6B shape.
+-- bench_infer.lua: inference speed at the Qwen3-0.6B shape, against this
+-- machine's own limits and, optionally, llama.cpp in the same run.
 --
---   cartridge run recipes/bench_infer.lua                 # generates the model once (~1.2 GB)
---   cartridge run recipes/bench_infer.lua --model M --threads 2 --prompt 512 --decode 128
+--   cartridge run recipes/bench_infer.lua                        # generated f16 model (~1.2 GB, once)
+--   cartridge run recipes/bench_infer.lua --dtype q8_0           # a generated Q8_0 (or q4_K, ...) model
+--   cartridge run recipes/bench_infer.lua --vs-llama /tmp/llama-peer
+--   CART_ISA=avx2 cartridge run recipes/bench_infer.lua          # a lower ISA level, for comparison
 --
--- Measures prefill tok/s of one prompt, single-stream decode tok/s, and the
--- aggregate decode tok/s of B lockstep streams (one weight pass per step for
--- all of them). Prints each figure with its ratio to llama.cpp's on this
--- machine kind (same shape and dtype, 2 threads, its best settings: about
--- 115 tok/s prefill and 22 tok/s decode) and the fraction of the machine
--- limit it reaches: prefill FLOP/s over the ~370 GFLOP/s AVX-512 f32 GEMM
--- peak; decode bytes read per second over ~50 GB/s of memory bandwidth.
+-- It first measures the machine: read bandwidth (integer sums over 512 MiB,
+-- best of 5 passes) and the f32 GEMM peak (a 1536^3 product through
+-- OpenBLAS and through the engine's own kernels; the higher counts). Then it
+-- times prefill of one prompt, single-stream decode and B lockstep streams,
+-- best of --reps runs each, and prints every figure as a fraction of those
+-- limits: prefill FLOP/s of the GEMM peak (prefill is compute-bound),
+-- decode weight bytes per second of the read bandwidth (decode streams every
+-- matrix once per token). With --vs-llama DIR it runs DIR/bench_llama.mjs
+-- (see ../shared/bench/README.md: llama.cpp from npm, installed outside
+-- this repository) on the same model and prints the ratios.
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
 local randmodel = require("cartridge.randmodel")
 local defaults = require("cartridge.defaults")
+local json = require("cartridge.json")
 local ffi = cartridge.ffi
 local C = cartridge.C
 
 local opts = options.parse(arg, {
-    summary = "Inference speed at the Qwen3-0.6B shape: prefill, decode, lockstep batches.",
+    summary = "Inference speed at the Qwen3-0.6B shape against the machine's limits (and llama.cpp).",
     flags = {
-        { "model", help = "GGUF to measure (default: a generated random Qwen3-0.6B-shaped f16 model)" },
+        { "model", help = "GGUF to measure (default: a generated random Qwen3-0.6B-shaped model of --dtype)" },
+        { "dtype", default = "f16", help = "weight dtype of the generated model (f16, bf16, f32, q8_0, q4_0, q4_K, q6_K)" },
         { "threads", type = "int", default = 2, help = "threads" },
         { "prompt", type = "int", default = 512, help = "prefill prompt length" },
         { "decode", type = "int", default = 128, help = "decode steps" },
+        { "reps", type = "int", default = 3, help = "runs of prefill and of decode; the best counts" },
         { "batch", type = "int", repeatable = true, default = { 4, 16 }, help = "lockstep stream counts" },
         { "batch-steps", type = "int", default = 32, help = "decode steps per lockstep run" },
         { "kv", default = "f16", choices = { "f16", "f32" }, help = "KV cache dtype" },
         { "widen", type = "boolean", help = "also measure prefill with f32-widened weights" },
+        { "vs-llama", help = "folder with llama.cpp's bench_llama.mjs installed (npm install there)" },
     },
 })
 
-local LLAMA_PREFILL, LLAMA_DECODE = 115, 22 -- tok/s, llama.cpp on this machine kind
-local GEMM_PEAK, BANDWIDTH = 370e9, 50e9      -- FLOP/s, bytes/s
-
 cartridge.set_threads(opts.threads)
+local now = C.cart_now_seconds
+
 local path = opts.model
 if not path then
-    path = cartridge.root .. "/models/bench-qwen3-0.6b-f16.gguf"
+    path = ("%s/models/bench-qwen3-0.6b-%s.gguf"):format(cartridge.root, opts.dtype)
     if not defaults.exists(path) then
         io.stderr:write("bench_infer: generating " .. path .. " (once)\n")
-        randmodel.write({ out = path, preset = "qwen3-0.6b", dtype = "f16", seed = 7 })
+        randmodel.write({ out = path, preset = "qwen3-0.6b", dtype = opts.dtype, seed = 7 })
     end
 end
 
-local now = C.cart_now_seconds
+-- the machine's limits, measured now
+local bandwidth = C.cart_probe_read_bandwidth(512 * 2 ^ 20, 5, nil)
+local blas_gemm = C.cart_probe_blas_gemm(1536, 3)
+local engine_gemm = C.cart_probe_engine_gemm(1536, 3, nil)
+local gemm_peak = math.max(blas_gemm, engine_gemm)
+print(("machine: %s; kernels %s; %d threads; read bandwidth %.1f GB/s; f32 GEMM %.0f GFLOP/s (OpenBLAS %.0f, engine %.0f)")
+    :format(ffi.string(C.cart_cpu_features()), cartridge.isa(), cartridge.threads(), bandwidth / 1e9,
+        gemm_peak / 1e9, blas_gemm / 1e9, engine_gemm / 1e9))
 
-local function bench_model(widen)
+local function load_model(widen)
     local m = cartridge.model.load(path, { widen = widen })
     local c = m.config
-    -- FLOPs of one token through the layers (matrices + attention at length n),
-    -- and bytes of weights a decode step streams.
+    -- FLOPs of one token through the layers (matrices + attention at length n)
     local layer_params = c.n_layer * (c.n_embd * (c.n_head + 2 * c.n_head_kv) * c.head_dim
         + c.n_head * c.head_dim * c.n_embd + 3 * c.n_embd * c.n_ff)
     local head_params = c.n_vocab * c.n_embd
-    local function attention_flops(pos) return 4 * c.n_layer * c.n_head * c.head_dim * (pos + 1) end
-    return m, c, layer_params, head_params, attention_flops
+    local flops = 2 * layer_params * opts.prompt + 2 * head_params
+    for p = 0, opts.prompt - 1 do flops = flops + 4 * c.n_layer * c.n_head * c.head_dim * (p + 1) end
+    return m, c, flops
 end
 
 local rng = ffi.new("cart_rng")
@@ -67,42 +83,47 @@ local function random_ids(n, vocab)
     return ids
 end
 
-local function prefill_run(m, c, layer_params, head_params, attention_flops, label)
+-- best prefill tok/s over the reps; the cache of the last run is returned for decode
+local function prefill(m, c, label, flops)
     local kv = m:new_kv(opts.prompt + opts.decode + 8, opts.kv)
     m:forward(kv, random_ids(16, c.n_vocab)) -- warm up pages and threads
-    kv:truncate(0)
     local ids = random_ids(opts.prompt, c.n_vocab)
-    local t0 = now()
-    m:forward(kv, ids)
-    local dt = now() - t0
-    local flops = 2 * layer_params * opts.prompt + 2 * head_params
-    for p = 0, opts.prompt - 1 do flops = flops + attention_flops(p) end
-    local tok_s = opts.prompt / dt
-    print(("prefill %-14s %4d tokens  %7.1f tok/s  %5.2fx llama.cpp  %6.1f GFLOP/s = %3.0f%% of the GEMM peak")
-        :format(label, opts.prompt, tok_s, tok_s / LLAMA_PREFILL, flops / dt / 1e9, 100 * flops / dt / GEMM_PEAK))
-    return kv
+    local best = math.huge
+    for _ = 1, opts.reps do
+        kv:truncate(0)
+        local t0 = now()
+        m:forward(kv, ids)
+        best = math.min(best, now() - t0)
+    end
+    local tok_s = opts.prompt / best
+    print(("prefill %-14s %4d tokens  %7.1f tok/s  %6.1f GFLOP/s = %3.0f%% of the GEMM peak")
+        :format(label, opts.prompt, tok_s, flops / best / 1e9, 100 * flops / best / gemm_peak))
+    return kv, tok_s
 end
 
-local m, c, layer_params, head_params, attention_flops = bench_model(false)
-print(("model %s: %s, %d layers, hidden %d, %d heads / %d kv, vocab %d, weights %s; %d threads, %s KV")
+local m, c, flops = load_model(false)
+print(("model %s: %s, %d layers, hidden %d, %d heads / %d kv, vocab %d, weights %s, %s KV")
     :format(path, c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
-        cartridge.fmt.bytes(m.weight_bytes), cartridge.threads(), opts.kv))
+        cartridge.fmt.bytes(m.weight_bytes), opts.kv))
 
-local kv = prefill_run(m, c, layer_params, head_params, attention_flops, "(compact)")
+local kv, prefill_tok_s = prefill(m, c, "(" .. opts.dtype .. ")", flops)
 
--- single-stream decode from the end of the prompt
-local id = m:argmax(m:forward(kv, { 1 }))
-local t0 = now()
-for _ = 1, opts.decode do id = m:argmax(m:forward(kv, { id })) end
-local dt = now() - t0
--- a decode step streams every matrix once; an untied embedding table is only
--- looked up (one row), a tied one is also the output head
+-- single-stream decode from the end of the prompt (the cache is cut back
+-- to the prompt between reps)
 local bytes_per_token = m.weight_bytes
 if not c.tied_output then bytes_per_token = bytes_per_token - m.file:tensor("token_embd.weight").nbytes end
-local tok_s = opts.decode / dt
-print(("decode  1 stream     %4d steps   %7.1f tok/s  %5.2fx llama.cpp  %6.1f GB/s   = %3.0f%% of bandwidth")
-    :format(opts.decode, tok_s, tok_s / LLAMA_DECODE, bytes_per_token * tok_s / 1e9,
-        100 * bytes_per_token * tok_s / BANDWIDTH))
+local best = math.huge
+for _ = 1, opts.reps do
+    kv:truncate(opts.prompt)
+    local id = 1
+    local t0 = now()
+    for _ = 1, opts.decode do id = m:argmax(m:forward(kv, { id })) end
+    best = math.min(best, now() - t0)
+end
+local decode_tok_s = opts.decode / best
+print(("decode  1 stream     %4d steps   %7.1f tok/s  %6.1f GB/s   = %3.0f%% of the read bandwidth")
+    :format(opts.decode, decode_tok_s, bytes_per_token * decode_tok_s / 1e9,
+        100 * bytes_per_token * decode_tok_s / bandwidth))
 kv:free()
 
 -- lockstep streams: each with its own short history, one weight pass per step
@@ -120,15 +141,37 @@ for _, B in ipairs(opts.batch) do
     end
     local d = now() - t
     local agg = B * opts.batch_steps / d
-    print(("decode %2d streams    %4d steps   %7.1f tok/s aggregate (%5.2fx llama.cpp single-stream), %.1f tok/s each")
-        :format(B, opts.batch_steps, agg, agg / LLAMA_DECODE, agg / B))
+    print(("decode %2d streams    %4d steps   %7.1f tok/s aggregate, %.1f tok/s each")
+        :format(B, opts.batch_steps, agg, agg / B))
     for b = 1, B do kvs[b]:free() end
 end
 m:free()
 
 if opts.widen then
-    local mw, cw, lp, hp, af = bench_model(true)
+    local mw, cw, fw = load_model(true)
     io.stderr:write(("widened weights to f32: +%s\n"):format(cartridge.fmt.bytes(mw.widened_bytes)))
-    prefill_run(mw, cw, lp, hp, af, "(widened f32)"):free()
+    prefill(mw, cw, "(widened f32)", fw):free()
     mw:free()
+end
+
+if opts.vs_llama then
+    local script = opts.vs_llama .. "/bench_llama.mjs"
+    if not defaults.exists(script) then
+        error(("--vs-llama: %s not found; install llama.cpp's peer as ../shared/bench/README.md shows"):format(script), 0)
+    end
+    local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+    local cmd = ("cd %s && node bench_llama.mjs %s --threads %d --pp %d --tg %d --reps %d --flash-attn on --no-mmap 2>/dev/null")
+        :format(q(opts.vs_llama), q(path), opts.threads, opts.prompt, opts.decode, opts.reps)
+    io.stderr:write("bench_infer: running llama.cpp: " .. cmd .. "\n")
+    local p = io.popen(cmd)
+    local out = p:read("*a")
+    p:close()
+    local ok, r = pcall(json.decode, out:match("%b{}") or "")
+    if not ok or type(r) ~= "table" or not r.best then
+        error("--vs-llama: llama.cpp's benchmark printed no result:\n" .. out, 0)
+    end
+    print(("llama.cpp (%s): prefill %.1f tok/s, decode %.1f tok/s (best of %d)")
+        :format(r.system_info or "?", r.best.pp_tok_s, r.best.tg_tok_s, opts.reps))
+    print(("ratio ours / llama.cpp: prefill %.2fx, decode %.2fx (%s kernels, %s weights)")
+        :format(prefill_tok_s / r.best.pp_tok_s, decode_tok_s / r.best.tg_tok_s, cartridge.isa(), opts.dtype))
 end

@@ -89,11 +89,14 @@ if opts.json then
             decode_tokens = #result.ids,
             decode_s = result.timings.decode_s,
             decode_tok_s = result.timings.decode_tok_s,
+            isa = cartridge.isa(),
+            threads = cartridge.threads(),
         },
     }))
 else
     io.write("\n")
-    io.stderr:write(("prompt: %d tokens, %.1f tok/s | decode: %d tokens, %.1f tok/s (%s)\n"):format(
-        #prompt_ids, result.timings.prompt_tok_s, #result.ids, result.timings.decode_tok_s, result.finish))
+    io.stderr:write(("prompt: %d tokens, %.1f tok/s | decode: %d tokens, %.1f tok/s (%s) | %s, %d threads\n"):format(
+        #prompt_ids, result.timings.prompt_tok_s, #result.ids, result.timings.decode_tok_s, result.finish,
+        cartridge.isa(), cartridge.threads()))
 end
 m:free()

@@ -29,6 +29,9 @@
 #include <lualib.h>
 #include <luajit.h>
 
+#include "common.h"
+#include "cpu.h"
+
 #ifndef CART_VERSION_STRING
 #define CART_VERSION_STRING "0.0.0"
 #endif
@@ -350,7 +353,13 @@ int main(int argc, char **argv) {
         print_usage(stdout, &paths);
         return 0;
     } else if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "-v") == 0) {
-        printf("cartridge %s (LuaJIT %s)\n", CART_VERSION_STRING, luajit_version());
+        if (cart_isa_init() != CART_OK) {
+            fprintf(stderr, "cartridge: %s\n", cart_last_error());
+            return EXIT_LUA_ERROR;
+        }
+        printf("cartridge %s (LuaJIT %s; kernels: %s, best here: %s; %s)\n", CART_VERSION_STRING,
+               luajit_version(), cart_isa_name(cart_isa_active()), cart_isa_name(cart_isa_best()),
+               cart_cpu_features());
         return 0;
     } else if (strcmp(cmd, "run") == 0) {
         if (argc < 3) return usage_error("run needs a FILE (a script or a recipe name)", NULL);
@@ -370,6 +379,12 @@ int main(int argc, char **argv) {
                 cmd, cmd);
         fprintf(stderr, "Try 'cartridge --help' for usage.\n");
         return EXIT_USAGE;
+    }
+
+    /* a CART_ISA this machine cannot run stops here, before any work */
+    if (cart_isa_init() != CART_OK) {
+        fprintf(stderr, "cartridge: %s\n", cart_last_error());
+        return EXIT_LUA_ERROR;
     }
 
     char script[PATH_MAX] = "";

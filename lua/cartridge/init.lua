@@ -20,6 +20,15 @@ local cartridge = {
     library = core.library,
 }
 
+-- The kernels' ISA level (scalar, avx2, avx512, neon): the best this CPU
+-- has, or what CART_ISA forces. A CART_ISA this machine cannot run is an
+-- error here, before any work, naming the levels it can.
+core.check(C.cart_isa_init(), "cartridge")
+
+function cartridge.isa()
+    return ffi.string(C.cart_isa_name(C.cart_isa_active()))
+end
+
 -- Threads for the engine's kernels and the BLAS (0 = all cores).
 function cartridge.set_threads(n)
     core.check(C.cart_set_threads(n or 0), "cartridge.set_threads")

@@ -477,7 +477,13 @@ function Server:on_request(id)
         return self.http:respond(id, 500, "application/json", error_body("internal error: " .. tostring(job), "server_error"))
     end
     if job == "models" then return self.http:respond(id, 200, "application/json", self:models_body()) end
-    if #self.queue >= self.queue_limit then
+    -- Waiting jobs first fill the free slots (at the next admit), then the
+    -- queue: requests that arrive together are counted against both.
+    local free = 0
+    for _, slot in ipairs(self.slots) do
+        if not slot.job then free = free + 1 end
+    end
+    if #self.queue >= self.queue_limit + free then
         return self.http:respond(id, 429, "application/json",
             error_body(("The server is busy (%d requests waiting); retry later."):format(#self.queue), "rate_limit_error", nil,
                 "queue_full"), { ["Retry-After"] = "1" })

@@ -513,7 +513,7 @@ static void test_bad_targets_and_segments_are_refused(void) {
 }
 
 int main(void) {
-    /* head_dim 16 takes the AVX-512 attention kernels, 8 the portable ones */
+    /* head_dim 16 takes the level's attention kernels, 8 the plain C ones */
     tiny_shape q = {.qwen3 = 1, .layers = 2, .embd = 32, .heads = 4, .kv_heads = 2, .head_dim = 16,
                     .ff = 48, .vocab = 40, .dtype = CART_F32, .tied = 1, .seed = 5};
     tiny_shape l = q;

@@ -1,6 +1,6 @@
 /*
- * matmul_avx512.c - packing, the GEMM micro-kernel and the GEMV kernels for
- * AVX-512 builds (see matmul_kernels.h for what each entry point computes).
+ * avx512.c - the x86-64 AVX-512 level (F, BW, VL, DQ): 16 floats per zmm
+ * register, written out by hand.
  *
  * GEMM (many tokens). The micro-kernel keeps a tile of MM_U tokens x MM_V
  * outputs in 24 zmm accumulators: per reduction step it loads MM_V packed
@@ -21,24 +21,29 @@
  * widened in registers, other block types dequantized 1024 elements of R rows
  * at a time into L1.
  *
+ * Attention: 16 keys' scores at a time, their lane sums added by one
+ * transposing tree; value sums one FMA chain per output. f16 cache rows are
+ * read and widened in registers.
+ *
  * Block types are dequantized by vector code for q8_0 q4_0 q4_K q6_K (same
  * values as cart_to_f32, see "dequantization") and by cart_to_f32 otherwise.
+ * kernels.h states the arithmetic every level shares.
  */
-#include "matmul_kernels.h"
+#include "kernels.h"
+
+#if defined(__x86_64__)
 
 #include <string.h>
 
 #include "dtype.h"
 
-int64_t mm_bwd_cols(const mm_src *w) {
-    return w->block_size > MM_BWD_COLS ? w->block_size : MM_BWD_COLS;
-}
+enum {
+    MM_U = 12,     /* tokens per micro-tile: the broadcast operand, 12 x 2 zmm accumulators */
+    MM_V = 32,     /* weight rows (forward) or columns (backward) per micro-tile: two zmm */
+    MM_GEMV_T = 8, /* most tokens one GEMV pass applies a weight row to */
+};
 
-int64_t mm_bwd_kc(const mm_src *w) {
-    return MM_BWD_BLOCK / mm_bwd_cols(w);
-}
-
-int64_t mm_scratch_floats(const mm_src *w, int32_t path) {
+static int64_t scratch_floats(const mm_src *w, int32_t path) {
     const int dequant = w->kind == MM_W_DEQUANT;
     switch (path) {
     case MM_PATH_FORWARD: /* a packed panel, and the rows it came from */
@@ -49,8 +54,6 @@ int64_t mm_scratch_floats(const mm_src *w, int32_t path) {
         return dequant ? (int64_t)MM_GEMV_MAXR * MM_GEMV_KB : 0;
     }
 }
-
-#if MM_HAVE_AVX512
 
 #include <immintrin.h>
 
@@ -110,17 +113,6 @@ static void dequant_q4_0(float *y, const uint8_t *x, int64_t nb) {
     }
 }
 
-/* Scale and min of sub-block j of a q4_K block (quant.c's scale_min_k4). */
-static void scale_min_k4(int j, const uint8_t *s, int *scale, int *min) {
-    if (j < 4) {
-        *scale = s[j] & 63;
-        *min = s[j + 4] & 63;
-    } else {
-        *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-        *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 /* q4_K: value (d * scale) * q - dmin * min per 32-element sub-block. The
  * product is exact (17 + 4 significant bits), so whether a compiler fuses it
  * with the subtraction cannot change the result. */
@@ -132,7 +124,7 @@ static void dequant_q4_K(float *y, const uint8_t *x, int64_t nb) {
             const uint8_t *q = x + 16 + 32 * c;
             for (int half = 0; half < 2; half++) { /* low nibbles: sub-block 2c; high: 2c + 1 */
                 int sc, mn;
-                scale_min_k4(2 * c + half, x + 4, &sc, &mn);
+                cart_scale_min_k4(2 * c + half, x + 4, &sc, &mn);
                 const __m512 d1 = _mm512_set1_ps(d * (float)sc),
                              m1 = _mm512_set1_ps(dmin * (float)mn);
                 for (int l = 0; l < 32; l += 16) {
@@ -289,7 +281,7 @@ static ALWAYS_INLINE void pack_act_panels(const int round, float *xp, const floa
     }
 }
 
-void mm512_pack_act(float *xp, const float *x, int64_t ldx, int64_t ntok, int64_t depth,
+static void mm512_pack_act(float *xp, const float *x, int64_t ldx, int64_t ntok, int64_t depth,
                     int32_t round, int64_t p0, int64_t p1) {
     if (round == MM_ROUND_F16)
         pack_act_panels(MM_ROUND_F16, xp, x, ldx, ntok, depth, p0, p1);
@@ -309,7 +301,7 @@ static ALWAYS_INLINE void round_rows(const int round, float *xr, const float *x,
         }
 }
 
-void mm512_round_rows(float *xr, const float *x, int64_t ldx, int64_t cols, int32_t round,
+static void mm512_round_rows(float *xr, const float *x, int64_t ldx, int64_t cols, int32_t round,
                       int64_t i0, int64_t i1) {
     if (round == MM_ROUND_F16)
         round_rows(MM_ROUND_F16, xr, x, ldx, cols, i0, i1);
@@ -477,7 +469,7 @@ static void forward_panel(const mm_src *w, float *y, int64_t ldy, const float *x
               y + p * MM_U * ldy + j0, ldy, m0, m1, d0 + k0 > 0);
 }
 
-void mm512_forward_rows(const mm_src *w, float *y, int64_t ldy, const float *xp, int64_t ntok,
+static void mm512_forward_rows(const mm_src *w, float *y, int64_t ldy, const float *xp, int64_t ntok,
                         int64_t d0, int64_t depth, int64_t r0, int64_t r1, float *scratch) {
     /* Panels go k block by k block, all the task's rows in each, so that one
      * k block of the activations stays in L2 for all of them. */
@@ -527,7 +519,7 @@ static void pack_bwd(const mm_src *w, float *panels, float *tmp, int64_t c0, int
     }
 }
 
-void mm512_backward_cols(const mm_src *w, float *dx, int64_t ldx, const float *dyp, int64_t ntok,
+static void mm512_backward_cols(const mm_src *w, float *dx, int64_t ldx, const float *dyp, int64_t ntok,
                          int64_t d0, int64_t depth, int64_t c0, int64_t c1, float *scratch) {
     const int64_t npan = (ntok + MM_U - 1) / MM_U;
     const int64_t nc = c1 - c0;
@@ -673,7 +665,7 @@ static ALWAYS_INLINE void gemv_kind(const int kind, const mm_src *w, int64_t r0,
     }
 }
 
-void mm512_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t n,
+static void mm512_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t n,
                      int64_t r0, int64_t r1, float *scratch) {
     for (int64_t t0 = 0; t0 < n; t0 += MM_GEMV_T) {
         const int64_t nt = min64(MM_GEMV_T, n - t0);
@@ -697,6 +689,186 @@ void mm512_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x, int
             break;
         }
     }
+}
+
+/* ---- attention ------------------------------------------------------------ */
+
+/* The 16 lane sums of 16 accumulators as one vector (element i = the sum of
+ * acc[i]'s lanes): pairs inside 128-bit lanes, then across lanes, in a fixed
+ * tree, so a score never depends on which other keys share its block. */
+static inline __m512 lane_sums(const __m512 *acc) {
+    __m512 s1[8], s2[4];
+    for (int32_t k = 0; k < 8; k++)
+        s1[k] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * k], acc[2 * k + 1]),
+                              _mm512_unpackhi_ps(acc[2 * k], acc[2 * k + 1]));
+    for (int32_t k = 0; k < 4; k++) {
+        __m512d c = _mm512_castps_pd(s1[2 * k]), d = _mm512_castps_pd(s1[2 * k + 1]);
+        s2[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
+                              _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+    }
+    __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], 0x88),
+                              _mm512_shuffle_f32x4(s2[0], s2[1], 0xdd));
+    __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], 0x88),
+                              _mm512_shuffle_f32x4(s2[2], s2[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xdd));
+}
+
+/* score[i] = q . k[i] for i < nt: 16 keys at a time, 16 lane sums each over
+ * d, then the fixed tree of lane_sums. */
+static void rows_scores(float *score, const float *q, const float *kt, int64_t stride,
+                        int32_t head_dim, int64_t nt) {
+    {
+        int32_t nv = head_dim / 16;
+        for (int64_t i0 = 0; i0 < nt; i0 += 16) {
+            __m512 acc[16];
+            int32_t m = nt - i0 < 16 ? (int32_t)(nt - i0) : 16; /* keys past nt stay zero */
+            for (int32_t i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+            for (int32_t v = 0; v < nv; v++) {
+                __m512 qv = _mm512_loadu_ps(q + 16 * v);
+                for (int32_t i = 0; i < m; i++)
+                    acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kt + (i0 + i) * stride + 16 * v), acc[i]);
+            }
+            __m512 out = lane_sums(acc);
+            if (m == 16) _mm512_storeu_ps(score + i0, out);
+            else _mm512_mask_storeu_ps(score + i0, (__mmask16)((1u << m) - 1), out);
+        }
+        return;
+    }
+}
+
+/* acc[d] += sum over i < nt of p[i] * v[i][d], in i order. */
+static void rows_values(float *acc, const float *p, const float *vt, int64_t stride, int64_t nt,
+                        int32_t head_dim) {
+    {
+        __m512 a[16];
+        int32_t nv = head_dim / 16;
+        for (int32_t v = 0; v < nv; v++) a[v] = _mm512_loadu_ps(acc + 16 * v);
+        for (int64_t i = 0; i < nt; i++) {
+            __m512 b = _mm512_set1_ps(p[i]);
+            const float *vi = vt + i * stride;
+            for (int32_t v = 0; v < nv; v++) a[v] = _mm512_fmadd_ps(b, _mm512_loadu_ps(vi + 16 * v), a[v]);
+        }
+        for (int32_t v = 0; v < nv; v++) _mm512_storeu_ps(acc + 16 * v, a[v]);
+        return;
+    }
+}
+
+/* rows_scores and rows_values straight from f16 rows (widened in registers):
+ * the same products and sums, so the same bits. */
+static void rows_scores_f16(float *score, const float *q, const uint16_t *k, int64_t stride,
+                            int32_t head_dim, int64_t nt) {
+    int32_t nv = head_dim / 16;
+    for (int64_t i0 = 0; i0 < nt; i0 += 16) {
+        __m512 acc[16];
+        int32_t m = nt - i0 < 16 ? (int32_t)(nt - i0) : 16;
+        for (int32_t i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        for (int32_t v = 0; v < nv; v++) {
+            __m512 qv = _mm512_loadu_ps(q + 16 * v);
+            for (int32_t i = 0; i < m; i++)
+                acc[i] = _mm512_fmadd_ps(
+                    qv, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + (i0 + i) * stride + 16 * v))),
+                    acc[i]);
+        }
+        __m512 out = lane_sums(acc);
+        if (m == 16) _mm512_storeu_ps(score + i0, out);
+        else _mm512_mask_storeu_ps(score + i0, (__mmask16)((1u << m) - 1), out);
+    }
+}
+
+static void rows_values_f16(float *acc, const float *p, const uint16_t *v, int64_t stride, int64_t nt,
+                            int32_t head_dim) {
+    __m512 a[16];
+    int32_t nv = head_dim / 16;
+    for (int32_t j = 0; j < nv; j++) a[j] = _mm512_loadu_ps(acc + 16 * j);
+    for (int64_t i = 0; i < nt; i++) {
+        __m512 b = _mm512_set1_ps(p[i]);
+        const uint16_t *vi = v + i * stride;
+        for (int32_t j = 0; j < nv; j++)
+            a[j] = _mm512_fmadd_ps(b, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vi + 16 * j))), a[j]);
+    }
+    for (int32_t j = 0; j < nv; j++) _mm512_storeu_ps(acc + 16 * j, a[j]);
+}
+
+/* ---- conversions ---------------------------------------------------------- */
+
+static void f16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
+    const uint8_t *s = (const uint8_t *)src;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 2 * i))));
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, s + 2 * i, 2);
+        dst[i] = cart_f16_to_f32(h);
+    }
+}
+
+static void f32_to_f16_n(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)((uint8_t *)dst + 2 * i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) {
+        uint16_t h = cart_f32_to_f16(src[i]);
+        memcpy((uint8_t *)dst + 2 * i, &h, 2);
+    }
+}
+
+static void bf16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
+    const uint8_t *s = (const uint8_t *)src;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, load_w16_full(MM_W_BF16, s + 2 * i));
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, s + 2 * i, 2);
+        dst[i] = cart_bf16_to_f32(h);
+    }
+}
+
+static void f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512i r = _mm512_castps_si512(round_act(_mm512_loadu_ps(src + i), MM_ROUND_BF16));
+        _mm256_storeu_si256((__m256i *)((uint8_t *)dst + 2 * i),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    }
+    for (; i < n; i++) {
+        uint16_t h = cart_f32_to_bf16(src[i]);
+        memcpy((uint8_t *)dst + 2 * i, &h, 2);
+    }
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+static const cart_kernels table = {
+    .isa = 2, /* CART_ISA_AVX512 */
+    .name = "avx512",
+    .mu = MM_U,
+    .scratch_floats = scratch_floats,
+    .pack_act = mm512_pack_act,
+    .round_rows = mm512_round_rows,
+    .forward_rows = mm512_forward_rows,
+    .backward_cols = mm512_backward_cols,
+    .gemv_rows = mm512_gemv_rows,
+    .scores = rows_scores,
+    .scores_f16 = rows_scores_f16,
+    .values = rows_values,
+    .values_f16 = rows_values_f16,
+    .f16_to_f32 = f16_to_f32_n,
+    .f32_to_f16 = f32_to_f16_n,
+    .bf16_to_f32 = bf16_to_f32_n,
+    .f32_to_bf16 = f32_to_bf16_n,
+};
+
+const cart_kernels *cart_kernels_avx512(void) {
+    return &table;
+}
+
+#else
+
+const cart_kernels *cart_kernels_avx512(void) {
+    return 0; /* not an x86-64 build */
 }
 
 #endif

@@ -1,0 +1,196 @@
+/*
+ * avx2.c - the x86-64 AVX2 level: AVX2 + FMA + F16C, 8 floats per ymm
+ * register. The primitives below feed generic.h; the vector dequantizers
+ * (q8_0, q4_0, q4_K, q6_K) form the same products from the same operands
+ * as quant.c, so they give its values.
+ */
+#include "kernels.h"
+
+#if defined(__x86_64__)
+
+#include "dtype.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define GK_TABLE cart_kernels_avx2
+#define GK_ISA 1 /* CART_ISA_AVX2 */
+#define GK_NAME "avx2"
+#define VW 8
+#define GK_MU 6 /* 6 x 2 ymm accumulators, 2 for the weights, 1 broadcast */
+#define GK_NV 2
+#define GK_GEMV_T 4
+#define GK_GEMV_R(t) ((t) == 1 ? 4 : (t) == 4 ? 1 : (t) == 2 ? 3 : 2)
+
+typedef __m256 vf;
+
+#define V_INLINE static inline __attribute__((always_inline))
+
+V_INLINE vf v_zero(void) { return _mm256_setzero_ps(); }
+V_INLINE vf v_set1(float x) { return _mm256_set1_ps(x); }
+V_INLINE vf v_load(const float *p) { return _mm256_loadu_ps(p); }
+V_INLINE void v_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
+V_INLINE vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+V_INLINE vf v_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+
+V_INLINE vf v_load_f16(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+
+V_INLINE vf v_load_bf16(const uint16_t *p) {
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+
+V_INLINE void v_store_f16(uint16_t *p, vf v) {
+    _mm_storeu_si128((__m128i *)(void *)p,
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* The bf16 bits of v in the high halves (nearest even; NaN made quiet). */
+V_INLINE __m256i bf16_bits(vf v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    r = _mm256_and_si256(r, hi);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i quiet = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), hi);
+    return _mm256_blendv_epi8(r, quiet, nan);
+}
+
+V_INLINE void v_store_bf16(uint16_t *p, vf v) {
+    const __m256i h = _mm256_srli_epi32(bf16_bits(v), 16);
+    _mm_storeu_si128((__m128i *)(void *)p,
+                     _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+}
+
+V_INLINE vf v_round(vf v, int round) {
+    if (round == MM_ROUND_F16)
+        return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (round == MM_ROUND_BF16) return _mm256_castsi256_ps(bf16_bits(v));
+    return v;
+}
+
+/* 8 signed bytes at p as floats. */
+V_INLINE vf i8x8(__m128i v) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+}
+
+V_INLINE vf v_load_i8(const int8_t *p) {
+    return i8x8(_mm_loadl_epi64((const __m128i *)(const void *)p));
+}
+
+/* ---- dequantization ------------------------------------------------------- */
+
+static float f16_scale(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16((short)h)));
+}
+
+/* 16 signed bytes to 16 floats at y. */
+V_INLINE void store_i8x16(float *y, __m128i q, vf d) {
+    _mm256_storeu_ps(y, _mm256_mul_ps(i8x8(q), d));
+    _mm256_storeu_ps(y + 8, _mm256_mul_ps(i8x8(_mm_srli_si128(q, 8)), d));
+}
+
+/* q8_0: value q * d. */
+static void dequant_q8_0(float *y, const uint8_t *x, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 34, y += 32) {
+        const vf d = _mm256_set1_ps(f16_scale(x));
+        store_i8x16(y, _mm_loadu_si128((const __m128i *)(x + 2)), d);
+        store_i8x16(y + 16, _mm_loadu_si128((const __m128i *)(x + 18)), d);
+    }
+}
+
+/* q4_0: value (q - 8) * d, low nibbles first. */
+static void dequant_q4_0(float *y, const uint8_t *x, int64_t nb) {
+    const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    for (int64_t i = 0; i < nb; i++, x += 18, y += 32) {
+        const vf d = _mm256_set1_ps(f16_scale(x));
+        const __m128i q = _mm_loadu_si128((const __m128i *)(x + 2));
+        store_i8x16(y, _mm_sub_epi8(_mm_and_si128(q, low4), eight), d);
+        store_i8x16(y + 16, _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low4), eight), d);
+    }
+}
+
+/* q4_K: value (d * scale) * q - dmin * min per 32-element sub-block (the
+ * product is exact, so fusing it with the subtraction could not change it). */
+static void dequant_q4_K(float *y, const uint8_t *x, int64_t nb) {
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    for (int64_t i = 0; i < nb; i++, x += 144, y += 256) {
+        const float d = f16_scale(x), dmin = f16_scale(x + 2);
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *q = x + 16 + 32 * c;
+            for (int half = 0; half < 2; half++) {
+                int sc, mn;
+                cart_scale_min_k4(2 * c + half, x + 4, &sc, &mn);
+                const vf d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(dmin * (float)mn);
+                for (int l = 0; l < 32; l += 16) {
+                    __m128i v = _mm_loadu_si128((const __m128i *)(q + l));
+                    v = _mm_and_si128(half ? _mm_srli_epi16(v, 4) : v, low4);
+                    float *out = y + 64 * c + 32 * half + l;
+                    _mm256_storeu_ps(out, _mm256_sub_ps(_mm256_mul_ps(d1, i8x8(v)), m1));
+                    _mm256_storeu_ps(out + 8, _mm256_sub_ps(
+                                                  _mm256_mul_ps(d1, i8x8(_mm_srli_si128(v, 8))), m1));
+                }
+            }
+        }
+    }
+}
+
+/* q6_K: value (d * scale) * (q - 32), layout as in quant.c. */
+static void dequant_q6_K(float *y, const uint8_t *x, int64_t nb) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(3);
+    const __m256i bias = _mm256_set1_epi8(32);
+    for (int64_t i = 0; i < nb; i++, x += 210, y += 256) {
+        const float d = f16_scale(x + 208);
+        const int8_t *sc = (const int8_t *)(x + 192);
+        for (int h = 0; h < 2; h++) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(x + 128 + 32 * h));
+            for (int g = 0; g < 4; g++) { /* elements 128h + 32g .. + 31 */
+                __m256i ql = _mm256_loadu_si256((const __m256i *)(x + 64 * h + 32 * (g & 1)));
+                if (g >= 2) ql = _mm256_srli_epi16(ql, 4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), low2);
+                const __m256i q = _mm256_sub_epi8(
+                    _mm256_or_si256(_mm256_and_si256(ql, low4), _mm256_slli_epi16(hi, 4)), bias);
+                float *yy = y + 128 * h + 32 * g;
+                store_i8x16(yy, _mm256_castsi256_si128(q),
+                            _mm256_set1_ps(d * (float)sc[8 * h + 2 * g]));
+                store_i8x16(yy + 16, _mm256_extracti128_si256(q, 1),
+                            _mm256_set1_ps(d * (float)sc[8 * h + 2 * g + 1]));
+            }
+        }
+    }
+}
+
+static inline int gk_dequant(const mm_src *w, float *dst, const uint8_t *src, int64_t nb) {
+    switch (w->dtype) {
+    case CART_Q8_0:
+        dequant_q8_0(dst, src, nb);
+        return 1;
+    case CART_Q4_0:
+        dequant_q4_0(dst, src, nb);
+        return 1;
+    case CART_Q4_K:
+        dequant_q4_K(dst, src, nb);
+        return 1;
+    case CART_Q6_K:
+        dequant_q6_K(dst, src, nb);
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+#include "generic.h"
+
+#else
+
+const cart_kernels *cart_kernels_avx2(void) {
+    return 0; /* not an x86-64 build */
+}
+
+#endif

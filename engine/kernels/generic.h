@@ -1,0 +1,587 @@
+/*
+ * generic.h - every kernel of kernels.h, written once over a level's vector
+ * primitives. scalar.c, avx2.c and neon.c define the primitives and the
+ * tuning below, then include this file once; it defines their table.
+ *
+ * The including file defines:
+ *   GK_TABLE          the table function's name, e.g. cart_kernels_avx2
+ *   GK_ISA, GK_NAME   its cart_isa value and name
+ *   VW                floats per vector (1, 4 or 8; it divides 16)
+ *   vf                the vector type
+ *   GK_MU, GK_NV      GEMM micro-tile: GK_MU tokens x GK_NV vectors of outputs
+ *                     (GK_MU <= MM_MAX_U; GK_NV * VW divides 64)
+ *   GK_GEMV_T         most tokens one GEMV pass applies a weight row to (<= 8)
+ *   GK_GEMV_R(t)      weight rows per GEMV pass for t tokens (<= MM_GEMV_MAXR)
+ * and these static inline functions (VW lanes each, unaligned pointers):
+ *   v_zero() v_set1(x) v_load(p) v_store(p, v)
+ *   v_fma(a, b, c)    a * b + c with one rounding
+ *   v_mul(a, b)       a * b
+ *   v_load_f16(p) v_load_bf16(p)   VW halves widened exactly
+ *   v_store_f16(p, v) v_store_bf16(p, v)   rounded to nearest even, NaN quiet
+ *   v_round(v, round) v rounded as mm_round says and widened back
+ *   v_load_i8(p)      VW signed bytes as floats
+ *   gk_dequant(w, dst, src, nb)   1 when it dequantized nb blocks of w's
+ *                     dtype to cart_to_f32's values, 0 to leave it to cart_to_f32
+ *
+ * Everything here follows the arithmetic kernels.h fixes, so the table gives
+ * the bits of every other level. Tails shorter than a vector go through
+ * zero-padded buffers, which keeps the same operations (fma(0, 0, s) for a
+ * missing element) without masks.
+ */
+#include <string.h>
+
+#include "dtype.h"
+
+#define GK_MV (GK_NV * VW) /* outputs per micro-tile */
+#define GK_NA (16 / VW)    /* vectors per 16-lane sum */
+#define GK_INLINE static inline __attribute__((always_inline))
+
+GK_INLINE int64_t gk_min(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
+
+GK_INLINE float gk_round1(float v, const int round) {
+    if (round == MM_ROUND_F16) return cart_f16_to_f32(cart_f32_to_f16(v));
+    if (round == MM_ROUND_BF16) return cart_bf16_to_f32(cart_f32_to_bf16(v));
+    return v;
+}
+
+/* n (< VW, or any n) elements of a float kind at p, widened into dst. */
+GK_INLINE void gk_widen(const int kind, float *dst, const uint8_t *p, int64_t n) {
+    int64_t i = 0;
+    if (kind == MM_W_F32) {
+        memcpy(dst, p, (size_t)n * 4);
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)(const void *)p;
+    for (; i + VW <= n; i += VW)
+        v_store(dst + i, kind == MM_W_F16 ? v_load_f16(h + i) : v_load_bf16(h + i));
+    for (; i < n; i++) {
+        uint16_t u;
+        memcpy(&u, p + 2 * i, 2);
+        dst[i] = kind == MM_W_F16 ? cart_f16_to_f32(u) : cart_bf16_to_f32(u);
+    }
+}
+
+/* VW weight elements of a float kind at element k of row p. */
+GK_INLINE vf gk_load_w(const int kind, const uint8_t *p, int64_t k) {
+    if (kind == MM_W_F16) return v_load_f16((const uint16_t *)(const void *)p + k);
+    if (kind == MM_W_BF16) return v_load_bf16((const uint16_t *)(const void *)p + k);
+    return v_load((const float *)(const void *)p + k);
+}
+
+/* ---- dequantization ------------------------------------------------------- */
+
+/* Rows [r0, r0 + nr), elements [k0, k0 + kc) of a block-type weight into dst
+ * (pitch ld floats); k0 and kc are whole blocks. */
+static void gk_dequant_rows(const mm_src *w, float *dst, int64_t ld, int64_t r0, int64_t nr,
+                            int64_t k0, int64_t kc) {
+    const uint64_t off = (uint64_t)(k0 / w->block_size) * (uint64_t)w->type_size;
+    const int64_t nb = kc / w->block_size;
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *src = w->data + (uint64_t)(r0 + r) * w->row_bytes + off;
+        if (!gk_dequant(w, dst + r * ld, src, nb)) cart_to_f32(dst + r * ld, w->dtype, src, kc);
+    }
+}
+
+/* ---- conversions ---------------------------------------------------------- */
+
+static void gk_f16_to_f32(float *dst, const uint16_t *src, int64_t n) {
+    gk_widen(MM_W_F16, dst, (const uint8_t *)src, n);
+}
+
+static void gk_bf16_to_f32(float *dst, const uint16_t *src, int64_t n) {
+    gk_widen(MM_W_BF16, dst, (const uint8_t *)src, n);
+}
+
+static void gk_f32_to_f16(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) v_store_f16(dst + i, v_load(src + i));
+    for (; i < n; i++) dst[i] = cart_f32_to_f16(src[i]);
+}
+
+static void gk_f32_to_bf16(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) v_store_bf16(dst + i, v_load(src + i));
+    for (; i < n; i++) dst[i] = cart_f32_to_bf16(src[i]);
+}
+
+/* ---- activations ---------------------------------------------------------- */
+
+GK_INLINE void gk_round_span(const int round, float *dst, const float *src, int64_t n) {
+    int64_t k = 0;
+    for (; k + VW <= n; k += VW) v_store(dst + k, v_round(v_load(src + k), round));
+    for (; k < n; k++) dst[k] = gk_round1(src[k], round);
+}
+
+static void gk_round_rows(float *xr, const float *x, int64_t ldx, int64_t cols, int32_t round,
+                          int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++) {
+        if (round == MM_ROUND_F16) gk_round_span(MM_ROUND_F16, xr + i * cols, x + i * ldx, cols);
+        else if (round == MM_ROUND_BF16)
+            gk_round_span(MM_ROUND_BF16, xr + i * cols, x + i * ldx, cols);
+        else memcpy(xr + i * cols, x + i * ldx, (size_t)cols * 4);
+    }
+}
+
+static void gk_pack_act(float *xp, const float *x, int64_t ldx, int64_t ntok, int64_t depth,
+                        int32_t round, int64_t p0, int64_t p1) {
+    enum { CHUNK = 256 };
+    float row[CHUNK];
+    for (int64_t p = p0; p < p1; p++) {
+        float *dst = xp + p * depth * GK_MU;
+        const int64_t i0 = p * GK_MU, nt = gk_min(GK_MU, ntok - i0);
+        for (int64_t u = 0; u < GK_MU; u++) {
+            if (u >= nt) {
+                for (int64_t k = 0; k < depth; k++) dst[k * GK_MU + u] = 0.0f;
+                continue;
+            }
+            const float *src = x + (i0 + u) * ldx;
+            for (int64_t k0 = 0; k0 < depth; k0 += CHUNK) {
+                const int64_t kn = gk_min(CHUNK, depth - k0);
+                gk_round_rows(row, src + k0, 0, kn, round, 0, 1);
+                for (int64_t k = 0; k < kn; k++) dst[(k0 + k) * GK_MU + u] = row[k];
+            }
+        }
+    }
+}
+
+/* ---- the micro-kernel ----------------------------------------------------- */
+
+/* A whole tile: c[i, 0 .. GK_MV) (pitch ldc) for i < GK_MU, each the fma
+ * chain over k < kc of a[k][i] * b[k][v], from c (load) or from 0. */
+GK_INLINE void gk_micro_full(int64_t kc, const float *restrict a, const float *restrict b,
+                             float *restrict c, int64_t ldc, int load) {
+    vf acc[GK_MU][GK_NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < GK_MU; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < GK_NV; j++) acc[i][j] = load ? v_load(c + i * ldc + j * VW) : v_zero();
+    for (int64_t k = 0; k < kc; k++) {
+        vf bv[GK_NV];
+#pragma GCC unroll 8
+        for (int j = 0; j < GK_NV; j++) bv[j] = v_load(b + j * VW);
+#pragma GCC unroll 16
+        for (int i = 0; i < GK_MU; i++) {
+            const vf ai = v_set1(a[i]);
+#pragma GCC unroll 8
+            for (int j = 0; j < GK_NV; j++) acc[i][j] = v_fma(ai, bv[j], acc[i][j]);
+        }
+        a += GK_MU;
+        b += GK_MV;
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < GK_MU; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < GK_NV; j++) v_store(c + i * ldc + j * VW, acc[i][j]);
+}
+
+/* u tokens x nv outputs of a tile; edges go through a full tile in a buffer
+ * (the padding tokens and outputs are computed and dropped). */
+static void gk_micro(int64_t u, int64_t nv, int64_t kc, const float *a, const float *b, float *c,
+                     int64_t ldc, int load) {
+    if (u == GK_MU && nv == GK_MV) {
+        gk_micro_full(kc, a, b, c, ldc, load);
+        return;
+    }
+    float tile[GK_MU * GK_MV];
+    memset(tile, 0, sizeof tile);
+    if (load)
+        for (int64_t i = 0; i < u; i++) memcpy(tile + i * GK_MV, c + i * ldc, (size_t)nv * 4);
+    gk_micro_full(kc, a, b, tile, GK_MV, load);
+    for (int64_t i = 0; i < u; i++) memcpy(c + i * ldc, tile + i * GK_MV, (size_t)nv * 4);
+}
+
+/* ---- forward GEMM --------------------------------------------------------- */
+
+/* panel[k][r] = W[j0 + r, k0 + k] for r < nr, 0 for nr <= r < GK_MV; k < kc;
+ * rows at `base`, ld bytes apart, elements of `kind`. */
+GK_INLINE void gk_pack_fwd_kind(const int kind, float *panel, const uint8_t *base, uint64_t ld,
+                                int64_t nr, int64_t kc) {
+    float row[MM_KC];
+    for (int64_t r = 0; r < GK_MV; r++) {
+        if (r >= nr) {
+            for (int64_t k = 0; k < kc; k++) panel[k * GK_MV + r] = 0.0f;
+            continue;
+        }
+        gk_widen(kind, row, base + (uint64_t)r * ld, kc);
+        for (int64_t k = 0; k < kc; k++) panel[k * GK_MV + r] = row[k];
+    }
+}
+
+static void gk_pack_fwd(const mm_src *w, float *panel, float *tmp, int64_t j0, int64_t nr,
+                        int64_t k0, int64_t kc) {
+    const uint8_t *base = w->data + (uint64_t)j0 * w->row_bytes;
+    switch (w->kind) {
+    case MM_W_F32:
+        gk_pack_fwd_kind(MM_W_F32, panel, base + (uint64_t)k0 * 4, w->row_bytes, nr, kc);
+        break;
+    case MM_W_F16:
+        gk_pack_fwd_kind(MM_W_F16, panel, base + (uint64_t)k0 * 2, w->row_bytes, nr, kc);
+        break;
+    case MM_W_BF16:
+        gk_pack_fwd_kind(MM_W_BF16, panel, base + (uint64_t)k0 * 2, w->row_bytes, nr, kc);
+        break;
+    default:
+        gk_dequant_rows(w, tmp, kc, j0, nr, k0, kc);
+        gk_pack_fwd_kind(MM_W_F32, panel, (const uint8_t *)tmp, (uint64_t)kc * 4, nr, kc);
+        break;
+    }
+}
+
+/* Brings the weight bytes of rows [j0, j0 + nr), elements [k0, k0 + kc) into
+ * cache ahead of use. */
+static void gk_prefetch_panel(const mm_src *w, int64_t j0, int64_t nr, int64_t k0, int64_t kc) {
+    const uint64_t from = (uint64_t)(k0 / w->block_size) * (uint64_t)w->type_size;
+    const uint64_t bytes = (uint64_t)(kc / w->block_size) * (uint64_t)w->type_size;
+    for (int64_t r = 0; r < nr; r++) {
+        const char *row = (const char *)w->data + (uint64_t)(j0 + r) * w->row_bytes + from;
+        for (uint64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
+    }
+}
+
+static void gk_forward_rows(const mm_src *w, float *y, int64_t ldy, const float *xp,
+                            int64_t ntok, int64_t d0, int64_t depth, int64_t r0, int64_t r1,
+                            float *scratch) {
+    const int64_t npan = (ntok + GK_MU - 1) / GK_MU;
+    float *panel = scratch;                     /* (MM_KC, GK_MV) */
+    float *tmp = scratch + (int64_t)MM_KC * GK_MV; /* (GK_MV, MM_KC) dequantized rows */
+    for (int64_t k0 = 0; k0 < depth; k0 += MM_KC)
+        for (int64_t j0 = r0; j0 < r1; j0 += GK_MV) {
+            int64_t nj = j0 + GK_MV, nk = k0; /* the next panel */
+            if (nj >= r1) nj = r0, nk += MM_KC;
+            if (nk < depth)
+                gk_prefetch_panel(w, nj, gk_min(GK_MV, r1 - nj), d0 + nk,
+                                  gk_min(MM_KC, depth - nk));
+            const int64_t nr = gk_min(GK_MV, r1 - j0), kc = gk_min(MM_KC, depth - k0);
+            gk_pack_fwd(w, panel, tmp, j0, nr, d0 + k0, kc);
+            for (int64_t p = 0; p < npan; p++)
+                gk_micro(gk_min(GK_MU, ntok - p * GK_MU), nr, kc,
+                         xp + p * depth * GK_MU + k0 * GK_MU, panel, y + p * GK_MU * ldy + j0, ldy,
+                         d0 + k0 > 0);
+        }
+}
+
+/* ---- backward GEMM -------------------------------------------------------- */
+
+/* panels[jr][k][v] = W[k0 + k, c0 + jr * GK_MV + v] for columns below c0 +
+ * nc, else 0; k < kc. */
+static void gk_pack_bwd(const mm_src *w, float *panels, float *tmp, int64_t c0, int64_t nc,
+                        int64_t k0, int64_t kc) {
+    const int64_t npanel = (nc + GK_MV - 1) / GK_MV;
+    for (int64_t k = 0; k < kc; k++) {
+        const uint8_t *row = w->data + (uint64_t)(k0 + k) * w->row_bytes;
+        switch (w->kind) {
+        case MM_W_F32:
+            gk_widen(MM_W_F32, tmp, row + c0 * 4, nc);
+            break;
+        case MM_W_F16:
+            gk_widen(MM_W_F16, tmp, row + c0 * 2, nc);
+            break;
+        case MM_W_BF16:
+            gk_widen(MM_W_BF16, tmp, row + c0 * 2, nc);
+            break;
+        default:
+            gk_dequant_rows(w, tmp, nc, k0 + k, 1, c0, nc);
+            break;
+        }
+        for (int64_t jr = 0; jr < npanel; jr++) {
+            float *dst = panels + jr * kc * GK_MV + k * GK_MV;
+            const int64_t have = gk_min(GK_MV, nc - jr * GK_MV);
+            memcpy(dst, tmp + jr * GK_MV, (size_t)have * 4);
+            for (int64_t v = have; v < GK_MV; v++) dst[v] = 0.0f;
+        }
+    }
+}
+
+static void gk_backward_cols(const mm_src *w, float *dx, int64_t ldx, const float *dyp,
+                             int64_t ntok, int64_t d0, int64_t depth, int64_t c0, int64_t c1,
+                             float *scratch) {
+    const int64_t npan = (ntok + GK_MU - 1) / GK_MU;
+    const int64_t nc = c1 - c0;
+    const int64_t kcb = mm_bwd_kc(w);
+    float *panels = scratch;             /* (nc / GK_MV, kcb, GK_MV) */
+    float *tmp = scratch + MM_BWD_BLOCK; /* one widened row segment */
+    for (int64_t k0 = 0; k0 < depth; k0 += kcb) {
+        const int64_t kc = gk_min(kcb, depth - k0);
+        gk_pack_bwd(w, panels, tmp, c0, nc, d0 + k0, kc);
+        for (int64_t c = 0; c < nc; c += GK_MV) {
+            const float *b = panels + (c / GK_MV) * kc * GK_MV;
+            for (int64_t p = 0; p < npan; p++)
+                gk_micro(gk_min(GK_MU, ntok - p * GK_MU), gk_min(GK_MV, nc - c), kc,
+                         dyp + p * depth * GK_MU + k0 * GK_MU, b, dx + p * GK_MU * ldx + c0 + c,
+                         ldx, 1);
+        }
+    }
+}
+
+static int64_t gk_scratch_floats(const mm_src *w, int32_t path) {
+    const int dequant = w->kind == MM_W_DEQUANT;
+    switch (path) {
+    case MM_PATH_FORWARD: /* a packed panel, and the rows it came from */
+        return (int64_t)MM_KC * GK_MV * (dequant ? 2 : 1);
+    case MM_PATH_BACKWARD: /* packed panels for a block of rows, and one widened row */
+        return (int64_t)MM_BWD_BLOCK + mm_bwd_cols(w);
+    default: /* dequantized chunks of the rows of one pass */
+        return dequant ? (int64_t)MM_GEMV_MAXR * MM_GEMV_KB : 0;
+    }
+}
+
+/* ---- sums of 16 lanes ----------------------------------------------------- */
+
+/* The GEMV tree: s[l] += s[l + 8], then + 4, + 2, + 1. */
+GK_INLINE float gk_tree_gemv(const vf *acc) {
+    float s[16];
+#pragma GCC unroll 16
+    for (int a = 0; a < GK_NA; a++) v_store(s + a * VW, acc[a]);
+    for (int width = 8; width >= 1; width /= 2)
+        for (int l = 0; l < width; l++) s[l] += s[l + width];
+    return s[0];
+}
+
+/* The score tree: ((s0+s2)+(s1+s3)) per group of four, then (G0+G1)+(G2+G3). */
+GK_INLINE float gk_tree_score(const vf *acc) {
+    float s[16], g[4];
+#pragma GCC unroll 16
+    for (int a = 0; a < GK_NA; a++) v_store(s + a * VW, acc[a]);
+    for (int j = 0; j < 4; j++)
+        g[j] = (s[4 * j] + s[4 * j + 2]) + (s[4 * j + 1] + s[4 * j + 3]);
+    return (g[0] + g[1]) + (g[2] + g[3]);
+}
+
+/* ---- GEMV ----------------------------------------------------------------- */
+
+/* acc[r][t] += lane-wise products of weight rows wr[r] (elements of `kind`)
+ * and token rows x + t * ldx over kn elements, k from 0. */
+GK_INLINE void gk_gemv_span(const int R, const int T, const int kind, const uint8_t *const *wr,
+                            const float *x, int64_t ldx, int64_t kn,
+                            vf acc[MM_GEMV_MAXR][8][GK_NA]) {
+    int64_t k = 0;
+    for (; k + 16 <= kn; k += 16) {
+        vf wv[MM_GEMV_MAXR][GK_NA];
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 16
+            for (int a = 0; a < GK_NA; a++) wv[r][a] = gk_load_w(kind, wr[r], k + a * VW);
+        for (int t = 0; t < T; t++)
+#pragma GCC unroll 16
+            for (int a = 0; a < GK_NA; a++) {
+                const vf xv = v_load(x + t * ldx + k + a * VW);
+                for (int r = 0; r < R; r++) acc[r][t][a] = v_fma(wv[r][a], xv, acc[r][t][a]);
+            }
+    }
+    if (k < kn) { /* the tail, zero-padded to 16 */
+        const int64_t rest = kn - k;
+        float wpad[MM_GEMV_MAXR][16], xpad[8][16];
+        for (int r = 0; r < R; r++) {
+            memset(wpad[r], 0, sizeof wpad[r]);
+            gk_widen(kind, wpad[r], wr[r] + k * (kind == MM_W_F32 ? 4 : 2), rest);
+        }
+        for (int t = 0; t < T; t++) {
+            memset(xpad[t], 0, sizeof xpad[t]);
+            memcpy(xpad[t], x + t * ldx + k, (size_t)rest * 4);
+        }
+        for (int t = 0; t < T; t++)
+            for (int a = 0; a < GK_NA; a++) {
+                const vf xv = v_load(xpad[t] + a * VW);
+                for (int r = 0; r < R; r++)
+                    acc[r][t][a] = v_fma(v_load(wpad[r] + a * VW), xv, acc[r][t][a]);
+            }
+    }
+}
+
+/* q8_0 rows of `depth` elements, dequantized in registers (q * d, the values
+ * of cart_to_f32) and applied straight away. */
+GK_INLINE void gk_gemv_span_q8_0(const int R, const int T, const uint8_t *const *wr,
+                                 const float *x, int64_t ldx, int64_t depth,
+                                 vf acc[MM_GEMV_MAXR][8][GK_NA]) {
+    for (int64_t b = 0; b < depth / 32; b++) {
+        for (int h = 0; h < 2; h++) { /* each half of a block is one pass over the 16 lanes */
+            vf wv[MM_GEMV_MAXR][GK_NA];
+            for (int r = 0; r < R; r++) {
+                const uint8_t *blk = wr[r] + b * 34;
+                uint16_t hd;
+                memcpy(&hd, blk, 2);
+                const vf d = v_set1(cart_f16_to_f32(hd));
+#pragma GCC unroll 16
+                for (int a = 0; a < GK_NA; a++)
+                    wv[r][a] = v_mul(v_load_i8((const int8_t *)(blk + 2 + 16 * h + a * VW)), d);
+            }
+            for (int t = 0; t < T; t++)
+#pragma GCC unroll 16
+                for (int a = 0; a < GK_NA; a++) {
+                    const vf xv = v_load(x + t * ldx + 32 * b + 16 * h + a * VW);
+                    for (int r = 0; r < R; r++) acc[r][t][a] = v_fma(wv[r][a], xv, acc[r][t][a]);
+                }
+        }
+    }
+}
+
+enum { GK_GEMV_Q8_0 = 16 }; /* a GEMV-only kind: q8_0 read in registers */
+
+/* y[t, j + r] = W[j + r, :] . x[t, :] for r < nr (<= R), t < T. */
+GK_INLINE void gk_gemv_tile(const int R, const int T, const int kind, const mm_src *w, int64_t j,
+                            int64_t nr, const float *x, int64_t ldx, float *y, int64_t ldy,
+                            float *tmp) {
+    vf acc[MM_GEMV_MAXR][8][GK_NA];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            for (int a = 0; a < GK_NA; a++) acc[r][t][a] = v_zero();
+    const uint8_t *wr[MM_GEMV_MAXR];
+    const int64_t depth = w->cols;
+    if (kind == MM_W_DEQUANT) {
+        for (int r = 0; r < R; r++)
+            wr[r] = (const uint8_t *)(tmp + gk_min(r, nr - 1) * MM_GEMV_KB);
+        for (int64_t k0 = 0; k0 < depth; k0 += MM_GEMV_KB) {
+            const int64_t kn = gk_min(MM_GEMV_KB, depth - k0);
+            gk_dequant_rows(w, tmp, MM_GEMV_KB, j, nr, k0, kn);
+            gk_gemv_span(R, T, MM_W_F32, wr, x + k0, ldx, kn, acc);
+        }
+    } else {
+        for (int r = 0; r < R; r++)
+            wr[r] = w->data + (uint64_t)(j + gk_min(r, nr - 1)) * w->row_bytes;
+        if (kind == GK_GEMV_Q8_0) gk_gemv_span_q8_0(R, T, wr, x, ldx, depth, acc);
+        else gk_gemv_span(R, T, kind, wr, x, ldx, depth, acc);
+    }
+    for (int r = 0; r < R; r++)
+        if (r < nr)
+            for (int t = 0; t < T; t++) y[t * ldy + j + r] = gk_tree_gemv(acc[r][t]);
+}
+
+GK_INLINE void gk_gemv_pass(const int R, const int T, const int kind, const mm_src *w, int64_t r0,
+                            int64_t r1, const float *x, int64_t ldx, float *y, int64_t ldy,
+                            float *tmp) {
+    for (int64_t j = r0; j < r1; j += R)
+        gk_gemv_tile(R, T, kind, w, j, gk_min(R, r1 - j), x, ldx, y, ldy, tmp);
+}
+
+GK_INLINE void gk_gemv_kind(const int kind, const mm_src *w, int64_t r0, int64_t r1,
+                            const float *x, int64_t ldx, int64_t nt, float *y, int64_t ldy,
+                            float *tmp) {
+    switch (nt) {
+    case 1:
+        gk_gemv_pass(GK_GEMV_R(1), 1, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        break;
+#if GK_GEMV_T >= 2
+    case 2:
+        gk_gemv_pass(GK_GEMV_R(2), 2, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        break;
+#endif
+#if GK_GEMV_T >= 3
+    case 3:
+        gk_gemv_pass(GK_GEMV_R(3), 3, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        break;
+#endif
+#if GK_GEMV_T >= 4
+    case 4:
+        gk_gemv_pass(GK_GEMV_R(4), 4, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        break;
+#endif
+    default:
+        break;
+    }
+}
+
+static void gk_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x, int64_t ldx,
+                         int64_t n, int64_t r0, int64_t r1, float *scratch) {
+    for (int64_t t0 = 0; t0 < n; t0 += GK_GEMV_T) {
+        const int64_t nt = gk_min(GK_GEMV_T, n - t0);
+        const float *xt = x + t0 * ldx;
+        float *yt = y + t0 * ldy;
+        switch (w->kind) {
+        case MM_W_F32:
+            gk_gemv_kind(MM_W_F32, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            break;
+        case MM_W_F16:
+            gk_gemv_kind(MM_W_F16, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            break;
+        case MM_W_BF16:
+            gk_gemv_kind(MM_W_BF16, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            break;
+        default:
+            if (w->dtype == CART_Q8_0)
+                gk_gemv_kind(GK_GEMV_Q8_0, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            else gk_gemv_kind(MM_W_DEQUANT, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            break;
+        }
+    }
+}
+
+/* ---- attention ------------------------------------------------------------ */
+
+GK_INLINE void gk_scores_kind(const int kind, float *score, const float *q, const uint8_t *k,
+                              int64_t stride, int32_t head_dim, int64_t nt) {
+    const int64_t esize = kind == MM_W_F32 ? 4 : 2;
+    for (int64_t i = 0; i < nt; i++) {
+        const uint8_t *ki = k + (uint64_t)(i * stride * esize);
+        vf acc[GK_NA];
+        for (int a = 0; a < GK_NA; a++) acc[a] = v_zero();
+        for (int32_t d = 0; d < head_dim; d += 16)
+#pragma GCC unroll 16
+            for (int a = 0; a < GK_NA; a++)
+                acc[a] = v_fma(v_load(q + d + a * VW), gk_load_w(kind, ki, d + a * VW), acc[a]);
+        score[i] = gk_tree_score(acc);
+    }
+}
+
+static void gk_scores(float *score, const float *q, const float *k, int64_t stride,
+                      int32_t head_dim, int64_t nt) {
+    gk_scores_kind(MM_W_F32, score, q, (const uint8_t *)k, stride, head_dim, nt);
+}
+
+static void gk_scores_f16(float *score, const float *q, const uint16_t *k, int64_t stride,
+                          int32_t head_dim, int64_t nt) {
+    gk_scores_kind(MM_W_F16, score, q, (const uint8_t *)k, stride, head_dim, nt);
+}
+
+GK_INLINE void gk_values_kind(const int kind, float *acc, const float *p, const uint8_t *v,
+                              int64_t stride, int64_t nt, int32_t head_dim) {
+    const int64_t esize = kind == MM_W_F32 ? 4 : 2;
+    for (int32_t d0 = 0; d0 < head_dim; d0 += 64) { /* 64 outputs in registers at a time */
+        const int32_t nd = head_dim - d0 < 64 ? head_dim - d0 : 64, nvec = nd / VW;
+        vf a[64 / VW];
+        for (int32_t j = 0; j < nvec; j++) a[j] = v_load(acc + d0 + j * VW);
+        for (int64_t i = 0; i < nt; i++) {
+            const vf b = v_set1(p[i]);
+            const uint8_t *vi = v + (uint64_t)(i * stride * esize);
+            for (int32_t j = 0; j < nvec; j++)
+                a[j] = v_fma(b, gk_load_w(kind, vi, d0 + j * VW), a[j]);
+        }
+        for (int32_t j = 0; j < nvec; j++) v_store(acc + d0 + j * VW, a[j]);
+    }
+}
+
+static void gk_values(float *acc, const float *p, const float *v, int64_t stride, int64_t nt,
+                      int32_t head_dim) {
+    gk_values_kind(MM_W_F32, acc, p, (const uint8_t *)v, stride, nt, head_dim);
+}
+
+static void gk_values_f16(float *acc, const float *p, const uint16_t *v, int64_t stride,
+                          int64_t nt, int32_t head_dim) {
+    gk_values_kind(MM_W_F16, acc, p, (const uint8_t *)v, stride, nt, head_dim);
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+static const cart_kernels gk_table = {
+    .isa = GK_ISA,
+    .name = GK_NAME,
+    .mu = GK_MU,
+    .scratch_floats = gk_scratch_floats,
+    .pack_act = gk_pack_act,
+    .round_rows = gk_round_rows,
+    .forward_rows = gk_forward_rows,
+    .backward_cols = gk_backward_cols,
+    .gemv_rows = gk_gemv_rows,
+    .scores = gk_scores,
+    .scores_f16 = gk_scores_f16,
+    .values = gk_values,
+    .values_f16 = gk_values_f16,
+    .f16_to_f32 = gk_f16_to_f32,
+    .f32_to_f16 = gk_f32_to_f16,
+    .bf16_to_f32 = gk_bf16_to_f32,
+    .f32_to_bf16 = gk_f32_to_bf16,
+};
+
+const cart_kernels *GK_TABLE(void) {
+    return &gk_table;
+}

@@ -1,0 +1,152 @@
+/*
+ * kernels.h - the table of per-ISA kernels; not part of the API.
+ *
+ * Each instruction-set level is one file in this folder that fills one
+ * cart_kernels table: scalar.c (plain C, the definition), avx2.c, avx512.c,
+ * neon.c. scalar.c, avx2.c and neon.c write their vector primitives (a dozen
+ * one-line functions) and include generic.h, which builds every kernel from
+ * them; avx512.c is written out by hand. cpu.c picks the table once
+ * (cpu.h); matmul.c, ops.c and dtype.c call through cart_kern(). Adding a
+ * level is adding a file and a line in cpu.c.
+ *
+ * The arithmetic is part of the contract, so that every level gives the same
+ * bits (cpu.h):
+ *   GEMM (forward_rows, backward_cols): each output element is one chain of
+ *     fused multiply-adds over the reduction index in increasing order,
+ *     starting from 0 (forward, first depth block) or from the value in the
+ *     output (backward, later depth blocks): c = fma(a[k], b[k], c).
+ *   GEMV (gemv_rows): 16 lane sums per output, lane l a chain of fused
+ *     multiply-adds over k = l, l + 16, ... (a missing tail element counts as
+ *     fma(0, 0, s)), then the tree s[l] += s[l + 8], then + 4, + 2, + 1.
+ *   scores: 16 lane sums over d in the same way (head_dim a multiple of 16),
+ *     then the tree ((s0+s2)+(s1+s3)) per group of four, groups added as
+ *     (G0+G1)+(G2+G3).
+ *   values: acc[d] = fma(p[i], v[i][d], acc[d]) for i in order.
+ *   Activations are rounded to f16 / bf16 to nearest even (NaN stays a quiet
+ *   NaN); f16 / bf16 weights are widened exactly; block types are dequantized
+ *   to exactly cart_to_f32's values.
+ */
+#ifndef CART_KERNELS_H
+#define CART_KERNELS_H
+
+#include <stdint.h>
+
+#pragma GCC visibility push(hidden)
+
+enum {
+    MM_KC = 256,          /* reduction depth of one packed weight panel; a multiple of
+                             every block size, so a panel never splits a quantization block */
+    MM_FWD_ROWS = 64,     /* weight rows per forward task; a multiple of every level's mv */
+    MM_BWD_COLS = 64,     /* weight columns per backward task for plain dtypes */
+    MM_BWD_BLOCK = 32768, /* floats of weight one backward task packs at a time (128 KiB,
+                             in L2): 512 rows of 64 columns */
+    MM_DEPTH = 4096,      /* reduction elements per packed activation block; longer
+                             reductions run in several blocks */
+    MM_GEMV_KB = 1024,    /* elements per dequantized chunk of a weight row in the GEMV */
+    MM_GEMV_MAXR = 8,     /* most weight rows one GEMV pass reads at once */
+    MM_MAX_U = 16,        /* the largest micro-tile token count of any level */
+};
+
+/* How the activations are rounded before the product (matmul.h's contract). */
+typedef enum mm_round { MM_ROUND_NONE = 0, MM_ROUND_F16 = 1, MM_ROUND_BF16 = 2 } mm_round;
+
+/* How the kernels read weight elements: straight from the matrix for the
+ * three float types; everything else is dequantized first. */
+typedef enum mm_wkind { MM_W_F32 = 0, MM_W_F16 = 1, MM_W_BF16 = 2, MM_W_DEQUANT = 3 } mm_wkind;
+
+/* A validated weight as the kernels see it. */
+typedef struct mm_src {
+    const uint8_t *data; /* rows * row_bytes bytes */
+    uint64_t row_bytes;
+    int32_t dtype;
+    int32_t kind;       /* mm_wkind */
+    int32_t block_size; /* elements per block (1 for plain types) */
+    int32_t type_size;  /* bytes per block */
+    int64_t rows, cols;
+} mm_src;
+
+/* The kernels' scratch differs by path. */
+typedef enum mm_path { MM_PATH_FORWARD = 0, MM_PATH_BACKWARD = 1, MM_PATH_GEMV = 2 } mm_path;
+
+/* Columns one backward task covers: MM_BWD_COLS, or a whole block for
+ * 256-element block types; and the weight rows it packs at a time. */
+int64_t mm_bwd_cols(const mm_src *w);
+int64_t mm_bwd_kc(const mm_src *w);
+
+/* Scale and min (6 bits each) of sub-block j (< 8) of a q4_K / q5_K block
+ * from its 12 scale bytes s (quant.c). */
+void cart_scale_min_k4(int j, const uint8_t *s, int *scale, int *min);
+
+typedef struct cart_kernels {
+    int32_t isa;      /* cart_isa */
+    const char *name; /* cart_isa_name */
+    int32_t mu;       /* tokens per GEMM micro-tile: a packed activation panel's width */
+
+    /* Floats of per-thread scratch the kernels of `path` need (64-byte aligned). */
+    int64_t (*scratch_floats)(const mm_src *w, int32_t path);
+
+    /* Packs activation rows for the GEMM kernels, rounded as `round` says: x
+     * is (ntok, depth) with pitch ldx; xp receives ceil(ntok / mu) panels of
+     * depth * mu floats, panel p holding tokens p*mu.. as xp[p][k][u] (missing
+     * tokens are zeros). Handles panels [p0, p1). */
+    void (*pack_act)(float *xp, const float *x, int64_t ldx, int64_t ntok, int64_t depth,
+                     int32_t round, int64_t p0, int64_t p1);
+
+    /* Rounds rows [i0, i1) of x (pitch ldx) into xr (pitch cols). */
+    void (*round_rows)(float *xr, const float *x, int64_t ldx, int64_t cols, int32_t round,
+                       int64_t i0, int64_t i1);
+
+    /* Forward GEMM for weight rows [r0, r1) over the reduction block [d0, d0 +
+     * depth): y[i, r] = (d0 > 0 ? y[i, r] : 0) + sum_k xp(i, k) * W[r, d0 + k]
+     * for the ntok tokens packed in xp (pack_act of x's columns d0..). */
+    void (*forward_rows)(const mm_src *w, float *y, int64_t ldy, const float *xp, int64_t ntok,
+                         int64_t d0, int64_t depth, int64_t r0, int64_t r1, float *scratch);
+
+    /* Backward GEMM for weight columns [c0, c1) over weight rows [d0, d0 +
+     * depth): dx[i, c] += sum_k dyp(i, k) * W[d0 + k, c] for the ntok tokens
+     * packed in dyp (pack_act of dy's columns d0..). */
+    void (*backward_cols)(const mm_src *w, float *dx, int64_t ldx, const float *dyp,
+                          int64_t ntok, int64_t d0, int64_t depth, int64_t c0, int64_t c1,
+                          float *scratch);
+
+    /* Forward GEMV for few tokens, weight rows [r0, r1). x is (n, cols) with
+     * pitch ldx, already rounded. */
+    void (*gemv_rows)(const mm_src *w, float *y, int64_t ldy, const float *x, int64_t ldx,
+                      int64_t n, int64_t r0, int64_t r1, float *scratch);
+
+    /* score[i] = q . k[i] for i < nt, rows `stride` floats (or halves) apart;
+     * head_dim a multiple of 16. */
+    void (*scores)(float *score, const float *q, const float *k, int64_t stride,
+                   int32_t head_dim, int64_t nt);
+    void (*scores_f16)(float *score, const float *q, const uint16_t *k, int64_t stride,
+                       int32_t head_dim, int64_t nt);
+
+    /* acc[d] += sum over i < nt of p[i] * v[i][d], in i order; head_dim a
+     * multiple of 16 and at most 256. */
+    void (*values)(float *acc, const float *p, const float *v, int64_t stride, int64_t nt,
+                   int32_t head_dim);
+    void (*values_f16)(float *acc, const float *p, const uint16_t *v, int64_t stride, int64_t nt,
+                       int32_t head_dim);
+
+    /* Bulk conversions (any alignment), as the scalar functions of dtype.h. */
+    void (*f16_to_f32)(float *dst, const uint16_t *src, int64_t n);
+    void (*f32_to_f16)(uint16_t *dst, const float *src, int64_t n);
+    void (*bf16_to_f32)(float *dst, const uint16_t *src, int64_t n);
+    void (*f32_to_bf16)(uint16_t *dst, const float *src, int64_t n);
+} cart_kernels;
+
+/* The table in use (cpu.c). When CART_ISA named a level that cannot run
+ * here, cart_isa_init() reports that to whoever asks (model loads, the
+ * matmul entry points, the host at start) and this returns the scalar table,
+ * which gives the same bits, for callers that have no status to return. */
+const cart_kernels *cart_kern(void);
+
+/* Each level's table; NULL when the build lacks it. */
+const cart_kernels *cart_kernels_scalar(void);
+const cart_kernels *cart_kernels_avx2(void);
+const cart_kernels *cart_kernels_avx512(void);
+const cart_kernels *cart_kernels_neon(void);
+
+#pragma GCC visibility pop
+
+#endif

@@ -1,0 +1,337 @@
+/*
+ * test_kernels.c - every ISA level gives the scalar level's bits.
+ *
+ * cpu.h promises that each level computes the same arithmetic as plain C
+ * (kernels/kernels.h fixes it). This runs the products, the attention
+ * kernels and the bulk conversions at the scalar level, then at every other
+ * level this machine supports, and compares bit for bit: the tolerance is 0
+ * and the max difference is printed. Levels the machine lacks are reported
+ * as not run here, never assumed. It also checks the level API itself:
+ * names, parsing, refusing a level the machine cannot run.
+ *
+ * The scalar level is checked against float64 references in test_matmul and
+ * test_train; with this test, so is every level.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "random_weights.h"
+#include "cpu.h"
+#include "dtype.h"
+#include "matmul.h"
+#include "ops.h"
+#include "pool.h"
+
+/* The largest |a - b| over n floats, counting any bit difference (a NaN
+ * against a NaN of other bits, -0 against +0) as infinite. */
+static double bit_diff(const float *a, const float *b, int64_t n) {
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (memcmp(a + i, b + i, 4) == 0) continue;
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d > 0) || isnan(d)) d = INFINITY;
+        if (d > worst) worst = d;
+    }
+    return worst;
+}
+
+static const int32_t all_dtypes[] = {
+    CART_F32,  CART_F16,  CART_BF16, CART_Q4_0,   CART_Q4_1,   CART_Q5_0, CART_Q5_1,
+    CART_Q8_0, CART_Q2_K, CART_Q3_K, CART_Q4_K,   CART_Q5_K,   CART_Q6_K, CART_IQ4_NL,
+    CART_IQ4_XS,
+};
+
+/* n tokens, rows, cols (rounded up to the block; plain types get 3 more for
+ * a ragged tail). The set covers both forward regimes (GEMV up to 16
+ * tokens), edge micro-tiles, and reductions longer than one packed block. */
+typedef struct shape {
+    int64_t n, rows, cols;
+} shape;
+
+static const shape shapes[] = {
+    {1, 37, 512}, {2, 48, 256},   {3, 50, 300},   {5, 33, 1024}, {8, 17, 96},
+    {9, 70, 512}, {16, 40, 256},  {17, 65, 512},  {40, 33, 768}, {29, 20, 4352},
+};
+
+static int64_t cols_for(const shape *s, int32_t dtype) {
+    cart_dtype_info info;
+    cart_dtype_get_info(&info, dtype);
+    int64_t c = (s->cols + info.block_size - 1) / info.block_size * info.block_size;
+    return info.block_size == 1 ? c + 3 : c;
+}
+
+/* The machine's levels other than scalar, in *levels; their count. */
+static int other_levels(int32_t *levels) {
+    int count = 0;
+    for (int32_t isa = 0; isa < CART_ISA_COUNT; isa++) {
+        if (isa == CART_ISA_SCALAR) continue;
+        if (cart_isa_supported(isa)) levels[count++] = isa;
+        else printf("  %s: not run here (%s)\n", cart_isa_name(isa), cart_cpu_features());
+    }
+    return count;
+}
+
+/* ---- products -------------------------------------------------------------- */
+
+typedef struct products {
+    float *y, *dx, *many0, *many1;
+} products;
+
+/* Forward, backward and forward_many of w on x / dy at the active level. */
+static void run_products(products *out, const cart_weight *w, const cart_weight *w2,
+                         const float *x, const float *dy, const float *dx0, int64_t n,
+                         cart_pool *pool) {
+    const int64_t rows = w->rows, cols = w->cols;
+    out->y = malloc(sizeof(float) * (size_t)(n * rows));
+    out->dx = malloc(sizeof(float) * (size_t)(n * cols));
+    out->many0 = malloc(sizeof(float) * (size_t)(n * rows));
+    out->many1 = malloc(sizeof(float) * (size_t)(n * w2->rows));
+    memcpy(out->dx, dx0, sizeof(float) * (size_t)(n * cols));
+    CHECK_OK(cart_matmul_forward(out->y, rows, x, cols, w, n, pool));
+    CHECK_OK(cart_matmul_backward(out->dx, cols, dy, rows, w, n, pool));
+    float *ys[2] = {out->many0, out->many1};
+    const int64_t ldys[2] = {rows, w2->rows};
+    const cart_weight *ws[2] = {w, w2};
+    CHECK_OK(cart_matmul_forward_many(2, ys, ldys, x, cols, ws, n, pool));
+}
+
+static void free_products(products *p) {
+    free(p->y), free(p->dx), free(p->many0), free(p->many1);
+}
+
+static void test_products_match_scalar_on_every_level(void) {
+    int32_t levels[CART_ISA_COUNT];
+    const int nlevels = other_levels(levels);
+    cart_pool *pool = NULL;
+    CHECK_OK(cart_pool_new(&pool, 2));
+    uint64_t seed = 2024;
+    for (int l = 0; l < nlevels; l++) {
+        for (size_t d = 0; d < sizeof all_dtypes / sizeof all_dtypes[0]; d++) {
+            const int32_t dtype = all_dtypes[d];
+            double fwd = 0, bwd = 0, many = 0;
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                const int64_t n = shapes[s].n, rows = shapes[s].rows;
+                const int64_t cols = cols_for(&shapes[s], dtype);
+                float *wf, *wf2;
+                void *data = random_weight_raw(dtype, rows, cols, &seed, &wf, (int)(s & 1));
+                void *data2 = random_weight(dtype, 23, cols, &seed, &wf2);
+                cart_weight w, w2;
+                CHECK_OK(cart_weight_init(&w, dtype, data, rows, cols));
+                CHECK_OK(cart_weight_init(&w2, dtype, data2, 23, cols));
+                float *x = malloc(sizeof(float) * (size_t)(n * cols));
+                float *dy = malloc(sizeof(float) * (size_t)(n * rows));
+                float *dx0 = malloc(sizeof(float) * (size_t)(n * cols));
+                for (int64_t i = 0; i < n * cols; i++) x[i] = lcg_uniform(&seed) * 4.0f;
+                for (int64_t i = 0; i < n * rows; i++) dy[i] = lcg_uniform(&seed);
+                for (int64_t i = 0; i < n * cols; i++) dx0[i] = lcg_uniform(&seed);
+                products ref, got;
+                CHECK_OK(cart_isa_set(CART_ISA_SCALAR));
+                run_products(&ref, &w, &w2, x, dy, dx0, n, pool);
+                CHECK_OK(cart_isa_set(levels[l]));
+                run_products(&got, &w, &w2, x, dy, dx0, n, pool);
+                double f = bit_diff(ref.y, got.y, n * rows), b = bit_diff(ref.dx, got.dx, n * cols);
+                double m = fmax(bit_diff(ref.many0, got.many0, n * rows),
+                                bit_diff(ref.many1, got.many1, n * 23));
+                if (f > 0 || b > 0 || m > 0)
+                    printf("    %s %s n %lld rows %lld cols %lld: forward %g backward %g many %g\n",
+                           cart_isa_name(levels[l]), cart_dtype_name(dtype), (long long)n,
+                           (long long)rows, (long long)cols, f, b, m);
+                fwd = fmax(fwd, f), bwd = fmax(bwd, b), many = fmax(many, m);
+                free_products(&ref), free_products(&got);
+                free(x), free(dy), free(dx0), free(wf), free(wf2), free(data), free(data2);
+            }
+            char what[128];
+            snprintf(what, sizeof what, "%s vs scalar, %-6s forward", cart_isa_name(levels[l]),
+                     cart_dtype_name(dtype));
+            CHECK_MAXDIFF(what, fwd, 0.0);
+            snprintf(what, sizeof what, "%s vs scalar, %-6s backward", cart_isa_name(levels[l]),
+                     cart_dtype_name(dtype));
+            CHECK_MAXDIFF(what, bwd, 0.0);
+            snprintf(what, sizeof what, "%s vs scalar, %-6s forward_many", cart_isa_name(levels[l]),
+                     cart_dtype_name(dtype));
+            CHECK_MAXDIFF(what, many, 0.0);
+        }
+    }
+    CHECK_OK(cart_isa_set(cart_isa_best()));
+    cart_pool_free(pool);
+}
+
+/* ---- attention ------------------------------------------------------------- */
+
+typedef struct att_case {
+    int32_t dtype, nq, n_head, n_head_kv, head_dim;
+    int64_t n_ctx0;
+} att_case;
+
+static const att_case att_cases[] = {
+    {CART_F16, 1, 8, 2, 64, 150},  {CART_F16, 5, 4, 4, 128, 70}, {CART_F32, 1, 4, 1, 128, 200},
+    {CART_F32, 16, 2, 2, 64, 33},  {CART_F16, 3, 6, 3, 80, 64},  {CART_F16, 2, 2, 1, 8, 20},
+};
+
+/* attention_forward for one case at the active level into out. */
+static void run_attention(float *out, const att_case *c, const float *q, const void *k,
+                          const void *v) {
+    const int64_t stride = (int64_t)c->n_head_kv * c->head_dim;
+    const int64_t q_stride = (int64_t)c->n_head * c->head_dim;
+    attention_forward(out, q, q_stride, c->nq, k, v, c->dtype, c->n_ctx0, stride, c->n_head,
+                      c->n_head_kv, c->head_dim, 1.0f / sqrtf((float)c->head_dim));
+}
+
+static void test_attention_matches_scalar_on_every_level(void) {
+    int32_t levels[CART_ISA_COUNT];
+    const int nlevels = other_levels(levels);
+    uint64_t seed = 77;
+    for (int l = 0; l < nlevels; l++) {
+        double worst = 0;
+        for (size_t i = 0; i < sizeof att_cases / sizeof att_cases[0]; i++) {
+            const att_case *c = &att_cases[i];
+            const int64_t rows = c->n_ctx0 + c->nq, stride = (int64_t)c->n_head_kv * c->head_dim;
+            const int64_t nqf = (int64_t)c->nq * c->n_head * c->head_dim;
+            const size_t esize = c->dtype == CART_F16 ? 2 : 4;
+            float *q = malloc(sizeof(float) * (size_t)nqf);
+            float *kf = malloc(sizeof(float) * (size_t)(rows * stride));
+            float *vf = malloc(sizeof(float) * (size_t)(rows * stride));
+            void *k = malloc(esize * (size_t)(rows * stride));
+            void *v = malloc(esize * (size_t)(rows * stride));
+            for (int64_t j = 0; j < nqf; j++) q[j] = lcg_uniform(&seed) * 2.0f;
+            for (int64_t j = 0; j < rows * stride; j++) kf[j] = lcg_uniform(&seed) * 2.0f;
+            for (int64_t j = 0; j < rows * stride; j++) vf[j] = lcg_uniform(&seed);
+            if (c->dtype == CART_F16) {
+                for (int64_t j = 0; j < rows * stride; j++) {
+                    ((uint16_t *)k)[j] = cart_f32_to_f16(kf[j]);
+                    ((uint16_t *)v)[j] = cart_f32_to_f16(vf[j]);
+                }
+            } else {
+                memcpy(k, kf, 4 * (size_t)(rows * stride));
+                memcpy(v, vf, 4 * (size_t)(rows * stride));
+            }
+            float *ref = malloc(sizeof(float) * (size_t)nqf), *got = malloc(sizeof(float) * (size_t)nqf);
+            CHECK_OK(cart_isa_set(CART_ISA_SCALAR));
+            run_attention(ref, c, q, k, v);
+            /* the training kernels: one head over a prefix block and a segment */
+            const int64_t na = c->n_ctx0 / 2, nb = rows - na;
+            float out_r[256], out_g[256], lse_r, lse_g;
+            float *dq_r = calloc((size_t)c->head_dim, 4), *dq_g = calloc((size_t)c->head_dim, 4);
+            float *dk_r = calloc((size_t)(rows * stride), 4), *dk_g = calloc((size_t)(rows * stride), 4);
+            float *dv_r = calloc((size_t)(rows * stride), 4), *dv_g = calloc((size_t)(rows * stride), 4);
+            const float scale = 0.125f;
+            attention_head_forward(out_r, &lse_r, q, kf, vf, na, stride, kf + na * stride,
+                                   vf + na * stride, nb, stride, c->head_dim, scale);
+            attention_head_backward(dq_r, dk_r, dv_r, 1, dk_r + na * stride, dv_r + na * stride, q,
+                                    out_r, lse_r, q, kf, vf, na, stride, kf + na * stride,
+                                    vf + na * stride, nb, stride, c->head_dim, scale);
+            CHECK_OK(cart_isa_set(levels[l]));
+            run_attention(got, c, q, k, v);
+            attention_head_forward(out_g, &lse_g, q, kf, vf, na, stride, kf + na * stride,
+                                   vf + na * stride, nb, stride, c->head_dim, scale);
+            attention_head_backward(dq_g, dk_g, dv_g, 1, dk_g + na * stride, dv_g + na * stride, q,
+                                    out_g, lse_g, q, kf, vf, na, stride, kf + na * stride,
+                                    vf + na * stride, nb, stride, c->head_dim, scale);
+            double d = bit_diff(ref, got, nqf);
+            d = fmax(d, bit_diff(out_r, out_g, c->head_dim));
+            d = fmax(d, bit_diff(&lse_r, &lse_g, 1));
+            d = fmax(d, bit_diff(dq_r, dq_g, c->head_dim));
+            d = fmax(d, bit_diff(dk_r, dk_g, rows * stride));
+            d = fmax(d, bit_diff(dv_r, dv_g, rows * stride));
+            if (d > 0)
+                printf("    %s attention case %zu (%s, nq %d, head_dim %d): %g\n",
+                       cart_isa_name(levels[l]), i, cart_dtype_name(c->dtype), (int)c->nq,
+                       (int)c->head_dim, d);
+            worst = fmax(worst, d);
+            free(q), free(kf), free(vf), free(k), free(v), free(ref), free(got);
+            free(dq_r), free(dq_g), free(dk_r), free(dk_g), free(dv_r), free(dv_g);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%s vs scalar, attention forward/backward",
+                 cart_isa_name(levels[l]));
+        CHECK_MAXDIFF(what, worst, 0.0);
+    }
+    CHECK_OK(cart_isa_set(cart_isa_best()));
+}
+
+/* ---- conversions ----------------------------------------------------------- */
+
+static void test_bulk_conversions_match_scalar_on_every_level(void) {
+    int32_t levels[CART_ISA_COUNT];
+    const int nlevels = other_levels(levels);
+    enum { N = 4099 }; /* odd: every tail length occurs over the offsets below */
+    float *f = malloc(sizeof(float) * (N + 1));
+    uint16_t *h = malloc(sizeof(uint16_t) * (N + 1));
+    uint64_t seed = 5;
+    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 65504.0f, 65520.0f,
+                              6e-8f, 3e-8f, 1e-40f, 0x1.002p0f, 0x1.006p0f, 0x1.00018p0f};
+    for (int i = 0; i < N + 1; i++) {
+        uint32_t bits = lcg_bits(&seed);
+        memcpy(&f[i], &bits, 4); /* every pattern, NaNs with payloads included */
+        if (i % 3 == 0) f[i] = lcg_uniform(&seed) * 70000.0f;
+        if (i < (int)(sizeof specials / sizeof specials[0])) f[i] = specials[i];
+        h[i] = (uint16_t)lcg_bits(&seed);
+    }
+    for (int l = 0; l < nlevels; l++) {
+        int differ = 0;
+        for (int off = 0; off < 2; off++) { /* aligned and misaligned starts */
+            for (int64_t n = N - 17 - off; n <= N - off; n++) {
+                uint16_t a16[N + 1], b16[N + 1];
+                float a32[N + 1], b32[N + 1];
+                for (int dir = 0; dir < 4; dir++) {
+                    CHECK_OK(cart_isa_set(CART_ISA_SCALAR));
+                    if (dir == 0) cart_f32_to_f16_n(a16, f + off, n);
+                    if (dir == 1) cart_f32_to_bf16_n(a16, f + off, n);
+                    if (dir == 2) cart_f16_to_f32_n(a32, h + off, n);
+                    if (dir == 3) cart_bf16_to_f32_n(a32, h + off, n);
+                    CHECK_OK(cart_isa_set(levels[l]));
+                    if (dir == 0) cart_f32_to_f16_n(b16, f + off, n);
+                    if (dir == 1) cart_f32_to_bf16_n(b16, f + off, n);
+                    if (dir == 2) cart_f16_to_f32_n(b32, h + off, n);
+                    if (dir == 3) cart_bf16_to_f32_n(b32, h + off, n);
+                    if (dir < 2) differ |= memcmp(a16, b16, 2 * (size_t)n) != 0;
+                    else differ |= memcmp(a32, b32, 4 * (size_t)n) != 0;
+                }
+            }
+        }
+        CHECK_MSG(!differ, "%s: a bulk f16/bf16 conversion differs from the scalar one",
+                  cart_isa_name(levels[l]));
+        printf("  %s vs scalar, f16/bf16 bulk conversions of %d values: %s\n",
+               cart_isa_name(levels[l]), N, differ ? "DIFFER" : "identical");
+    }
+    CHECK_OK(cart_isa_set(cart_isa_best()));
+    free(f), free(h);
+}
+
+/* ---- the level API --------------------------------------------------------- */
+
+static void test_levels_are_named_parsed_and_refused_when_missing(void) {
+    int32_t isa = -1;
+    for (int32_t i = 0; i < CART_ISA_COUNT; i++) {
+        CHECK_OK(cart_isa_parse(&isa, cart_isa_name(i)));
+        CHECK(isa == i);
+    }
+    CHECK_ERR(cart_isa_parse(&isa, "sse9"), CART_E_ARG);
+    CHECK_ERROR_MENTIONS("sse9");
+    CHECK_ERROR_MENTIONS("avx2");
+    CHECK(strcmp(cart_isa_name(99), "unknown") == 0);
+    CHECK(cart_isa_supported(CART_ISA_SCALAR));
+    CHECK(cart_isa_supported(cart_isa_best()));
+    CHECK(!cart_isa_supported(-1) && !cart_isa_supported(CART_ISA_COUNT));
+    /* x86 builds have no NEON level and AArch64 builds no AVX ones */
+    const int32_t absent = cart_isa_supported(CART_ISA_NEON) ? CART_ISA_AVX2 : CART_ISA_NEON;
+    CHECK(!cart_isa_supported(absent));
+    CHECK_ERR(cart_isa_set(absent), CART_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS(cart_isa_name(absent));
+    CHECK_ERROR_MENTIONS("scalar");
+    CHECK_OK(cart_isa_init()); /* ctest sets CART_ISA only to levels it then skips if missing */
+    printf("  best level here: %s; active: %s; cpu: %s\n", cart_isa_name(cart_isa_best()),
+           cart_isa_name(cart_isa_active()), cart_cpu_features());
+}
+
+int main(void) {
+    RUN(test_levels_are_named_parsed_and_refused_when_missing);
+    RUN(test_bulk_conversions_match_scalar_on_every_level);
+    RUN(test_attention_matches_scalar_on_every_level);
+    RUN(test_products_match_scalar_on_every_level);
+    return check_finish("kernels");
+}
