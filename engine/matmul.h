@@ -22,17 +22,20 @@
  * gradients are not meant to mimic an inference engine's rounding.
  *
  * Work is split over `pool` (NULL: the default pool). Results do not depend
- * on the thread count.
+ * on the thread count, nor on the ISA level (cpu.h): every level computes
+ * the same arithmetic.
  *
- * Batch invariance (AVX-512 builds): with n <= 16 the memory-bound GEMV
+ * Batch invariance (every level): with n <= 16 the memory-bound GEMV
  * kernels run and each row's output is bitwise what it would be computed
  * alone; with n > 16 the GEMM kernels run and a row's output again does not
  * depend on n or on its place in the batch. Between the two regimes results
  * differ by f32 rounding (about 1e-6 relative). Speculative verification of
  * up to 8 drafted tokens (9 rows) therefore gives exactly the bits of
  * one-token decoding, and two prefills of more than 16 tokens agree bit for
- * bit, which the equivalence gate relies on. The portable build makes the
- * first promise only.
+ * bit, which the equivalence gate relies on.
+ *
+ * A CART_ISA this machine cannot run makes every call fail with its message
+ * (cpu.h).
  */
 #ifndef CART_MATMUL_H
 #define CART_MATMUL_H

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "cpu.h"
 #include "internal.h"
 #include "model.h"
 #include "model_internal.h"
@@ -344,6 +345,7 @@ static int load_weights(cart_model *m, loader *ld, const cart_model_options *opt
 
 int cart_model_load(cart_model **out, const char *path, const cart_model_options *opts) {
     *out = NULL;
+    if (cart_isa_init() != CART_OK) return cart_fail_context(cart_last_status(), "%s", path);
     cart_model *m = cart_calloc(1, sizeof *m, "model");
     if (!m) return CART_E_NOMEM;
     int rc = cart_gguf_open(&m->gguf, path);

@@ -7,9 +7,11 @@
 --
 -- Budgets default to the reference's demo: p 256, chunks 256-512, max-q 64,
 -- max-a 160, accum 4, 8 steps. The floor: the FLOPs of a conversation (chunk
--- and prompt prefills, the training forward and backward) at the GEMM rate
--- measured here by a prefill, plus the bytes its lockstep decode steps read at
--- ~50 GB/s.
+-- and prompt prefills, the training forward and backward) at this machine's
+-- f32 GEMM peak, plus the bytes its lockstep decode steps read at its read
+-- bandwidth. Both are measured here first (probe.h): the peak by a plain
+-- 1536^3 GEMM (the faster of OpenBLAS and the engine's f32 kernel), not by the
+-- engine's own prefill, and the bandwidth by integer sums over 512 MiB.
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
@@ -38,8 +40,9 @@ local opts = options.parse(arg, {
     },
 })
 
-local BANDWIDTH = 50e9
 cartridge.set_threads(opts.threads)
+local bandwidth = C.cart_probe_read_bandwidth(512 * 2 ^ 20, 5, nil)
+local gemm_rate = math.max(C.cart_probe_blas_gemm(1536, 3), C.cart_probe_engine_gemm(1536, 3, nil))
 local path = opts.model
 if not path then
     path = cartridge.root .. "/models/bench-qwen3-0.6b-f16.gguf"
@@ -56,22 +59,11 @@ local corpus = corpus_mod.load(opts.corpus, tok)
 print(("model %s (%d layers, hidden %d); corpus %d files, %d tokens; %d threads"):format(path, mc.n_layer,
     mc.n_embd, #corpus.files, corpus.n_tokens, cartridge.threads()))
 
--- the GEMM rate: a 256-token prefill
 local layer_params = mc.n_layer * (mc.n_embd * (mc.n_head + 2 * mc.n_head_kv) * mc.head_dim
     + mc.n_head * mc.head_dim * mc.n_embd + 3 * mc.n_embd * mc.n_ff)
 local head_params = mc.n_vocab * mc.n_embd
-do
-    local kv = m:new_kv(300)
-    m:forward(kv, { 1, 2, 3, 4 }, "none")
-    kv:truncate(0)
-end
-local warm = {}
-for i = 1, 256 do warm[i] = corpus.ids[i] end
-local kv = m:new_kv(300)
-local t0 = now()
-m:forward(kv, warm, "none")
-local gemm_rate = 2 * layer_params * 256 / (now() - t0)
-kv:free()
+print(("machine: %s; kernels %s; f32 GEMM peak %.0f GFLOP/s; read bandwidth %.1f GB/s")
+    :format(cartridge.ffi.string(C.cart_cpu_features()), cartridge.isa(), gemm_rate / 1e9, bandwidth / 1e9))
 
 local template = chat.for_model(m)
 local c = cartridge.cart.new(m, math.min(opts.p, #selfstudy.init_ids(tok, template, corpus.text, opts.p)), 1)
@@ -117,7 +109,9 @@ print(("measured  %6.2f s/conversation: bot A %.2f, bot B %.2f, teacher %.2f, tr
 local prefill_flops = 2 * layer_params * prefill_tokens
 local train_flops = 4 * layer_params * student_tokens + 4 * head_params * head_rows
 local decode_bytes = (decode_steps_a + decode_steps_b) * m.weight_bytes
-local floor = (prefill_flops + train_flops) / gemm_rate + decode_bytes / BANDWIDTH
-print(("floor     %6.2f s/conversation: %.0f GFLOP at the measured %.0f GFLOP/s + %.1f GB of decode reads at 50 GB/s")
-    :format(per(floor), per(prefill_flops + train_flops) / 1e9, gemm_rate / 1e9, per(decode_bytes) / 1e9))
+local floor = (prefill_flops + train_flops) / gemm_rate + decode_bytes / bandwidth
+print(("floor     %6.2f s/conversation: %.0f GFLOP at the %.0f GFLOP/s GEMM peak (%.2f s) + %.1f GB of decode reads at %.1f GB/s (%.2f s)")
+    :format(per(floor), per(prefill_flops + train_flops) / 1e9, gemm_rate / 1e9,
+        per(prefill_flops + train_flops) / gemm_rate, per(decode_bytes) / 1e9, bandwidth / 1e9,
+        per(decode_bytes) / bandwidth))
 print(("measured / floor: %.2fx"):format(total / floor))

@@ -116,7 +116,7 @@ os.execute("kill -TERM " .. pid)
 local non200, requests, errors, p50, p99 = out:match("CARTRIDGE non200=(%d+) requests=(%d+) errors=(%d+) p50=(%d+) p99=(%d+)")
 if not requests then error("bench_server: wrk failed:\n" .. out, 0) end
 local rps = tonumber(requests) / opts.seconds
-print(("%d connections for %d s, %d completion tokens per request, %d server slots"):format(opts.connections,
+print(("kernels %s; %d connections for %d s, %d completion tokens per request, %d server slots"):format(cartridge.isa(), opts.connections,
     opts.seconds, opts.max_tokens, opts.parallel))
 print(("requests: %d (%.1f/s, %.0f completion tokens/s); latency p50 %.0f ms, p99 %.0f ms"):format(tonumber(requests),
     rps, rps * opts.max_tokens, tonumber(p50) / 1000, tonumber(p99) / 1000))

@@ -106,8 +106,8 @@ end
 -- the matrix: each configuration in its own process
 local results = {}
 local exe = package.loaded["cartridge.host"] and package.loaded["cartridge.host"].executable or "build/cartridge"
-print(("model %s, p %d, %d sequences x %d tokens (%d supervised each, 20 teacher entries per token), %d threads")
-    :format(path, opts.p, opts.seqs, opts.len, opts.answer, opts.threads))
+print(("kernels %s; model %s, p %d, %d sequences x %d tokens (%d supervised each, 20 teacher entries per token), %d threads")
+    :format(cartridge.isa(), path, opts.p, opts.seqs, opts.len, opts.answer, opts.threads))
 for _, case in ipairs({ "packed-plain", "flat-plain", "packed-recompute", "flat-recompute" }) do
     local cmd = ("%s run %s --case %s --model %s --threads %d --p %d --seqs %d --len %d --answer %d --repeat %d"):format(
         helper_q(exe), helper_q(arg[0]), case, helper_q(path), opts.threads, opts.p, opts.seqs, opts.len, opts.answer,

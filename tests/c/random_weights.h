@@ -11,22 +11,22 @@
 
 #include "dtype.h"
 
-static float lcg_uniform(uint64_t *s) {
+static inline float lcg_uniform(uint64_t *s) {
     *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
     return (float)((double)(*s >> 40) / (double)(1ULL << 24)) * 2.0f - 1.0f;
 }
 
-static uint32_t lcg_bits(uint64_t *s) {
+static inline uint32_t lcg_bits(uint64_t *s) {
     *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
     return (uint32_t)(*s >> 32);
 }
 
-static int32_t block_size_of(int32_t dtype) {
+static inline int32_t block_size_of(int32_t dtype) {
     cart_dtype_info info;
     return cart_dtype_get_info(&info, dtype) == CART_OK ? info.block_size : 1;
 }
 
-static uint64_t row_bytes_of(int32_t dtype, int64_t cols) {
+static inline uint64_t row_bytes_of(int32_t dtype, int64_t cols) {
     uint64_t n = 0;
     cart_dtype_nbytes(&n, dtype, cols);
     return n;
@@ -47,7 +47,7 @@ static const scale_fields scale_table[] = {
     {CART_Q6_K, 210, {208, -1}}, {CART_IQ4_NL, 18, {0, -1}}, {CART_IQ4_XS, 136, {0, -1}},
 };
 
-static const scale_fields *scales_of(int32_t dtype) {
+static inline const scale_fields *scales_of(int32_t dtype) {
     for (size_t i = 0; i < sizeof scale_table / sizeof scale_table[0]; i++)
         if (scale_table[i].dtype == dtype) return &scale_table[i];
     return NULL;
@@ -58,7 +58,7 @@ static const scale_fields *scales_of(int32_t dtype) {
  * iq4_nl / iq4_xs, which have no quantizer), random bytes whose f16 scales
  * are set to sane values (0.005 .. 0.02), so every bit pattern of quants and
  * sub-block scales occurs. *wf receives the dequantized values. */
-static void *random_weight_raw(int32_t dtype, int64_t rows, int64_t cols, uint64_t *seed,
+static inline void *random_weight_raw(int32_t dtype, int64_t rows, int64_t cols, uint64_t *seed,
                                float **wf, int raw) {
     uint64_t rb = row_bytes_of(dtype, cols);
     uint8_t *data = malloc(rb * (uint64_t)rows + 1);
@@ -85,12 +85,12 @@ static void *random_weight_raw(int32_t dtype, int64_t rows, int64_t cols, uint64
     return data;
 }
 
-static void *random_weight(int32_t dtype, int64_t rows, int64_t cols, uint64_t *seed, float **wf) {
+static inline void *random_weight(int32_t dtype, int64_t rows, int64_t cols, uint64_t *seed, float **wf) {
     return random_weight_raw(dtype, rows, cols, seed, wf, 0);
 }
 
 /* x rounded as matmul.h says for weights of `dtype`. */
-static float contract_round(float v, int32_t dtype) {
+static inline float contract_round(float v, int32_t dtype) {
     if (dtype == CART_F16) return cart_f16_to_f32(cart_f32_to_f16(v));
     if (dtype == CART_BF16) return cart_bf16_to_f32(cart_f32_to_bf16(v));
     return v;
