@@ -21,6 +21,7 @@
 #define GK_NV 2
 #define GK_GEMV_T 4
 #define GK_GEMV_R(t) ((t) == 1 ? 4 : (t) == 4 ? 1 : (t) == 2 ? 3 : 2)
+#define GK_Q4_K_IN_REGISTERS 1
 
 typedef __m256 vf;
 
@@ -78,8 +79,20 @@ V_INLINE vf i8x8(__m128i v) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
 }
 
+V_INLINE float v_half(uint16_t h) {
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
 V_INLINE vf v_load_i8(const int8_t *p) {
     return i8x8(_mm_loadl_epi64((const __m128i *)(const void *)p));
+}
+
+V_INLINE vf v_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+
+V_INLINE vf v_nib(const uint8_t *p, int high) {
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+    if (high) v = _mm256_srli_epi32(v, 4);
+    return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
 }
 
 /* ---- dequantization ------------------------------------------------------- */

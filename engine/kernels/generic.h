@@ -12,6 +12,7 @@
  *                     (GK_MU <= MM_MAX_U; GK_NV * VW divides 64)
  *   GK_GEMV_T         most tokens one GEMV pass applies a weight row to (<= 8)
  *   GK_GEMV_R(t)      weight rows per GEMV pass for t tokens (<= MM_GEMV_MAXR)
+ *   GK_Q4_K_IN_REGISTERS  1: the GEMV reads q4_K in registers; 0: through L1
  * and these static inline functions (VW lanes each, unaligned pointers):
  *   v_zero() v_set1(x) v_load(p) v_store(p, v)
  *   v_fma(a, b, c)    a * b + c with one rounding
@@ -20,6 +21,9 @@
  *   v_store_f16(p, v) v_store_bf16(p, v)   rounded to nearest even, NaN quiet
  *   v_round(v, round) v rounded as mm_round says and widened back
  *   v_load_i8(p)      VW signed bytes as floats
+ *   v_half(h)         one f16 (a block scale) as a float, as cart_f16_to_f32
+ *   v_sub(a, b)       a - b
+ *   v_nib(p, high)    VW bytes' low (high = 0) or high (1) nibbles as floats
  *   gk_dequant(w, dst, src, nb)   1 when it dequantized nb blocks of w's
  *                     dtype to cart_to_f32's values, 0 to leave it to cart_to_f32
  *
@@ -395,16 +399,19 @@ GK_INLINE void gk_gemv_span_q8_0(const int R, const int T, const uint8_t *const 
                                  const float *x, int64_t ldx, int64_t depth,
                                  vf acc[MM_GEMV_MAXR][8][GK_NA]) {
     for (int64_t b = 0; b < depth / 32; b++) {
+        vf d[MM_GEMV_MAXR];
+        for (int r = 0; r < R; r++) {
+            uint16_t hd;
+            memcpy(&hd, wr[r] + b * 34, 2);
+            d[r] = v_set1(v_half(hd));
+        }
         for (int h = 0; h < 2; h++) { /* each half of a block is one pass over the 16 lanes */
             vf wv[MM_GEMV_MAXR][GK_NA];
             for (int r = 0; r < R; r++) {
                 const uint8_t *blk = wr[r] + b * 34;
-                uint16_t hd;
-                memcpy(&hd, blk, 2);
-                const vf d = v_set1(cart_f16_to_f32(hd));
 #pragma GCC unroll 16
                 for (int a = 0; a < GK_NA; a++)
-                    wv[r][a] = v_mul(v_load_i8((const int8_t *)(blk + 2 + 16 * h + a * VW)), d);
+                    wv[r][a] = v_mul(v_load_i8((const int8_t *)(blk + 2 + 16 * h + a * VW)), d[r]);
             }
             for (int t = 0; t < T; t++)
 #pragma GCC unroll 16
@@ -416,7 +423,47 @@ GK_INLINE void gk_gemv_span_q8_0(const int R, const int T, const uint8_t *const 
     }
 }
 
-enum { GK_GEMV_Q8_0 = 16 }; /* a GEMV-only kind: q8_0 read in registers */
+/* q4_K rows of `depth` elements, dequantized in registers as quant.c does it
+ * ((d * scale) * q - dmin * min, each step rounded as there) and applied
+ * straight away. Sub-block j of 32 elements is two passes over the 16 lanes;
+ * element 64c + 32h + l is nibble h of byte 16 + 32c + l. */
+GK_INLINE void gk_gemv_span_q4_K(const int R, const int T, const uint8_t *const *wr,
+                                 const float *x, int64_t ldx, int64_t depth,
+                                 vf acc[MM_GEMV_MAXR][8][GK_NA]) {
+    for (int64_t b = 0; b < depth / 256; b++) {
+        for (int j = 0; j < 8; j++) { /* sub-block j: elements 32j .. 32j + 31 */
+            vf d1[MM_GEMV_MAXR], m1[MM_GEMV_MAXR];
+            for (int r = 0; r < R; r++) {
+                const uint8_t *blk = wr[r] + b * 144;
+                uint16_t hd, hm;
+                memcpy(&hd, blk, 2);
+                memcpy(&hm, blk + 2, 2);
+                int sc, mn;
+                cart_scale_min_k4(j, blk + 4, &sc, &mn);
+                d1[r] = v_set1(v_half(hd) * (float)sc);
+                m1[r] = v_set1(v_half(hm) * (float)mn);
+            }
+            for (int l16 = 0; l16 < 32; l16 += 16) {
+                vf wv[MM_GEMV_MAXR][GK_NA];
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *q = wr[r] + b * 144 + 16 + 32 * (j / 2) + l16;
+#pragma GCC unroll 16
+                    for (int a = 0; a < GK_NA; a++)
+                        wv[r][a] = v_sub(v_mul(d1[r], v_nib(q + a * VW, j & 1)), m1[r]);
+                }
+                const int64_t k = 256 * b + 32 * j + l16;
+                for (int t = 0; t < T; t++)
+#pragma GCC unroll 16
+                    for (int a = 0; a < GK_NA; a++) {
+                        const vf xv = v_load(x + t * ldx + k + a * VW);
+                        for (int r = 0; r < R; r++) acc[r][t][a] = v_fma(wv[r][a], xv, acc[r][t][a]);
+                    }
+            }
+        }
+    }
+}
+
+enum { GK_GEMV_Q8_0 = 16, GK_GEMV_Q4_K = 17 }; /* GEMV-only kinds: blocks read in registers */
 
 /* y[t, j + r] = W[j + r, :] . x[t, :] for r < nr (<= R), t < T. */
 GK_INLINE void gk_gemv_tile(const int R, const int T, const int kind, const mm_src *w, int64_t j,
@@ -440,6 +487,7 @@ GK_INLINE void gk_gemv_tile(const int R, const int T, const int kind, const mm_s
         for (int r = 0; r < R; r++)
             wr[r] = w->data + (uint64_t)(j + gk_min(r, nr - 1)) * w->row_bytes;
         if (kind == GK_GEMV_Q8_0) gk_gemv_span_q8_0(R, T, wr, x, ldx, depth, acc);
+        else if (kind == GK_GEMV_Q4_K) gk_gemv_span_q4_K(R, T, wr, x, ldx, depth, acc);
         else gk_gemv_span(R, T, kind, wr, x, ldx, depth, acc);
     }
     for (int r = 0; r < R; r++)
@@ -500,6 +548,8 @@ static void gk_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x,
         default:
             if (w->dtype == CART_Q8_0)
                 gk_gemv_kind(GK_GEMV_Q8_0, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            else if (w->dtype == CART_Q4_K && GK_Q4_K_IN_REGISTERS)
+                gk_gemv_kind(GK_GEMV_Q4_K, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
             else gk_gemv_kind(MM_W_DEQUANT, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
             break;
         }

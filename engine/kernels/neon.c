@@ -22,6 +22,7 @@
 #define GK_NV 4
 #define GK_GEMV_T 4
 #define GK_GEMV_R(t) ((t) == 1 ? 4 : (t) == 4 ? 1 : (t) == 2 ? 3 : 2)
+#define GK_Q4_K_IN_REGISTERS 1
 
 typedef float32x4_t vf;
 
@@ -67,11 +68,25 @@ V_INLINE vf v_round(vf v, int round) {
     return v;
 }
 
+V_INLINE float v_half(uint16_t h) {
+    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+}
+
 V_INLINE vf v_load_i8(const int8_t *p) {
     uint32_t four;
     memcpy(&four, p, 4);
     const int16x8_t h = vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(four)));
     return vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
+}
+
+V_INLINE vf v_sub(vf a, vf b) { return vsubq_f32(a, b); }
+
+V_INLINE vf v_nib(const uint8_t *p, int high) {
+    uint32_t four;
+    memcpy(&four, p, 4);
+    uint8x8_t b = vreinterpret_u8_u32(vdup_n_u32(four));
+    b = high ? vshr_n_u8(b, 4) : vand_u8(b, vdup_n_u8(15));
+    return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(b))));
 }
 
 static inline int gk_dequant(const mm_src *w, float *dst, const uint8_t *src, int64_t nb) {

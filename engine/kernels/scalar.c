@@ -16,6 +16,7 @@
 #define GK_NV 8
 #define GK_GEMV_T 2
 #define GK_GEMV_R(t) ((t) == 1 ? 2 : 1)
+#define GK_Q4_K_IN_REGISTERS 1
 
 typedef float vf;
 
@@ -39,12 +40,16 @@ static inline vf v_load_bf16(const uint16_t *p) { return cart_bf16_to_f32(load_u
 static inline void v_store_f16(uint16_t *p, vf v) { store_u16(p, cart_f32_to_f16(v)); }
 static inline void v_store_bf16(uint16_t *p, vf v) { store_u16(p, cart_f32_to_bf16(v)); }
 static inline vf v_load_i8(const int8_t *p) { return (float)*p; }
+static inline float v_half(uint16_t h) { return cart_f16_to_f32(h); }
 
 static inline vf v_round(vf v, int round) {
     if (round == MM_ROUND_F16) return cart_f16_to_f32(cart_f32_to_f16(v));
     if (round == MM_ROUND_BF16) return cart_bf16_to_f32(cart_f32_to_bf16(v));
     return v;
 }
+
+static inline vf v_sub(vf a, vf b) { return a - b; }
+static inline vf v_nib(const uint8_t *p, int high) { return (float)(high ? *p >> 4 : *p & 15); }
 
 static inline int gk_dequant(const mm_src *w, float *dst, const uint8_t *src, int64_t nb) {
     (void)w, (void)dst, (void)src, (void)nb;

@@ -115,6 +115,7 @@ static const char *check_current = "";
  * CART_ISA set (tests/c/CMakeLists.txt). On a CPU without that level there is
  * nothing to test: skip (77) before main, saying why, rather than fail. */
 __attribute__((constructor)) static void check_isa_or_skip(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* lines reach a log as they are printed */
     const char *want = getenv("CART_ISA");
     int32_t isa;
     if (!want || !*want || cart_isa_parse(&isa, want) != CART_OK) return;
