@@ -117,7 +117,7 @@ for _ = 1, opts.reps do
     kv:truncate(opts.prompt)
     local id = 1
     local t0 = now()
-    for _ = 1, opts.decode do id = m:argmax(m:forward(kv, { id })) end
+    for _ = 1, opts.decode do id = m:argmax((m:forward(kv, { id }))) end
     best = math.min(best, now() - t0)
 end
 local decode_tok_s = opts.decode / best

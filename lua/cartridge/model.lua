@@ -184,12 +184,18 @@ function Model:forward_batch(kvs, ids, logits, counts)
     for b = 1, B do handles[b - 1] = kvs[b].handle end
     core.check(C.cart_model_forward(self.handle, handles, B, tokens, n_tokens, rows, n_rows, out),
         "model:forward")
+    self._logits_rows = n_rows
     return out, n_rows
 end
 
 -- Argmax of one row of logits (ties to the lowest id).
 function Model:argmax(logits, row)
-    return C.cart_argmax(logits + (row or 0) * self.n_vocab, self.n_vocab)
+    row = row or 0
+    if logits == self._logits and (row < 0 or row >= (self._logits_rows or 0)) then
+        -- e.g. m:argmax(m:forward(...)), which passes forward's row count as the row
+        error(("model:argmax: row %d of the last forward's %d logit rows"):format(row, self._logits_rows or 0), 2)
+    end
+    return C.cart_argmax(logits + row * self.n_vocab, self.n_vocab)
 end
 
 model.Model = Model
