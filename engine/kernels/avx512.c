@@ -629,8 +629,15 @@ static ALWAYS_INLINE void gemv_tile(const int R, const int T, const int kind, co
 static ALWAYS_INLINE void gemv_pass(const int R, const int T, const int kind, const mm_src *w,
                                     int64_t r0, int64_t r1, const float *x, int64_t ldx, float *y,
                                     int64_t ldy, float *tmp) {
-    for (int64_t j = r0; j < r1; j += R)
+    for (int64_t j = r0; j < r1; j += R) {
+        /* ask for the next tile's rows while this one computes (they are read
+         * once, from DRAM: more requests in flight is more bandwidth) */
+        const int64_t next = j + R < r1 ? j + R : r1;
+        const char *p = (const char *)w->data + (uint64_t)next * w->row_bytes;
+        const uint64_t bytes = (uint64_t)min64(R, r1 - next) * w->row_bytes;
+        for (uint64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
         gemv_tile(R, T, kind, w, j, min64(R, r1 - j), x, ldx, y, ldy, tmp);
+    }
 }
 
 /* R for T tokens: as many rows as keep R x T accumulators within 24 zmm. */

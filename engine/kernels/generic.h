@@ -498,8 +498,15 @@ GK_INLINE void gk_gemv_tile(const int R, const int T, const int kind, const mm_s
 GK_INLINE void gk_gemv_pass(const int R, const int T, const int kind, const mm_src *w, int64_t r0,
                             int64_t r1, const float *x, int64_t ldx, float *y, int64_t ldy,
                             float *tmp) {
-    for (int64_t j = r0; j < r1; j += R)
+    for (int64_t j = r0; j < r1; j += R) {
+        /* ask for the next tile's rows while this one computes: the rows are
+         * read once, from DRAM, and more requests in flight is more bandwidth */
+        const int64_t next = j + R < r1 ? j + R : r1;
+        const char *p = (const char *)w->data + (uint64_t)next * w->row_bytes;
+        const uint64_t bytes = (uint64_t)(gk_min(R, r1 - next)) * w->row_bytes;
+        for (uint64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
         gk_gemv_tile(R, T, kind, w, j, gk_min(R, r1 - j), x, ldx, y, ldy, tmp);
+    }
 }
 
 GK_INLINE void gk_gemv_kind(const int kind, const mm_src *w, int64_t r0, int64_t r1,
