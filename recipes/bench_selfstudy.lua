@@ -42,7 +42,8 @@ local opts = options.parse(arg, {
 
 cartridge.set_threads(opts.threads)
 local bandwidth = C.cart_probe_read_bandwidth(512 * 2 ^ 20, 5, nil)
-local gemm_rate = math.max(C.cart_probe_blas_gemm(1536, 3), C.cart_probe_engine_gemm(1536, 3, nil))
+local engine_gemm = C.cart_probe_engine_gemm(1536, 3, nil)
+local gemm_rate = math.max(C.cart_probe_blas_gemm(1536, 3), engine_gemm)
 local path = opts.model
 if not path then
     path = cartridge.root .. "/models/bench-qwen3-0.6b-f16.gguf"
@@ -115,3 +116,8 @@ print(("floor     %6.2f s/conversation: %.0f GFLOP at the %.0f GFLOP/s GEMM peak
         per(prefill_flops + train_flops) / gemm_rate, per(decode_bytes) / 1e9, bandwidth / 1e9,
         per(decode_bytes) / bandwidth))
 print(("measured / floor: %.2fx"):format(total / floor))
+-- OpenBLAS runs at the CPU's best level even when CART_ISA forces a lower one;
+-- the floor at the engine's own f32 GEMM rate is the level's own
+local level_floor = (prefill_flops + train_flops) / engine_gemm + decode_bytes / bandwidth
+print(("at this level's own f32 GEMM rate (%.0f GFLOP/s, %s): floor %.2f s/conversation, measured / floor %.2fx")
+    :format(engine_gemm / 1e9, cartridge.isa(), per(level_floor), total / level_floor))

@@ -153,6 +153,32 @@ describe("recipes/equiv.lua", function()
         end
     end)
 
+    it("passes bitwise at every ISA level this machine has", function()
+        -- the demo-sized model: head_dim 64, so attention runs the level's kernels too
+        local levels = {}
+        for isa = 0, cartridge.C.CART_ISA_COUNT - 1 do
+            if cartridge.C.cart_isa_supported(isa) == 1 then
+                levels[#levels + 1] = cartridge.ffi.string(cartridge.C.cart_isa_name(isa))
+            end
+        end
+        local path = tmp .. "/demo.gguf"
+        require("cartridge.randmodel").write({ out = path, preset = "default", dtype = "f16", quiet = true })
+        for _, isa in ipairs(levels) do
+            for _, kv in ipairs({ "f32", "f16" }) do
+                if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+                local args = { "run", "recipes/equiv.lua", "--model", path, "--corpus", "README.md", "--p", "128",
+                    "--suffix-max", "64", "--kv", kv }
+                for i, a in ipairs(args) do args[i] = helper.q(a) end
+                local rc, out, err = helper.run("CART_ISA=" .. isa .. " " .. helper.q(helper.bin) .. " "
+                    .. table.concat(args, " ") .. " </dev/null")
+                assert.are.equal(0, rc, err)
+                assert.truthy(out:find("max |dlogit| 0.000000, mean 0.0000000, greedy agreement 64/64", 1, true),
+                    isa .. " " .. kv .. ": " .. out)
+                print(("  %s, %s KV: %s"):format(isa, kv, out:match("max |dlogit|[^\n]*")))
+            end
+        end
+    end)
+
     it("says CorpusTooShort with the count and the fix", function()
         helper.write_file(tmp .. "/tiny.txt", "hello there")
         local rc, _, err = equiv("--model", model_path, "--corpus", tmp .. "/tiny.txt", "--p", "256")

@@ -85,10 +85,28 @@ describe("the cartridge executable", function()
         end
     end)
 
-    it("prints its version and LuaJIT's for --version and exits 0", function()
+    it("prints its version, LuaJIT's and the kernels' ISA level for --version and exits 0", function()
         local rc, out = cartridge({ "--version" })
         assert.are.equal(0, rc)
-        assert.matches("^cartridge %d+%.%d+%.%d+ %(LuaJIT [^)]+%)\n$", out)
+        assert.matches("^cartridge %d+%.%d+%.%d+ %(LuaJIT [^;]+; kernels: %a[%w]*, best here: %a[%w]*; [^)]+%)\n$", out)
+        -- a forced level is the one in use
+        rc, out = cartridge({ "--version" }, nil, "CART_ISA=scalar ")
+        assert.are.equal(0, rc)
+        assert.truthy(out:find("kernels: scalar,", 1, true), out)
+    end)
+
+    it("refuses a CART_ISA it cannot run, naming the levels it can, before running anything", function()
+        local rc, out, err = cartridge({ "-e", "print('ran')" }, nil, "CART_ISA=sse9 ")
+        assert.are.equal(1, rc)
+        assert.are.equal("", out)
+        assert.truthy(err:find("CART_ISA=sse9 is not a level", 1, true) and err:find("scalar", 1, true), err)
+        -- a real level this build or CPU lacks: x86 builds have no neon, AArch64 builds no avx2
+        local _, v = cartridge({ "--version" })
+        local absent = v:find("aarch64", 1, true) and "avx2" or "neon"
+        rc, out, err = cartridge({ "-e", "print('ran')" }, nil, "CART_ISA=" .. absent .. " ")
+        assert.are.equal(1, rc)
+        assert.are.equal("", out)
+        assert.truthy(err:find("cannot run " .. absent, 1, true) and err:find("use one of scalar", 1, true), err)
     end)
 
     it("runs a chunk given with -e", function()
