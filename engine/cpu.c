@@ -132,19 +132,26 @@ static const cart_kernels *table_of(int32_t isa) {
 
 int32_t cart_isa_supported(int32_t isa) {
     pthread_once(&cpu_once, detect);
-    if (!table_of(isa)) return 0;
+    /* the CPU first: a level's file is compiled for that level, so nothing
+     * in it is called on a CPU without it */
+    int cpu_has = 0;
     switch (isa) {
     case CART_ISA_SCALAR:
-        return 1;
+        cpu_has = 1;
+        break;
     case CART_ISA_AVX2:
-        return cpu.avx2;
+        cpu_has = cpu.avx2;
+        break;
     case CART_ISA_AVX512:
-        return cpu.avx512;
+        cpu_has = cpu.avx512;
+        break;
     case CART_ISA_NEON:
-        return cpu.neon;
+        cpu_has = cpu.neon;
+        break;
     default:
-        return 0;
+        break;
     }
+    return cpu_has && table_of(isa) != NULL;
 }
 
 int32_t cart_isa_best(void) {
@@ -152,6 +159,18 @@ int32_t cart_isa_best(void) {
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (cart_isa_supported(order[i])) return order[i];
     return CART_ISA_SCALAR;
+}
+
+/* Whether this build has the level's kernels at all (without calling into
+ * them). */
+static int build_has(int32_t isa) {
+#if CART_X86
+    return isa == CART_ISA_SCALAR || isa == CART_ISA_AVX2 || isa == CART_ISA_AVX512;
+#elif CART_ARM64
+    return isa == CART_ISA_SCALAR || isa == CART_ISA_NEON;
+#else
+    return isa == CART_ISA_SCALAR;
+#endif
 }
 
 /* ---- the choice ----------------------------------------------------------- */
@@ -188,7 +207,7 @@ static void choose(void) {
             snprintf(init_message, sizeof init_message,
                      "CART_ISA=%s: %s cannot run %s kernels (it has %s); use one of %s, or unset "
                      "CART_ISA",
-                     env, table_of(want) ? "this CPU" : "this build", env,
+                     env, build_has(want) ? "this CPU" : "this build", env,
                      cart_cpu_features(), have);
         } else {
             isa = want;
