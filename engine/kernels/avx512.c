@@ -806,7 +806,8 @@ static void f16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
     for (; i < n; i++) {
         uint16_t h;
         memcpy(&h, s + 2 * i, 2);
-        dst[i] = cart_f16_to_f32(h);
+        const float f = cart_f16_to_f32(h);
+        memcpy(dst + i, &f, 4); /* any alignment */
     }
 }
 
@@ -816,7 +817,9 @@ static void f32_to_f16_n(uint16_t *dst, const float *src, int64_t n) {
         _mm256_storeu_si256((__m256i *)((uint8_t *)dst + 2 * i),
                             _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
     for (; i < n; i++) {
-        uint16_t h = cart_f32_to_f16(src[i]);
+        float f;
+        memcpy(&f, (const uint8_t *)src + 4 * i, 4);
+        uint16_t h = cart_f32_to_f16(f);
         memcpy((uint8_t *)dst + 2 * i, &h, 2);
     }
 }
@@ -829,7 +832,8 @@ static void bf16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
     for (; i < n; i++) {
         uint16_t h;
         memcpy(&h, s + 2 * i, 2);
-        dst[i] = cart_bf16_to_f32(h);
+        const float f = cart_bf16_to_f32(h);
+        memcpy(dst + i, &f, 4);
     }
 }
 
@@ -841,7 +845,9 @@ static void f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n) {
                             _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
     }
     for (; i < n; i++) {
-        uint16_t h = cart_f32_to_bf16(src[i]);
+        float f;
+        memcpy(&f, (const uint8_t *)src + 4 * i, 4);
+        uint16_t h = cart_f32_to_bf16(f);
         memcpy((uint8_t *)dst + 2 * i, &h, 2);
     }
 }

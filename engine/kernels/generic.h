@@ -60,10 +60,11 @@ GK_INLINE void gk_widen(const int kind, float *dst, const uint8_t *p, int64_t n)
     const uint16_t *h = (const uint16_t *)(const void *)p;
     for (; i + VW <= n; i += VW)
         v_store(dst + i, kind == MM_W_F16 ? v_load_f16(h + i) : v_load_bf16(h + i));
-    for (; i < n; i++) {
+    for (; i < n; i++) { /* through memcpy: the bulk conversions take any alignment */
         uint16_t u;
         memcpy(&u, p + 2 * i, 2);
-        dst[i] = kind == MM_W_F16 ? cart_f16_to_f32(u) : cart_bf16_to_f32(u);
+        const float f = kind == MM_W_F16 ? cart_f16_to_f32(u) : cart_bf16_to_f32(u);
+        memcpy(dst + i, &f, 4);
     }
 }
 
@@ -98,16 +99,27 @@ static void gk_bf16_to_f32(float *dst, const uint16_t *src, int64_t n) {
     gk_widen(MM_W_BF16, dst, (const uint8_t *)src, n);
 }
 
-static void gk_f32_to_f16(uint16_t *dst, const float *src, int64_t n) {
+/* The tails go through memcpy: the bulk conversions take any alignment. */
+GK_INLINE void gk_narrow(const int bf16, uint16_t *dst, const float *src, int64_t n) {
     int64_t i = 0;
-    for (; i + VW <= n; i += VW) v_store_f16(dst + i, v_load(src + i));
-    for (; i < n; i++) dst[i] = cart_f32_to_f16(src[i]);
+    for (; i + VW <= n; i += VW) {
+        if (bf16) v_store_bf16(dst + i, v_load(src + i));
+        else v_store_f16(dst + i, v_load(src + i));
+    }
+    for (; i < n; i++) {
+        float f;
+        memcpy(&f, src + i, 4);
+        const uint16_t h = bf16 ? cart_f32_to_bf16(f) : cart_f32_to_f16(f);
+        memcpy(dst + i, &h, 2);
+    }
+}
+
+static void gk_f32_to_f16(uint16_t *dst, const float *src, int64_t n) {
+    gk_narrow(0, dst, src, n);
 }
 
 static void gk_f32_to_bf16(uint16_t *dst, const float *src, int64_t n) {
-    int64_t i = 0;
-    for (; i + VW <= n; i += VW) v_store_bf16(dst + i, v_load(src + i));
-    for (; i < n; i++) dst[i] = cart_f32_to_bf16(src[i]);
+    gk_narrow(1, dst, src, n);
 }
 
 /* ---- activations ---------------------------------------------------------- */

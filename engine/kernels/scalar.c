@@ -24,8 +24,12 @@ typedef float vf;
 
 static inline vf v_zero(void) { return 0.0f; }
 static inline vf v_set1(float x) { return x; }
-static inline vf v_load(const float *p) { return *p; }
-static inline void v_store(float *p, vf v) { *p = v; }
+static inline vf v_load(const float *p) {
+    float v;
+    memcpy(&v, p, 4); /* any alignment, as the vector levels' unaligned loads */
+    return v;
+}
+static inline void v_store(float *p, vf v) { memcpy(p, &v, 4); }
 static inline vf v_fma(vf a, vf b, vf c) { return fmaf(a, b, c); }
 static inline vf v_mul(vf a, vf b) { return a * b; }
 /* 16-bit loads and stores through memcpy: callers may pass any alignment. */
