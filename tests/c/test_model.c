@@ -9,6 +9,8 @@
  */
 #include <cjson/cJSON.h>
 
+#include <unistd.h>
+
 #include "check.h"
 #include "dtype.h"
 #include "internal.h"
@@ -314,7 +316,8 @@ static void write_mutant(const char *out, mutation what, const char *target) {
 }
 
 static void test_loading_names_the_tensor_or_key_that_is_wrong(void) {
-    const char *path = "/tmp/cart_test_model_mutant.gguf";
+    char path[64]; /* per process: ctest runs this program once per ISA level, in parallel */
+    snprintf(path, sizeof path, "/tmp/cart_test_model_mutant.%d.gguf", (int)getpid());
     cart_model *m = NULL;
     write_mutant(path, DROP_TENSOR, "blk.3.ffn_up.weight");
     CHECK_ERR(cart_model_load(&m, path, NULL), CART_E_FORMAT);

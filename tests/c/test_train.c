@@ -6,6 +6,8 @@
  * Models are generated here (tiny_model.h), so nothing depends on ../shared.
  */
 #include "adam.h"
+#include <unistd.h>
+
 #include "check.h"
 #include "model.h"
 #include "ops.h"
@@ -13,8 +15,8 @@
 #include "tiny_model.h"
 #include "train.h"
 
-static const char *QWEN_PATH = "/tmp/cart_test_train_qwen3.gguf";
-static const char *LLAMA_PATH = "/tmp/cart_test_train_llama.gguf";
+/* per process: ctest runs this program once per ISA level, in parallel */
+static char QWEN_PATH[64], LLAMA_PATH[64];
 
 static double rel_err(double a, double b) {
     double scale = fmax(fmax(fabs(a), fabs(b)), 1e-3);
@@ -518,6 +520,8 @@ int main(void) {
                     .ff = 48, .vocab = 40, .dtype = CART_F32, .tied = 1, .seed = 5};
     tiny_shape l = q;
     l.qwen3 = 0, l.tied = 0, l.seed = 6, l.head_dim = 8;
+    snprintf(QWEN_PATH, sizeof QWEN_PATH, "/tmp/cart_test_train_qwen3.%d.gguf", (int)getpid());
+    snprintf(LLAMA_PATH, sizeof LLAMA_PATH, "/tmp/cart_test_train_llama.%d.gguf", (int)getpid());
     if (write_tiny_model(QWEN_PATH, &q) || write_tiny_model(LLAMA_PATH, &l)) {
         printf("cannot write the test models: %s\n", cart_last_error());
         return 1;
