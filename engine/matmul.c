@@ -47,6 +47,18 @@ int64_t mm_bwd_kc(const mm_src *w) {
     return MM_BWD_BLOCK / mm_bwd_cols(w);
 }
 
+int64_t mm_scratch_floats(const mm_src *w, int32_t path, int64_t mv) {
+    const int dequant = w->kind == MM_W_DEQUANT;
+    switch (path) {
+    case MM_PATH_FORWARD:
+        return (int64_t)MM_KC * mv * (dequant ? 2 : 1);
+    case MM_PATH_BACKWARD:
+        return (int64_t)MM_BWD_BLOCK + mm_bwd_cols(w);
+    default:
+        return dequant ? (int64_t)MM_GEMV_MAXR * MM_GEMV_KB : 0;
+    }
+}
+
 static int64_t min64(int64_t a, int64_t b) {
     return a < b ? a : b;
 }
@@ -325,7 +337,7 @@ static int forward_run(float *y, int64_t ldy, const float *x, int64_t ldx, const
     workspace ws;
     if (n <= GEMV_MAX_N) {
         int64_t rounded = j.round != MM_ROUND_NONE ? n * w->cols : 0;
-        if (workspace_for(&j, &ws, threads, k->scratch_floats(w, MM_PATH_GEMV), rounded) != CART_OK)
+        if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_GEMV, k->mv), rounded) != CART_OK)
             return CART_E_NOMEM;
         if (rounded) {
             k->round_rows(j.packed, x, ldx, w->cols, j.round, 0, n);
@@ -335,7 +347,7 @@ static int forward_run(float *y, int64_t ldy, const float *x, int64_t ldx, const
         cart_pool_for(pool, ceil_div(w->rows, GEMV_ROWS), 1, gemv_task, &j);
     } else {
         const int64_t per = block_tokens(k, n);
-        if (workspace_for(&j, &ws, threads, k->scratch_floats(w, MM_PATH_FORWARD),
+        if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_FORWARD, k->mv),
                           per * min64(w->cols, MM_DEPTH)) != CART_OK)
             return CART_E_NOMEM;
         for (int64_t i0 = 0; i0 < n; i0 += per)
@@ -359,7 +371,7 @@ static int backward_run(float *dx, int64_t ldx, const float *dy, int64_t ldy, co
     job j = {.k = k, .w = w, .ldo = ldx, .ldi = ldy, .round = MM_ROUND_NONE};
     const int64_t per = block_tokens(k, n);
     workspace ws;
-    if (workspace_for(&j, &ws, threads, k->scratch_floats(w, MM_PATH_BACKWARD),
+    if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_BACKWARD, k->mv),
                       per * min64(w->rows, MM_DEPTH)) != CART_OK)
         return CART_E_NOMEM;
     for (int64_t i0 = 0; i0 < n; i0 += per)
@@ -444,7 +456,7 @@ int cart_matmul_forward_many(int32_t count, float *const *y, const int64_t *ldy,
         j.y[k] = y[k];
         j.ldy[k] = ldy[k];
         j.first_task[k + 1] = j.first_task[k] + ceil_div(j.src[k].rows, GEMV_ROWS);
-        int64_t need = j.k->scratch_floats(&j.src[k], MM_PATH_GEMV);
+        int64_t need = mm_scratch_floats(&j.src[k], MM_PATH_GEMV, j.k->mv);
         if (need > scratch) scratch = need;
     }
     if (same) {

@@ -43,19 +43,9 @@ enum {
     MM_GEMV_T = 8, /* most tokens one GEMV pass applies a weight row to */
 };
 
-static int64_t scratch_floats(const mm_src *w, int32_t path) {
-    const int dequant = w->kind == MM_W_DEQUANT;
-    switch (path) {
-    case MM_PATH_FORWARD: /* a packed panel, and the rows it came from */
-        return (int64_t)MM_KC * MM_V * (dequant ? 2 : 1);
-    case MM_PATH_BACKWARD: /* packed panels for a block of rows, and one dequantized row */
-        return (int64_t)MM_BWD_BLOCK + mm_bwd_cols(w);
-    default: /* dequantized chunks of the rows of one pass */
-        return dequant ? (int64_t)MM_GEMV_MAXR * MM_GEMV_KB : 0;
-    }
-}
-
 #include <immintrin.h>
+
+#include "x86_quants.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -140,19 +130,12 @@ static void dequant_q4_K(float *y, const uint8_t *x, int64_t nb) {
 
 /* q6_K: value (d * scale) * (q - 32), layout as in quant.c. */
 static void dequant_q6_K(float *y, const uint8_t *x, int64_t nb) {
-    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(3);
-    const __m256i bias = _mm256_set1_epi8(32);
     for (int64_t i = 0; i < nb; i++, x += 210, y += 256) {
         const float d = f16_scale(x + 208);
         const int8_t *sc = (const int8_t *)(x + 192);
         for (int h = 0; h < 2; h++) {
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(x + 128 + 32 * h));
             for (int g = 0; g < 4; g++) { /* elements 128h + 32g .. + 31 */
-                __m256i ql = _mm256_loadu_si256((const __m256i *)(x + 64 * h + 32 * (g & 1)));
-                if (g >= 2) ql = _mm256_srli_epi16(ql, 4);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), low2);
-                const __m256i q = _mm256_sub_epi8(
-                    _mm256_or_si256(_mm256_and_si256(ql, low4), _mm256_slli_epi16(hi, 4)), bias);
+                const __m256i q = q6k_quants(x, h, g);
                 float *yy = y + 128 * h + 32 * g;
                 const __m512 s0 = _mm512_set1_ps(d * (float)sc[8 * h + 2 * g]);
                 const __m512 s1 = _mm512_set1_ps(d * (float)sc[8 * h + 2 * g + 1]);
@@ -858,7 +841,7 @@ static const cart_kernels table = {
     .isa = 2, /* CART_ISA_AVX512 */
     .name = "avx512",
     .mu = MM_U,
-    .scratch_floats = scratch_floats,
+    .mv = MM_V,
     .pack_act = mm512_pack_act,
     .round_rows = mm512_round_rows,
     .forward_rows = mm512_forward_rows,

@@ -331,18 +331,6 @@ static void gk_backward_cols(const mm_src *w, float *dx, int64_t ldx, const floa
     }
 }
 
-static int64_t gk_scratch_floats(const mm_src *w, int32_t path) {
-    const int dequant = w->kind == MM_W_DEQUANT;
-    switch (path) {
-    case MM_PATH_FORWARD: /* a packed panel, and the rows it came from */
-        return (int64_t)MM_KC * GK_MV * (dequant ? 2 : 1);
-    case MM_PATH_BACKWARD: /* packed panels for a block of rows, and one widened row */
-        return (int64_t)MM_BWD_BLOCK + mm_bwd_cols(w);
-    default: /* dequantized chunks of the rows of one pass */
-        return dequant ? (int64_t)MM_GEMV_MAXR * MM_GEMV_KB : 0;
-    }
-}
-
 /* ---- sums of 16 lanes ----------------------------------------------------- */
 
 /* The GEMV tree: s[l] += s[l + 8], then + 4, + 2, + 1. */
@@ -635,7 +623,7 @@ static const cart_kernels gk_table = {
     .isa = GK_ISA,
     .name = GK_NAME,
     .mu = GK_MU,
-    .scratch_floats = gk_scratch_floats,
+    .mv = GK_MV,
     .pack_act = gk_pack_act,
     .round_rows = gk_round_rows,
     .forward_rows = gk_forward_rows,

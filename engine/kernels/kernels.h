@@ -68,6 +68,12 @@ typedef struct mm_src {
 /* The kernels' scratch differs by path. */
 typedef enum mm_path { MM_PATH_FORWARD = 0, MM_PATH_BACKWARD = 1, MM_PATH_GEMV = 2 } mm_path;
 
+/* Floats of per-thread scratch the kernels of `path` need for w with weight
+ * panels mv wide (64-byte aligned): forward, a packed panel and, for block
+ * types, the rows it came from; backward, packed panels for a block of rows
+ * and one widened row; GEMV, dequantized chunks of the rows of one pass. */
+int64_t mm_scratch_floats(const mm_src *w, int32_t path, int64_t mv);
+
 /* Columns one backward task covers: MM_BWD_COLS, or a whole block for
  * 256-element block types; and the weight rows it packs at a time. */
 int64_t mm_bwd_cols(const mm_src *w);
@@ -81,9 +87,7 @@ typedef struct cart_kernels {
     int32_t isa;      /* cart_isa */
     const char *name; /* cart_isa_name */
     int32_t mu;       /* tokens per GEMM micro-tile: a packed activation panel's width */
-
-    /* Floats of per-thread scratch the kernels of `path` need (64-byte aligned). */
-    int64_t (*scratch_floats)(const mm_src *w, int32_t path);
+    int32_t mv;       /* outputs per GEMM micro-tile: a packed weight panel's width */
 
     /* Packs activation rows for the GEMM kernels, rounded as `round` says: x
      * is (ntok, depth) with pitch ldx; xp receives ceil(ntok / mu) panels of
