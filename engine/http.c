@@ -5,8 +5,8 @@
  * small state machine:
  *
  *   HEAD      reading the request line and headers (header_timeout_ms from
- *             the first byte, or from accept for a new connection; an idle
- *             keep-alive connection waits idle_timeout_ms for that byte)
+ *             the first byte; a new connection waits first_byte_timeout_ms
+ *             for that byte, an idle keep-alive one idle_timeout_ms)
  *   BODY      head parsed, reading Content-Length bytes (body_timeout_ms)
  *   HANDLING  a REQUEST event is queued or taken; the caller answers; input
  *             is read only to notice a disconnect (and buffered, bounded, for
@@ -27,8 +27,10 @@
  * Slots: max_connections connections may be active (HEAD, BODY, HANDLING);
  * REJECT_RESERVE more slots hold connections that are being refused (503) or
  * closed. When every slot is taken, a new connection is closed at once. When
- * the active ones are all taken, the longest-idle keep-alive connection is
- * closed to make room, else the newcomer gets 503.
+ * the active ones are all taken, or the newcomer's address holds
+ * max_connections_per_peer, a connection is evicted to make room (see
+ * pick_victim: silent ones first, then slow heads), else the newcomer gets
+ * 503.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -62,7 +64,8 @@ enum {
     IN_INITIAL = 4096,    /* first input buffer size */
     OUT_KEEP = 65536,     /* an emptied output buffer bigger than this is freed */
     ACCEPT_BURST = 64,    /* most connections accepted per poll */
-    ACCEPT_PAUSE_MS = 100 /* accept() back-off after running out of descriptors */
+    ACCEPT_PAUSE_MS = 100, /* accept() back-off after running out of descriptors */
+    SLOW_HEAD_MS = 1000    /* a head still arriving after this may be evicted for a newcomer */
 };
 
 typedef enum conn_state { S_HEAD, S_BODY, S_HANDLING, S_CLOSING, S_LINGER } conn_state;
@@ -111,12 +114,14 @@ typedef struct conn {
     int64_t deadline; /* ms, HEAD / BODY / LINGER */
     int64_t progress; /* ms, last time queued output moved (or began to wait) */
     request *req;     /* BODY: the parsed head; HANDLING: the request in flight */
-    int fresh;        /* no request finished on this connection yet */
     int parse_pending;
     int broken;       /* a send outside poll failed or overflowed: drop at the next poll */
     int input_paused; /* HANDLING with a full input buffer: watch for hang-up only */
     int input_eof;    /* CLOSING: the client finished sending; stop polling input */
+    int64_t since;    /* HEAD with no input: ms since when it has waited for a byte */
+    int64_t head_since; /* HEAD with input: ms when the head's first byte came */
     char remote[64];
+    char peer[64]; /* the address without the port: what the per-peer cap counts */
 } conn;
 
 struct cart_http {
@@ -761,10 +766,69 @@ static void conn_read(cart_http *h, int32_t slot, int64_t now) {
         conn_drop(h, slot);
         return;
     }
-    if (c->state == S_HEAD && c->in_len == 0 && !c->fresh)
-        c->deadline = now + h->o.header_timeout_ms; /* idle wait over: the head clock starts */
+    if (c->state == S_HEAD && c->in_len == 0) {
+        c->deadline = now + h->o.header_timeout_ms; /* the wait for a byte is over: the head clock starts */
+        c->head_since = now;
+    }
     c->in_len += (size_t)n;
     if (c->state == S_HEAD || c->state == S_BODY) parse_input(h, c, now);
+}
+
+static int64_t first_byte_ms(const cart_http *h) {
+    int32_t t = h->o.first_byte_timeout_ms;
+    return t < h->o.header_timeout_ms ? t : h->o.header_timeout_ms;
+}
+
+/* The connection to evict for a newcomer, among those from `peer` (NULL:
+ * any): the one that has waited longest without sending a byte (a new
+ * connection, or keep-alive between requests), else the head that has been
+ * arriving longest, if for more than SLOW_HEAD_MS; -1 when none may go. */
+static int32_t pick_victim(const cart_http *h, int32_t newcomer, const char *peer, int64_t now) {
+    int32_t silent = -1, slow = -1;
+    for (int32_t i = 0; i < h->n_slots; i++) {
+        const conn *o = h->conns[i];
+        if (!o || i == newcomer || o->state != S_HEAD || out_pending(o) > 0) continue;
+        if (peer && strcmp(o->peer, peer) != 0) continue;
+        if (o->in_len == 0) {
+            if (silent < 0 || o->since < h->conns[silent]->since) silent = i;
+        } else if (now - o->head_since >= SLOW_HEAD_MS) {
+            if (slow < 0 || o->head_since < h->conns[slow]->head_since) slow = i;
+        }
+    }
+    return silent >= 0 ? silent : slow;
+}
+
+/* The newcomer in `slot` is in the table: keep the table and its address
+ * within their caps, evicting a connection or refusing the newcomer (503). */
+static void make_room(cart_http *h, int32_t slot, int64_t now) {
+    conn *c = h->conns[slot];
+    int32_t active = 0, same_peer = 0;
+    for (int32_t i = 0; i < h->n_slots; i++) {
+        const conn *o = h->conns[i];
+        if (!o || i == slot || !active_state(o->state)) continue;
+        active++;
+        if (strcmp(o->peer, c->peer) == 0) same_peer++;
+    }
+    int32_t per_peer = h->o.max_connections_per_peer;
+    if (same_peer >= per_peer) {
+        int32_t victim = pick_victim(h, slot, c->peer, now);
+        if (victim < 0) {
+            fail_conn(c, 503, now, "too many connections from %s (limit %d per address); try again later",
+                      c->peer, (int)per_peer);
+            return;
+        }
+        conn_drop(h, victim);
+        active--;
+    }
+    if (active >= h->o.max_connections) {
+        int32_t victim = pick_victim(h, slot, NULL, now);
+        if (victim < 0) {
+            fail_conn(c, 503, now, "too many connections (limit %d); try again later",
+                      (int)h->o.max_connections);
+            return;
+        }
+        conn_drop(h, victim);
+    }
 }
 
 static int32_t free_slot(const cart_http *h) {
@@ -794,8 +858,8 @@ static void accept_new(cart_http *h, int64_t now) {
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         c->fd = fd;
         c->state = S_HEAD;
-        c->fresh = 1;
-        c->deadline = now + h->o.header_timeout_ms;
+        c->deadline = now + first_byte_ms(h);
+        c->since = now;
         c->progress = now;
         char addr[INET6_ADDRSTRLEN] = "?";
         if (sa.ss_family == AF_INET) {
@@ -807,25 +871,10 @@ static void accept_new(cart_http *h, int64_t now) {
             inet_ntop(AF_INET6, &a->sin6_addr, addr, sizeof addr);
             snprintf(c->remote, sizeof c->remote, "[%s]:%u", addr, (unsigned)ntohs(a->sin6_port));
         }
+        snprintf(c->peer, sizeof c->peer, "%s", addr);
         h->conns[slot] = c;
         h->n_open++;
-
-        int32_t active = 0, idle = -1;
-        for (int32_t i = 0; i < h->n_slots; i++) {
-            conn *o = h->conns[i];
-            if (!o || o == c || !active_state(o->state)) continue;
-            active++;
-            if (o->state == S_HEAD && !o->fresh && o->in_len == 0 && out_pending(o) == 0 &&
-                (idle < 0 || o->deadline < h->conns[idle]->deadline))
-                idle = i;
-        }
-        if (active >= h->o.max_connections) {
-            if (idle >= 0)
-                conn_drop(h, idle); /* the longest-idle keep-alive connection makes room */
-            else
-                fail_conn(c, 503, now, "too many connections (limit %d); try again later",
-                          (int)h->o.max_connections);
-        }
+        make_room(h, slot, now);
     }
 }
 
@@ -886,8 +935,8 @@ static int64_t enforce_timeouts(cart_http *h, int64_t now) {
             if (c->deadline < next) next = c->deadline;
             continue;
         }
-        if (c->state == S_HEAD && c->in_len == 0 && !c->fresh) {
-            conn_drop(h, i); /* idle keep-alive connection: close quietly */
+        if (c->state == S_HEAD && c->in_len == 0) {
+            conn_drop(h, i); /* no byte came (new or keep-alive connection): close quietly */
         } else if (c->state == S_HEAD) {
             fail_conn(c, 408, now, "request head not received within %d ms",
                       (int)h->o.header_timeout_ms);
@@ -1177,7 +1226,6 @@ static void finish(cart_http *h, conn *c, int64_t now) {
     int close_after = c->req->close;
     request_free(c->req);
     c->req = NULL;
-    c->fresh = 0;
     c->input_paused = 0;
     if (close_after) {
         c->state = S_CLOSING;
@@ -1187,6 +1235,7 @@ static void finish(cart_http *h, conn *c, int64_t now) {
         c->scan = 0;
         c->parse_pending = c->in_len > 0;
         c->deadline = now + (c->in_len > 0 ? h->o.header_timeout_ms : h->o.idle_timeout_ms);
+        c->since = c->head_since = now;
     }
 }
 
@@ -1385,6 +1434,8 @@ void cart_http_default_options(cart_http_options *o) {
     o->body_timeout_ms = 30000;
     o->idle_timeout_ms = 60000;
     o->write_timeout_ms = 60000;
+    o->max_connections_per_peer = 64;
+    o->first_byte_timeout_ms = 2000;
 }
 
 static int check_range(const char *field, int64_t v, int64_t lo, int64_t hi) {
@@ -1406,6 +1457,10 @@ static int check_options(const cart_http_options *o) {
     if (rc == CART_OK) rc = check_range("body_timeout_ms", o->body_timeout_ms, 1, INT32_MAX);
     if (rc == CART_OK) rc = check_range("idle_timeout_ms", o->idle_timeout_ms, 1, INT32_MAX);
     if (rc == CART_OK) rc = check_range("write_timeout_ms", o->write_timeout_ms, 1, INT32_MAX);
+    if (rc == CART_OK)
+        rc = check_range("max_connections_per_peer", o->max_connections_per_peer, 1, 65536);
+    if (rc == CART_OK)
+        rc = check_range("first_byte_timeout_ms", o->first_byte_timeout_ms, 1, INT32_MAX);
     return rc;
 }
 

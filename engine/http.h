@@ -42,6 +42,18 @@
  * max_connections, 505 an HTTP major version other than 1. Application errors
  * (404, 405, bad JSON) are the caller's.
  *
+ * Floods. What one peer can hold is bounded, so that idle or slow sockets
+ * cannot lock other clients out. A new connection that sends no byte within
+ * first_byte_timeout_ms (or header_timeout_ms when that is shorter) is
+ * closed quietly, as is a keep-alive one idle for idle_timeout_ms. When the table
+ * is full (max_connections), or the newcomer's address (its IP, without the
+ * port) already holds max_connections_per_peer, the connection that waited
+ * longest without sending a byte is closed to make room (within that address
+ * for the per-address cap); then the oldest head still arriving after 1 s (a
+ * slowloris); only when no such connection exists does the newcomer get 503.
+ * A client that sends its request as it connects, such as a health check,
+ * is therefore always served.
+ *
  * Disconnects. A CART_HTTP_CLOSED event says that a request already delivered
  * and not yet answered in full lost its connection: the client closed or
  * reset it (a client that half-closes after sending counts as gone), a write
@@ -79,6 +91,8 @@ typedef struct cart_http_options {
     int32_t body_timeout_ms;   /* the whole body must arrive within it, default 30000 */
     int32_t idle_timeout_ms;   /* keep-alive connection with no request, default 60000 */
     int32_t write_timeout_ms;  /* queued output making no progress, default 60000 */
+    int32_t max_connections_per_peer; /* open connections from one address, default 64 */
+    int32_t first_byte_timeout_ms;    /* a request's first byte must come within it, default 2000 */
 } cart_http_options;
 
 typedef enum cart_http_event_kind {

@@ -33,6 +33,8 @@ local opts = options.parse(arg, {
         { "max-messages", type = "int", default = 256, help = "most messages a chat request may carry" },
         { "max-body", type = "int", default = 1048576, help = "largest request body, bytes" },
         { "queue", type = "int", default = 64, help = "requests waiting for a slot before 429" },
+        { "max-connections", type = "int", default = 256, help = "open client connections (idle ones make room)" },
+        { "max-per-address", type = "int", default = 64, help = "open connections from one client address" },
         { "quiet", type = "boolean", help = "no per-request log lines" },
     },
 })
@@ -55,7 +57,8 @@ for _, spec in ipairs(opts.cartridge) do
     io.stderr:write(("cartridge '%s': %s (p = %d)\n"):format(name, path, carts[name].p))
 end
 
-local h = http.listen({ host = opts.host, port = opts.port, max_body_bytes = opts.max_body })
+local h = http.listen({ host = opts.host, port = opts.port, max_body_bytes = opts.max_body,
+    max_connections = opts.max_connections, max_connections_per_peer = opts.max_per_address })
 h:catch_signals()
 local srv = server_mod.new({
     model = m, model_name = model_name, cartridges = carts, http = h, parallel = opts.parallel, ctx = opts.ctx,

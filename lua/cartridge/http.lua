@@ -39,10 +39,12 @@ local KINDS = { [1] = "request", [2] = "closed", [3] = "signal" }
 -- Options: the fields of cart_http_options (host, port, backlog,
 -- max_connections, max_headers, max_header_bytes, max_body_bytes,
 -- max_output_bytes, header_timeout_ms, body_timeout_ms, idle_timeout_ms,
--- write_timeout_ms); missing ones keep the C defaults.
+-- write_timeout_ms, max_connections_per_peer, first_byte_timeout_ms); missing
+-- ones keep the C defaults.
 local OPTION_FIELDS = {
     "port", "backlog", "max_connections", "max_headers", "max_header_bytes", "max_body_bytes",
     "max_output_bytes", "header_timeout_ms", "body_timeout_ms", "idle_timeout_ms", "write_timeout_ms",
+    "max_connections_per_peer", "first_byte_timeout_ms",
 }
 
 -- Starts a server listening on opts.host:opts.port (port 0 or nil: an

@@ -12,7 +12,12 @@
 -- Decoding (RFC 8259): raises "json: <what> at byte N" on anything malformed,
 -- including trailing garbage, invalid escapes, unpaired surrogates, depth
 -- beyond 200 and duplicate keys are kept last-wins. null decodes to json.null
--- (a unique value) so that arrays keep their length.
+-- (a unique value) so that arrays keep their length. json.kind(v) tells a
+-- decoded [] from {} ("array", "object", "string", "number", "boolean",
+-- "null"). A number whose text does not survive the conversion to a double
+-- (beyond 2^53 in magnitude, or so large it reads as infinity) keeps its
+-- source text, which json.number_text(container, key) returns, so that an
+-- error message can quote what the client sent.
 
 local json = {}
 
@@ -180,6 +185,34 @@ local function decode_string(s, pos)
     end
 end
 
+-- container -> { key -> source text } for the numbers a double cannot hold.
+local number_texts = setmetatable({}, { __mode = "k" })
+
+function json.number_text(t, key)
+    local texts = number_texts[t]
+    return texts and texts[key]
+end
+
+function json.kind(v)
+    if v == json.null or v == nil then return "null" end
+    local t = type(v)
+    if t == "table" then return is_array(v) and "array" or "object" end
+    return t
+end
+
+local function keep_text(t, key, v, text)
+    local texts = number_texts[t]
+    if text and (v ~= v or math.abs(v) >= 2 ^ 53) then
+        if not texts then
+            texts = {}
+            number_texts[t] = texts
+        end
+        texts[key] = text
+    elseif texts then
+        texts[key] = nil -- a duplicate key: the last value wins
+    end
+end
+
 local function decode_number(s, pos)
     local num = s:match("^-?%d+%.?%d*[eE]?[-+]?%d*", pos)
     if not num or not num:match("^-?0$") and not num:match("^-?[1-9]") and not num:match("^-?0[.eE]") then
@@ -189,7 +222,7 @@ local function decode_number(s, pos)
         and not num:match("^-?%d+[eE][-+]?%d+$") then
         fail("bad number", pos)
     end
-    return tonumber(num), pos + #num
+    return tonumber(num), pos + #num, num
 end
 
 function decode_value(s, pos, depth)
@@ -206,7 +239,10 @@ function decode_value(s, pos, depth)
             key, pos = decode_string(s, pos)
             pos = skip_ws(s, pos)
             if s:sub(pos, pos) ~= ":" then fail("expected ':'", pos) end
-            obj[key], pos = decode_value(s, pos + 1, depth + 1)
+            local v, text
+            v, pos, text = decode_value(s, pos + 1, depth + 1)
+            obj[key] = v
+            keep_text(obj, key, v, text)
             pos = skip_ws(s, pos)
             local d = s:sub(pos, pos)
             if d == "}" then return obj, pos + 1 end
@@ -219,7 +255,10 @@ function decode_value(s, pos, depth)
         if s:sub(pos, pos) == "]" then return arr, pos + 1 end
         while true do
             n = n + 1
-            arr[n], pos = decode_value(s, pos, depth + 1)
+            local v, text
+            v, pos, text = decode_value(s, pos, depth + 1)
+            arr[n] = v
+            keep_text(arr, n, v, text)
             pos = skip_ws(s, pos)
             local d = s:sub(pos, pos)
             if d == "]" then return arr, pos + 1 end

@@ -23,6 +23,7 @@ local json = require("cartridge.json")
 local chat = require("cartridge.chat")
 local sampler_mod = require("cartridge.sampler")
 local C = core.C
+local ffi = core.ffi
 
 local server = {}
 
@@ -43,7 +44,70 @@ local function reject(status, message, param, code, type_)
     error(setmetatable({ status = status, message = message, param = param, code = code, type = type_ }, RequestError), 0)
 end
 
-local function is_int(v) return type(v) == "number" and v == math.floor(v) end
+function server.is_request_error(e) return getmetatable(e) == RequestError end
+
+-- How a value the client sent reads in an error message: numbers as sent
+-- (1e309 stays 1e309), strings quoted and cut, other things by their kind.
+local function shown(v, container, key)
+    local text = container and json.number_text(container, key)
+    if text then return text end
+    local kind = json.kind(v)
+    if kind == "number" then
+        if v == math.floor(v) and math.abs(v) < 2 ^ 63 then return ("%.0f"):format(v) end
+        return ("%.17g"):format(v)
+    elseif kind == "string" then
+        if C.cart_utf8_invalid_offset(v, #v) >= 0 then
+            return ("a string of %d bytes that is not valid UTF-8"):format(#v)
+        end
+        if #v <= 48 then return json.encode(v) end
+        local cut = 48
+        while cut > 0 and v:byte(cut + 1) >= 0x80 and v:byte(cut + 1) < 0xC0 do cut = cut - 1 end
+        return json.encode(v:sub(1, cut)) .. ("... (%d bytes)"):format(#v)
+    elseif kind == "boolean" then
+        return tostring(v)
+    elseif kind == "null" then
+        return "null"
+    end
+    return "an " .. kind -- an array, an object
+end
+server.shown = shown
+
+local function int_text(v) return ("%.0f"):format(v) end
+
+-- The limits of the C types request numbers are converted to.
+local INT32_MAX = 2 ^ 31 - 1
+local INT64_MIN, UINT64_END = -2 ^ 63, 2 ^ 64
+
+-- body[name] as an integer in [lo, hi] (default when absent or null). The
+-- range check comes before any conversion, so nothing wraps.
+local function integer_field(body, name, lo, hi, default, why)
+    local v = body[name]
+    if v == nil or v == json.null then return default end
+    if type(v) ~= "number" or not (v >= lo and v <= hi) or v ~= math.floor(v) then
+        reject(400, ("%s must be an integer in [%s, %s]%s; got %s"):format(name, int_text(lo), int_text(hi), why or "",
+            shown(v, body, name)), name)
+    end
+    return v
+end
+
+-- body[name] as a finite number in [lo, hi].
+local function number_field(body, name, lo, hi, default)
+    local v = body[name]
+    if v == nil or v == json.null then return default end
+    if type(v) ~= "number" or not (v >= lo and v <= hi) then
+        reject(400, ("%s must be a number in [%g, %g]; got %s"):format(name, lo, hi, shown(v, body, name)), name)
+    end
+    return v
+end
+
+local function boolean_field(body, name, where)
+    local v = body[name]
+    if v == nil or v == json.null then return false end
+    if type(v) ~= "boolean" then
+        reject(400, ("%s must be a boolean; got %s"):format(where or name, shown(v, body, name)), where or name)
+    end
+    return v
+end
 
 -- ---------------------------------------------------------------------------
 -- The server object
@@ -106,80 +170,79 @@ end
 local function parse_json(req)
     local ok, body = pcall(json.decode, req.body)
     if not ok then reject(400, "The body is not valid JSON: " .. tostring(body)) end
-    if type(body) ~= "table" or #body > 0 then reject(400, "The body must be a JSON object.") end
+    if json.kind(body) ~= "object" then reject(400, "The body must be a JSON object; got " .. shown(body) .. ".") end
     return body
 end
 
-local function content_text(content, i)
+-- A message's content: a string, or an array of text parts. Only an
+-- assistant message may have none (null).
+local function content_text(msg, i, role)
+    local content = msg.content
     if type(content) == "string" then return content end
-    if type(content) == "table" then
+    if role == "assistant" and (content == nil or content == json.null) then return "" end
+    if json.kind(content) == "array" then
         local parts = {}
         for j, part in ipairs(content) do
-            if type(part) ~= "table" or part.type ~= "text" or type(part.text) ~= "string" then
-                reject(400, ("messages[%d].content[%d] must be a {\"type\": \"text\", \"text\": ...} part"):format(i - 1, j - 1),
-                    "messages")
+            if json.kind(part) ~= "object" or part.type ~= "text" or type(part.text) ~= "string" then
+                reject(400, ("messages[%d].content[%d] must be a {\"type\": \"text\", \"text\": ...} part; got %s")
+                    :format(i - 1, j - 1, shown(part, content, j)), "messages")
             end
             parts[#parts + 1] = part.text
         end
         return table.concat(parts)
     end
-    reject(400, ("messages[%d].content must be a string or an array of text parts"):format(i - 1), "messages")
+    reject(400, ("messages[%d].content must be a string or an array of text parts; got %s")
+        :format(i - 1, shown(content, msg, "content")), "messages")
 end
 
 local function check_utf8(s, what)
     if C.cart_utf8_invalid_offset(s, #s) >= 0 then reject(400, what .. " is not valid UTF-8") end
 end
 
--- Sampling and stopping options shared by both completion endpoints.
+-- Sampling and stopping options shared by both completion endpoints. Every
+-- number is range-checked against the C type it becomes (engine/sampler.h:
+-- float temperature/top_p/min_p, int32 top_k, uint64 seed).
 function Server:common_options(body)
     local o = {}
-    local mt = body.max_completion_tokens
-    if mt == nil or mt == json.null then mt = body.max_tokens end
-    if mt == nil or mt == json.null then mt = self.default_max_tokens end
-    if not is_int(mt) or mt < 1 then reject(400, "max_tokens must be a positive integer", "max_tokens") end
-    if mt > self.max_tokens_limit then
-        reject(400, ("max_tokens %d is above this server's limit of %d"):format(mt, self.max_tokens_limit), "max_tokens")
-    end
-    o.max_tokens = mt
-    local function number(name, lo, hi, default)
-        local v = body[name]
-        if v == nil or v == json.null then return default end
-        if type(v) ~= "number" or v < lo or v > hi then
-            reject(400, ("%s must be a number in [%g, %g]"):format(name, lo, hi), name)
-        end
-        return v
-    end
-    o.temperature = number("temperature", 0, 2, 1)
-    o.top_p = number("top_p", 0, 1, 1)
+    local mt_name = "max_completion_tokens"
+    if body[mt_name] == nil or body[mt_name] == json.null then mt_name = "max_tokens" end
+    o.max_tokens = integer_field(body, mt_name, 1, self.max_tokens_limit, self.default_max_tokens,
+        " (this server's limit is " .. self.max_tokens_limit .. ")")
+    o.temperature = number_field(body, "temperature", 0, 2, 1)
+    o.top_p = number_field(body, "top_p", 0, 1, 1)
     if o.top_p == 0 then o.top_p = 1e-6 end
-    o.top_k = body.top_k
-    if o.top_k == nil or o.top_k == json.null then o.top_k = 0 end
-    if not is_int(o.top_k) or o.top_k < 0 then reject(400, "top_k must be a non-negative integer", "top_k") end
-    o.min_p = number("min_p", 0, 1, 0)
-    local seed = body.seed
-    if seed ~= nil and seed ~= json.null and not is_int(seed) then reject(400, "seed must be an integer", "seed") end
-    o.seed = (seed ~= nil and seed ~= json.null) and seed or 0
-    local n = body.n
-    if n ~= nil and n ~= json.null and n ~= 1 then reject(400, "only n = 1 is supported", "n") end
+    o.top_k = integer_field(body, "top_k", 0, INT32_MAX, 0)
+    o.min_p = number_field(body, "min_p", 0, 1, 0)
+    -- a negative seed is taken as its two's complement, as a C cast would
+    o.seed = integer_field(body, "seed", INT64_MIN, UINT64_END - 1, 0)
+    if body.n ~= nil and body.n ~= json.null and body.n ~= 1 then
+        reject(400, ("only n = 1 is supported; got %s"):format(shown(body.n, body, "n")), "n")
+    end
     local stop = body.stop
     o.stop = {}
     if type(stop) == "string" then
-        o.stop = { stop }
-    elseif type(stop) == "table" then
-        if #stop > 4 then reject(400, "at most 4 stop sequences", "stop") end
-        for _, s in ipairs(stop) do
-            if type(s) ~= "string" or s == "" then reject(400, "stop must be non-empty strings", "stop") end
+        if stop ~= "" then o.stop = { stop } end
+    elseif json.kind(stop) == "array" then
+        if #stop > 4 then reject(400, ("at most 4 stop sequences; got %d"):format(#stop), "stop") end
+        for i, s in ipairs(stop) do
+            if type(s) ~= "string" or s == "" then
+                reject(400, ("stop[%d] must be a non-empty string; got %s"):format(i - 1, shown(s, stop, i)), "stop")
+            end
             o.stop[#o.stop + 1] = s
         end
     elseif stop ~= nil and stop ~= json.null then
-        reject(400, "stop must be a string or an array of strings", "stop")
+        reject(400, ("stop must be a string or an array of strings; got %s"):format(shown(stop, body, "stop")), "stop")
     end
-    if body.stream ~= nil and body.stream ~= json.null and type(body.stream) ~= "boolean" then
-        reject(400, "stream must be a boolean", "stream")
-    end
-    o.stream = body.stream == true
+    for _, s in ipairs(o.stop) do check_utf8(s, "stop") end
+    o.stream = boolean_field(body, "stream")
     local so = body.stream_options
-    o.include_usage = type(so) == "table" and so.include_usage == true
+    if so ~= nil and so ~= json.null then
+        if json.kind(so) ~= "object" then
+            reject(400, ("stream_options must be an object; got %s"):format(shown(so, body, "stream_options")),
+                "stream_options")
+        end
+        o.include_usage = boolean_field(so, "include_usage", "stream_options.include_usage")
+    end
     return o
 end
 
@@ -187,11 +250,11 @@ end
 function Server:pick(body)
     local name = body.model
     if name == nil or name == json.null then return nil, self.model_name end
-    if type(name) ~= "string" then reject(400, "model must be a string", "model") end
+    if type(name) ~= "string" then reject(400, "model must be a string; got " .. shown(name, body, "model"), "model") end
     if name == self.model_name then return nil, name end
     local c = self.cartridges[name]
     if not c then
-        reject(404, ("The model '%s' does not exist; GET /v1/models lists them."):format(name), "model",
+        reject(404, ("The model %s does not exist; GET /v1/models lists them."):format(shown(name)), "model",
             "model_not_found")
     end
     return c, name
@@ -199,19 +262,24 @@ end
 
 function Server:parse_chat(body)
     local msgs = body.messages
-    if type(msgs) ~= "table" or #msgs == 0 then reject(400, "messages must be a non-empty array", "messages") end
+    if json.kind(msgs) ~= "array" or #msgs == 0 then
+        reject(400, "messages must be a non-empty array; got " .. shown(msgs, body, "messages"), "messages")
+    end
     if #msgs > self.max_messages then
         reject(400, ("%d messages is above this server's limit of %d"):format(#msgs, self.max_messages), "messages")
     end
     local out = {}
     for i, msg in ipairs(msgs) do
-        if type(msg) ~= "table" then reject(400, ("messages[%d] must be an object"):format(i - 1), "messages") end
+        if json.kind(msg) ~= "object" then
+            reject(400, ("messages[%d] must be an object; got %s"):format(i - 1, shown(msg, msgs, i)), "messages")
+        end
         local role = msg.role
         if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "developer" then
-            reject(400, ("messages[%d].role must be system, user or assistant"):format(i - 1), "messages")
+            reject(400, ("messages[%d].role must be system, user, assistant or developer; got %s")
+                :format(i - 1, shown(role, msg, "role")), "messages")
         end
         if role == "developer" then role = "system" end
-        local text = content_text(msg.content, i)
+        local text = content_text(msg, i, role)
         check_utf8(text, ("messages[%d].content"):format(i - 1))
         out[i] = { role = role, content = text }
     end
@@ -235,15 +303,18 @@ function Server:make_job(id, req)
         kind = "text"
         local prompt = body.prompt
         if type(prompt) == "table" and #prompt == 1 and type(prompt[1]) == "string" then prompt = prompt[1] end
-        if type(prompt) ~= "string" then reject(400, "prompt must be a string", "prompt") end
+        if type(prompt) ~= "string" then
+            reject(400, "prompt must be a string; got " .. shown(prompt, body, "prompt"), "prompt")
+        end
         check_utf8(prompt, "prompt")
         text = prompt
     end
     local ids = self.tok:encode(text, { special = kind == "chat", add_special = cart == nil })
-    if #ids == 0 then reject(400, "the prompt is empty", kind == "chat" and "messages" or "prompt") end
+    local what = kind == "chat" and "messages" or "prompt"
+    if #ids == 0 then reject(400, "the prompt is empty", what) end
     if #ids + o.max_tokens > self.ctx then
-        reject(400, ("This request needs %d prompt + %d completion tokens, but the context holds %d; "
-            .. "shorten the prompt or lower max_tokens."):format(#ids, o.max_tokens, self.ctx), "messages",
+        reject(400, ("This request needs %d prompt tokens (its %s) + %d completion tokens, but the context holds %d; "
+            .. "shorten the %s or lower max_tokens."):format(#ids, what, o.max_tokens, self.ctx, what), what,
             "context_length_exceeded")
     end
     self.counter = self.counter + 1
@@ -296,15 +367,21 @@ function Server:bind(job, slot)
     job.cached = keep
     job.pending = {}
     for i = keep + 1, #job.prompt do job.pending[#job.pending + 1] = job.prompt[i] end
-    job.sampler = sampler_mod.new({ temperature = job.opts.temperature == 0 and 0 or job.opts.temperature,
-        top_p = job.opts.top_p, top_k = job.opts.top_k, min_p = job.opts.min_p, seed = job.opts.seed })
+    local seed = job.opts.seed
+    if seed < 0 then seed = ffi.cast("uint64_t", ffi.cast("int64_t", seed)) end
+    job.sampler = sampler_mod.new({ temperature = job.opts.temperature, top_p = job.opts.top_p, top_k = job.opts.top_k,
+        min_p = job.opts.min_p, seed = seed })
     job.stream = self.tok:stream()
 end
 
 function Server:release(job)
     if job.sampler then job.sampler:free() end
+    job.sampler = nil
     local slot = job.slot
-    if slot then
+    if slot and job.finish == "error" then
+        -- what the failed work left in the cache is unknown: start afresh
+        slot.loaded, slot.tokens, slot.job, slot.last_used = false, {}, nil, now()
+    elseif slot then
         -- the slot remembers what its cache holds: the prompt and the
         -- completion tokens whose rows were computed
         local p = slot.cart and slot.cart.p or 0
@@ -347,6 +424,7 @@ end
 
 function Server:start_stream(job)
     self.http:stream_begin(job.id, 200, "text/event-stream", { ["Cache-Control"] = "no-cache" })
+    job.streaming = true
     if job.kind == "chat" then self:chunk(job, { role = "assistant", content = "" }) end
 end
 
@@ -423,6 +501,45 @@ function Server:flush_text(job)
     end
 end
 
+function Server:dequeue(job)
+    for i, q in ipairs(self.queue) do
+        if q == job then return table.remove(self.queue, i) end
+    end
+end
+
+-- Fails one job after an internal error: a 500 JSON error (mid-stream, an
+-- error event and the end of the stream), one log line with its request id,
+-- and its slot freed. The server goes on serving the others.
+function Server:fail(job, err)
+    local message = type(err) == "string" and err or tostring(err)
+    self.log(("internal error in request %d (%s): %s"):format(job.id, job.completion_id or "-", message))
+    job.finish = "error"
+    self:dequeue(job)
+    local body = error_body("internal error: " .. message, "server_error")
+    pcall(function()
+        if not self.http:is_open(job.id) then return end
+        if job.streaming then
+            self.http:stream_write(job.id, "data: " .. body .. "\n\n")
+            self.http:stream_end(job.id)
+        else
+            self.http:respond(job.id, 500, "application/json", body)
+        end
+    end)
+    local ok, why = pcall(self.release, self, job)
+    if not ok then
+        self.log("internal error while releasing request " .. job.id .. ": " .. tostring(why))
+        if job.slot then job.slot.job, job.slot.loaded = nil, false end
+        self.jobs[job.id] = nil
+    end
+end
+
+-- Calls f(...) for one job; an error fails that job. Returns ok, result.
+function Server:guarded(job, f, ...)
+    local ok, result = pcall(f, ...)
+    if not ok then self:fail(job, result) end
+    return ok, result
+end
+
 -- ---------------------------------------------------------------------------
 -- Handling HTTP events
 
@@ -495,12 +612,7 @@ end
 function Server:on_closed(id)
     local job = self.jobs[id]
     if not job then return end
-    for i, q in ipairs(self.queue) do
-        if q == job then
-            table.remove(self.queue, i)
-            break
-        end
-    end
+    self:dequeue(job)
     job.finish = "cancelled"
     self.log(("client went away: %s after %d tokens"):format(job.completion_id, #job.out_ids))
     self:release(job)
@@ -510,6 +622,7 @@ end
 -- The loop
 
 -- Moves waiting jobs into free slots and prefills them (one pass for all).
+-- An error fails the jobs it touches, never the loop.
 function Server:admit()
     local started = {}
     while #self.queue > 0 do
@@ -517,20 +630,26 @@ function Server:admit()
         local slot = self:choose_slot(job)
         if not slot then break end
         table.remove(self.queue, 1)
-        self:bind(job, slot)
-        started[#started + 1] = job
+        if self:guarded(job, function()
+                self:bind(job, slot)
+                if job.opts.stream then self:start_stream(job) end
+            end) then
+            started[#started + 1] = job
+        end
     end
     if #started == 0 then return end
     local kvs, ids = {}, {}
-    for i, job in ipairs(started) do
-        kvs[i], ids[i] = job.slot.kv, job.pending
-        if job.opts.stream then self:start_stream(job) end
+    for i, job in ipairs(started) do kvs[i], ids[i] = job.slot.kv, job.pending end
+    local ok, logits = pcall(self.m.forward_batch, self.m, kvs, ids, "last")
+    if not ok then
+        for _, job in ipairs(started) do self:fail(job, logits) end
+        return
     end
-    local logits = self.m:forward_batch(kvs, ids, "last")
     for i, job in ipairs(started) do
-        for _, t in ipairs(job.pending) do job.slot.tokens[#job.slot.tokens + 1] = t end
-        local id = job.sampler:sample(logits + (i - 1) * self.m.n_vocab, self.m.n_vocab)
-        job.next = id
+        self:guarded(job, function()
+            for _, t in ipairs(job.pending) do job.slot.tokens[#job.slot.tokens + 1] = t end
+            job.next = job.sampler:sample(logits + (i - 1) * self.m.n_vocab, self.m.n_vocab)
+        end)
     end
 end
 
@@ -543,23 +662,64 @@ function Server:step()
     if #running == 0 then return false end
     local kvs, ids, live = {}, {}, {}
     for _, job in ipairs(running) do
-        if not self.http:is_open(job.id) then
-            self:on_closed(job.id)
-        elseif self:accept(job, job.next) then
-            self:flush_text(job)
-            self:finish_job(job)
-        else
-            kvs[#kvs + 1], ids[#ids + 1] = job.slot.kv, { job.next }
-            live[#live + 1] = job
-        end
+        self:guarded(job, function()
+            if not self.http:is_open(job.id) then
+                self:on_closed(job.id)
+            elseif self:accept(job, job.next) then
+                self:flush_text(job)
+                self:finish_job(job)
+            else
+                kvs[#kvs + 1], ids[#ids + 1] = job.slot.kv, { job.next }
+                live[#live + 1] = job
+            end
+        end)
     end
     if #live == 0 then return true end
-    local logits = self.m:forward_batch(kvs, ids, "last")
+    local ok, logits = pcall(self.m.forward_batch, self.m, kvs, ids, "last")
+    if not ok then
+        for _, job in ipairs(live) do self:fail(job, logits) end
+        return true
+    end
     for i, job in ipairs(live) do
-        job.slot.tokens[#job.slot.tokens + 1] = job.next
-        job.next = job.sampler:sample(logits + (i - 1) * self.m.n_vocab, self.m.n_vocab)
+        self:guarded(job, function()
+            job.slot.tokens[#job.slot.tokens + 1] = job.next
+            job.next = job.sampler:sample(logits + (i - 1) * self.m.n_vocab, self.m.n_vocab)
+        end)
     end
     return true
+end
+
+-- One HTTP event. An error while handling a request answers it with a 500.
+function Server:on_event(ev)
+    if ev.kind == "request" then
+        local ok, err = pcall(self.on_request, self, ev.id)
+        if not ok then
+            local job = self.jobs[ev.id]
+            if job then return self:fail(job, err) end
+            self.log(("internal error in request %d: %s"):format(ev.id, tostring(err)))
+            pcall(self.http.respond, self.http, ev.id, 500, "application/json",
+                error_body("internal error: " .. tostring(err), "server_error"))
+        end
+    elseif ev.kind == "closed" then
+        self:on_closed(ev.id)
+    elseif ev.kind == "signal" then
+        self.log("signal received: shutting down")
+        self.running = false
+    end
+end
+
+-- The last line of defence: an error that escaped admit or step fails the
+-- jobs that were running, and the loop goes on.
+function Server:turn()
+    local ok, err = pcall(function()
+        self:admit()
+        self:step()
+    end)
+    if not ok then
+        for _, s in ipairs(self.slots) do
+            if s.job then self:fail(s.job, err) end
+        end
+    end
 end
 
 -- Runs until a signal (SIGINT/SIGTERM) or until stop() is called.
@@ -569,20 +729,8 @@ function Server:run()
         local busy = #self.queue > 0
         for _, s in ipairs(self.slots) do busy = busy or s.job ~= nil end
         self.http:poll(busy and 0 or 100)
-        for ev in self.http:events() do
-            if ev.kind == "request" then
-                self:on_request(ev.id)
-            elseif ev.kind == "closed" then
-                self:on_closed(ev.id)
-            elseif ev.kind == "signal" then
-                self.log("signal received: shutting down")
-                self.running = false
-            end
-        end
-        if self.running then
-            self:admit()
-            self:step()
-        end
+        for ev in self.http:events() do self:on_event(ev) end
+        if self.running then self:turn() end
     end
     -- clean shutdown: running requests end with what they have
     for _, s in ipairs(self.slots) do

@@ -713,13 +713,16 @@ static void client_slow(job *j) {
     double t0 = now_s();
     one_shot(j, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", &j->r[1]);
     j->r[1].seconds = now_s() - t0;
-    /* a connection that sends nothing at all */
+    /* a connection that sends nothing at all: closed without an answer */
     t0 = now_s();
-    one_shot(j, "", &j->r[2]);
+    rx c = client_connect(j);
+    j->r[2].status = read_response(&c, &j->r[2], 0) == 0 ? j->r[2].status : -1;
+    j->r[2].eof = c.len == 0;
     j->r[2].seconds = now_s() - t0;
+    client_close(&c);
 }
 
-static void test_times_out_slow_heads_and_bodies_with_408(void) {
+static void test_times_out_slow_heads_and_bodies_with_408_and_closes_silent_ones(void) {
     cart_http_options o;
     cart_http_default_options(&o);
     o.header_timeout_ms = 300;
@@ -730,11 +733,16 @@ static void test_times_out_slow_heads_and_bodies_with_408(void) {
     job *j = serve(h, &a, client_slow, 20);
     const char *what[3] = {"trickled head", "half a body", "silent connection"};
     for (int i = 0; i < 3; i++) {
-        CHECK_MSG(is_protocol_error(&j->r[i], 408), "%s: status %d eof %d", what[i], j->r[i].status,
-                  j->r[i].eof);
+        if (i == 2)
+            CHECK_MSG(j->r[i].status == -1 && j->r[i].eof, "%s: status %d eof %d", what[i],
+                      j->r[i].status, j->r[i].eof);
+        else
+            CHECK_MSG(is_protocol_error(&j->r[i], 408), "%s: status %d eof %d", what[i],
+                      j->r[i].status, j->r[i].eof);
         CHECK_MSG(j->r[i].seconds >= 0.25 && j->r[i].seconds < 1.5,
                   "%s: answered after %.3f s (timeout 0.3 s)", what[i], j->r[i].seconds);
-        printf("  %s: 408 after %.0f ms (timeout 300 ms)\n", what[i], j->r[i].seconds * 1e3);
+        printf("  %s: %s after %.0f ms (timeout 300 ms)\n", what[i], i == 2 ? "closed" : "408",
+               j->r[i].seconds * 1e3);
     }
     CHECK(a.requests == 0);
     job_free(j, &a);
@@ -801,12 +809,17 @@ static void client_too_many(job *j) {
     static char buf_a[CLIENT_BUF], buf_b[CLIENT_BUF];
     rx ca = client_connect_with(j, buf_a);
     rx cb = client_connect_with(j, buf_b);
+    /* both busy: one request being handled, one head arriving (for < 1 s) */
+    send_str(&ca, "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
+    send_str(&cb, "GET /echo HTTP/1.1\r\n");
+    sleep_ms(50);
     one_shot(j, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n", &j->r[0]);
-    /* a finished keep-alive connection is idle: a newcomer may replace it */
-    send_str(&ca, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
-    read_response(&ca, &j->r[1], 0);
+    send_str(&cb, "Host: x\r\n\r\n");
+    read_response(&cb, &j->r[1], 0);
+    read_response(&ca, &j->r[4], 0);
+    /* both are now idle keep-alive connections: a newcomer replaces the one idle longest (cb) */
     one_shot(j, "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", &j->r[2]);
-    j->r[3].eof = wait_closed(&ca);
+    j->r[3].eof = wait_closed(&cb);
     client_close(&ca);
     client_close(&cb);
 }
@@ -821,11 +834,12 @@ static void test_refuses_connections_over_the_limit_with_503(void) {
     job *j = serve(h, &a, client_too_many, 20);
     CHECK_MSG(is_protocol_error(&j->r[0], 503), "3rd connection: status %d eof %d '%s'",
               j->r[0].status, j->r[0].eof, j->r[0].body);
-    CHECK(j->r[1].status == 200);
+    CHECK_MSG(j->r[1].status == 200 && j->r[4].status == 200, "the busy ones: %d %d",
+              j->r[1].status, j->r[4].status);
     CHECK_MSG(j->r[2].status == 200, "newcomer after an idle keep-alive: status %d",
               j->r[2].status);
     CHECK_MSG(j->r[3].eof, "the idle keep-alive connection was not closed for the newcomer");
-    printf("  limit 2: the 3rd connection got 503; later the idle one made room (%s)\n",
+    printf("  limit 2, both busy: the 3rd connection got 503; later the idle one made room (%s)\n",
            j->r[0].body);
     job_free(j, &a);
     cart_http_close(h);
@@ -838,6 +852,105 @@ static int count_fds(void) {
     while (readdir(d)) n++;
     closedir(d);
     return n;
+}
+
+enum { FLOOD = 600 };
+
+/* FLOOD sockets that connect and say nothing, then real requests beside
+ * them; then heads trickled on every slot, then a newcomer. */
+static void client_flood(job *j) {
+    static int fds[FLOOD];
+    for (int i = 0; i < FLOOD; i++) fds[i] = client_connect(j).fd;
+    sleep_ms(50);
+    double t0 = now_s();
+    one_shot(j, "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", &j->r[0]);
+    j->r[0].seconds = now_s() - t0;
+    t0 = now_s();
+    one_shot(j, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+             &j->r[1]);
+    j->r[1].seconds = now_s() - t0;
+    /* how many of the silent ones the server still holds open */
+    int open = 0;
+    for (int i = 0; i < FLOOD; i++) {
+        char b;
+        if (fds[i] >= 0 && recv(fds[i], &b, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN) open++;
+    }
+    j->r[2].status = open;
+    /* after first_byte_timeout_ms the rest are gone too */
+    sleep_ms(400);
+    open = 0;
+    for (int i = 0; i < FLOOD; i++) {
+        char b;
+        if (fds[i] >= 0 && recv(fds[i], &b, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN) open++;
+        if (fds[i] >= 0) close(fds[i]);
+    }
+    j->r[3].status = open;
+}
+
+static void test_a_flood_of_silent_connections_locks_nobody_out(void) {
+    cart_http_options o;
+    cart_http_default_options(&o);
+    o.max_connections = 64;
+    o.max_connections_per_peer = 32;
+    o.first_byte_timeout_ms = 250;
+    cart_http *h = start(&o);
+    if (!h) return;
+    app a = {0};
+    job *j = serve(h, &a, client_flood, 20);
+    for (int i = 0; i < 2; i++)
+        CHECK_MSG(j->r[i].status == 200 && j->r[i].seconds < 1.0, "request %d beside the flood: %d after %.3f s",
+                  i, j->r[i].status, j->r[i].seconds);
+    CHECK_MSG(j->r[2].status <= 32, "%d silent connections held (cap 32 per address)", j->r[2].status);
+    CHECK_MSG(j->r[3].status == 0, "%d silent connections still open after the first-byte timeout",
+              j->r[3].status);
+    CHECK_MSG(a.max_connections <= 33, "%d connections at once (cap 32 per address + the newcomer)",
+              a.max_connections);
+    printf("  %d silent sockets: requests answered in %.1f and %.1f ms; %d held (cap 32 per address), "
+           "%d after 250 ms\n",
+           FLOOD, j->r[0].seconds * 1e3, j->r[1].seconds * 1e3, j->r[2].status, j->r[3].status);
+    job_free(j, &a);
+    cart_http_close(h);
+}
+
+static void client_slowloris(job *j) {
+    static char bufs[4][CLIENT_BUF];
+    rx c[4];
+    for (int i = 0; i < 4; i++) {
+        c[i] = client_connect_with(j, bufs[i]);
+        send_str(&c[i], "GET /echo HTTP/1.1\r\nX-Slow: a");
+    }
+    sleep_ms(100);
+    /* every slot holds a head that is still young: the newcomer is refused */
+    one_shot(j, "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n", &j->r[0]);
+    /* once the heads are older than a real client takes, the oldest makes room */
+    for (int k = 0; k < 11; k++) {
+        sleep_ms(100);
+        for (int i = 0; i < 4; i++) send_str(&c[i], "a");
+    }
+    double t0 = now_s();
+    one_shot(j, "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", &j->r[1]);
+    j->r[1].seconds = now_s() - t0;
+    j->r[2].eof = wait_closed(&c[0]);
+    for (int i = 0; i < 4; i++) client_close(&c[i]);
+}
+
+static void test_evicts_the_oldest_slow_head_when_full(void) {
+    cart_http_options o;
+    cart_http_default_options(&o);
+    o.max_connections = 4;
+    cart_http *h = start(&o);
+    if (!h) return;
+    app a = {0};
+    job *j = serve(h, &a, client_slowloris, 20);
+    CHECK_MSG(is_protocol_error(&j->r[0], 503), "newcomer beside young heads: %d '%s'", j->r[0].status,
+              j->r[0].body);
+    CHECK_MSG(j->r[1].status == 200 && j->r[1].seconds < 1.0, "newcomer beside old heads: %d after %.3f s",
+              j->r[1].status, j->r[1].seconds);
+    CHECK_MSG(j->r[2].eof, "the oldest slow head was not closed for the newcomer");
+    printf("  4 slots of trickled heads: 503 while young; after 1.2 s the oldest made room (%.1f ms)\n",
+           j->r[1].seconds * 1e3);
+    job_free(j, &a);
+    cart_http_close(h);
 }
 
 static void client_many(job *j) {
@@ -988,10 +1101,12 @@ int main(void) {
     RUN(test_answers_malformed_requests_with_protocol_errors_and_closes);
     RUN(test_refuses_oversized_heads_with_431);
     RUN(test_refuses_an_oversized_body_with_413_before_reading_it);
-    RUN(test_times_out_slow_heads_and_bodies_with_408);
+    RUN(test_times_out_slow_heads_and_bodies_with_408_and_closes_silent_ones);
     RUN(test_reports_closed_when_the_client_leaves_a_stream);
     RUN(test_drops_a_client_that_stops_reading);
     RUN(test_refuses_connections_over_the_limit_with_503);
+    RUN(test_a_flood_of_silent_connections_locks_nobody_out);
+    RUN(test_evicts_the_oldest_slow_head_when_full);
     RUN(test_serves_200_sequential_connections_without_leaking_descriptors);
     RUN(test_refuses_bad_writes_without_crashing);
     RUN(test_reports_a_port_in_use_naming_host_and_port);

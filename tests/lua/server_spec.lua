@@ -232,6 +232,135 @@ describe("serve.lua", function()
         assert.are.equal('{"status":"ok"}', body)
     end)
 
+    -- Every field the server reads, every hostile value: the answer is 200
+    -- exactly when the value is valid for the C type it becomes, 400 naming
+    -- the field otherwise (404 for an unknown model name), never a 500 or a
+    -- dead server; /health answers after each one.
+    it("range-checks every field against its C type and survives every hostile value", function()
+        local ok, why = ready()
+        if not ok then return pending(why) end
+        local huge = '"' .. ("x"):rep(200000) .. '"'
+        local OBJ, ARR, EMPTY, HUGE = {}, {}, {}, ("x"):rep(200000)
+        -- raw JSON text, and what it is
+        local values = {
+            { "2147483647", 2147483647 }, { "2147483648", 2147483648 }, { "9223372036854775807", 2 ^ 63 },
+            { "9223372036854775808", 2 ^ 63 }, { "18446744073709551616", 2 ^ 64 }, { "1e18", 1e18 }, { "3e9", 3e9 },
+            { "1e309", math.huge }, { "-1e309", -math.huge }, { "-0", 0 }, { "0", 0 }, { "1", 1 }, { "-1", -1 },
+            { "-2147483649", -2147483649 }, { "0.5", 0.5 }, { "1.5", 1.5 }, { '"5"', "5" }, { huge, HUGE },
+            { "true", true }, { "null", json.null }, { "{}", OBJ }, { "[]", EMPTY },
+            { '{"a":{"b":[1,{"c":null}]}}', OBJ }, { "[1,2]", ARR },
+        }
+        local function int_in(lo, hi)
+            return function(v) return v == json.null or type(v) == "number" and v >= lo and v <= hi and v == math.floor(v) end
+        end
+        local function num_in(lo, hi)
+            return function(v) return v == json.null or type(v) == "number" and v >= lo and v <= hi end
+        end
+        local fields = {
+            max_tokens = int_in(1, 4096), max_completion_tokens = int_in(1, 4096),
+            temperature = num_in(0, 2), top_p = num_in(0, 1), min_p = num_in(0, 1),
+            top_k = int_in(0, 2 ^ 31 - 1), seed = int_in(-2 ^ 63, 2 ^ 64 - 1),
+            n = function(v) return v == json.null or v == 1 end,
+            stop = function(v) return v == json.null or type(v) == "string" or v == EMPTY end,
+            stream = function(v) return v == json.null or v == true end,
+            stream_options = function(v) return v == json.null or v == OBJ end,
+            model = function(v) return v == json.null or type(v) == "string" end,
+        }
+        local names = {}
+        for name in pairs(fields) do names[#names + 1] = name end
+        table.sort(names)
+        local req, msgs = tmp .. "/hostile.json", '"messages":[{"role":"user","content":"Hi"}]'
+        local function send(path, body)
+            helper.write_file(req, body)
+            local rc, out = helper.run(("curl -s -o %s/body -w '%%{http_code} ' -H 'Content-Type: application/json' "
+                .. "--data-binary @%s http://127.0.0.1:%d%s --next -s -o %s/health -w '%%{http_code}' "
+                .. "http://127.0.0.1:%d/health"):format(tmp, req, server().port, path, tmp, server().port))
+            assert.are.equal(0, rc, "curl failed: is the server gone? " .. helper.read_file(server().log))
+            local status, health = out:match("^(%d+) (%d+)$")
+            assert.are.equal("200", health, "/health after " .. body:sub(1, 200))
+            return tonumber(status), helper.read_file(tmp .. "/body")
+        end
+        local counts = { [200] = 0, [400] = 0, [404] = 0 }
+        local function expect(path, body, status, param, what)
+            local got, resp = send(path, body)
+            assert.are.equal(status, got, what .. " -> " .. resp:sub(1, 300))
+            counts[got] = counts[got] + 1
+            if got ~= 200 then
+                local e = json.decode(resp).error
+                assert.are.equal(param, e.param, what .. " -> " .. resp:sub(1, 300))
+                assert.truthy(e.message:find(param, 1, true), resp:sub(1, 300))
+            end
+            return resp
+        end
+        for _, name in ipairs(names) do
+            for _, v in ipairs(values) do
+                local valid = fields[name](v[2])
+                local status = valid and 200 or 400
+                if name == "model" and type(v[2]) == "string" then status = 404 end
+                local extra = (name == "max_tokens" or name == "max_completion_tokens") and "" or ',"max_tokens":2'
+                expect("/v1/chat/completions", ("{%s%s,%q:%s}"):format(msgs, extra, name, v[1]), status, name,
+                    name .. "=" .. v[1]:sub(1, 40))
+            end
+        end
+        -- message contents and prompts: strings only (null only from the assistant)
+        for _, v in ipairs(values) do
+            -- a string that fits the context (200 kB does not); content may also be an empty array of parts
+            local valid = type(v[2]) == "string" and v[2] ~= HUGE
+            expect("/v1/chat/completions", ('{"max_tokens":2,"messages":[{"role":"user","content":%s}]}'):format(v[1]),
+                (valid or v[2] == EMPTY) and 200 or 400, "messages", "content=" .. v[1]:sub(1, 40))
+            expect("/v1/completions", ('{"max_tokens":2,"prompt":%s}'):format(v[1]), valid and 200 or 400, "prompt",
+                "prompt=" .. v[1]:sub(1, 40))
+            expect("/v1/chat/completions", ('{"max_tokens":2,"messages":%s}'):format(v[1]), 400, "messages",
+                "messages=" .. v[1]:sub(1, 40))
+        end
+        expect("/v1/chat/completions", '{"max_tokens":2,"messages":[{"role":"user","content":"Hi"},'
+            .. '{"role":"assistant","content":null},{"role":"user","content":"Go"}]}', 200, nil, "assistant null")
+        -- the messages quote what was sent
+        local resp = expect("/v1/chat/completions", "{" .. msgs .. ',"max_tokens":1e309}', 400, "max_tokens", "1e309")
+        assert.truthy(resp:find("got 1e309", 1, true), resp)
+        resp = expect("/v1/chat/completions", "{" .. msgs .. ',"top_k":2147483648}', 400, "top_k", "2^31")
+        assert.truthy(resp:find("got 2147483648", 1, true), resp)
+        resp = expect("/v1/chat/completions", "{" .. msgs .. ',"stream_options":5}', 400, "stream_options", "5")
+        assert.truthy(resp:find("got 5", 1, true), resp)
+        expect("/v1/chat/completions", "{" .. msgs .. ',"stream":true,"stream_options":{"include_usage":1}}', 400,
+            "stream_options.include_usage", "include_usage 1")
+        print(("  hostile fields: %d answered 200, %d 400, %d 404; /health after every one"):format(counts[200],
+            counts[400], counts[404]))
+        assert.is_nil(helper.read_file(server().log):find("internal error", 1, true))
+    end)
+
+    it("answers /health and a chat request within 1 s beside a flood of idle connections", function()
+        local ok, why = ready()
+        if not ok then return pending(why) end
+        local nc = require("cartridge.netclient")
+        local port, idle = server().port, {}
+        for _ = 1, 1000 do
+            local c = nc.connect("127.0.0.1", port, true)
+            if not c then break end
+            idle[#idle + 1] = c
+        end
+        assert.is_true(#idle >= 500, "could open only " .. #idle .. " sockets")
+        os.execute("sleep 0.2")
+        local health, err = nc.request("127.0.0.1", port, "GET", "/health", nil, 5)
+        assert(health, err)
+        local chat
+        chat, err = nc.request("127.0.0.1", port, "POST", "/v1/chat/completions", chat_body({
+            messages = { { role = "user", content = "Lily" } }, max_tokens = 4, temperature = 0 }), 5)
+        assert(chat, err)
+        local open = 0
+        for _, c in ipairs(idle) do
+            if c:is_open() then open = open + 1 end
+            c:close()
+        end
+        -- (open: held by the server or still waiting in the kernel's accept
+        -- queue; test_http checks the per-address cap exactly)
+        print(("  %d idle sockets: /health %d in %.0f ms, chat %d in %.0f ms; %d still open"):format(#idle,
+            health.status, health.seconds * 1e3, chat.status, chat.seconds * 1e3, open))
+        assert.are.equal(200, health.status)
+        assert.are.equal(200, chat.status, chat.body)
+        assert.is_true(health.seconds < 1 and chat.seconds < 1)
+    end)
+
     it("works with the official openai npm client", function()
         local ok, why = ready()
         if not ok then return pending(why) end
@@ -298,5 +427,107 @@ describe("serve.lua", function()
         stop(q)
         local log = helper.read_file(q.log)
         assert.truthy(log:find("signal received: shutting down", 1, true) and log:find("serve: stopped", 1, true), log)
+    end)
+end)
+
+-- The server object in this process over a fake HTTP layer, so that faults
+-- can be injected after admission: each one fails its own request with a 500
+-- (an error event mid-stream), logged with its id, and the others go on.
+describe("server faults", function()
+    local server_mod = require("cartridge.server")
+    local sampler_mod = require("cartridge.sampler")
+
+    local function fake_http()
+        local h = { reqs = {}, answers = {}, open = {} }
+        function h:add(id, path, body)
+            self.reqs[id] = { id = id, method = "POST", path = path, body = body, header = function() return nil end }
+            self.open[id] = true
+        end
+        function h:request(id) return self.reqs[id] end
+        function h:respond(id, status, _, body)
+            assert(self.open[id], "answered twice: " .. id)
+            self.answers[id] = { status = status, body = body }
+            self.open[id] = nil
+        end
+        function h:stream_begin(id, status) self.answers[id] = { status = status, body = "" } end
+        function h:stream_write(id, data) self.answers[id].body = self.answers[id].body .. data end
+        function h:stream_end(id) self.open[id] = nil end
+        function h:is_open(id) return self.open[id] == true end
+        return h
+    end
+
+    local function run_until_done(srv, h, ids)
+        for _ = 1, 200 do
+            srv:turn()
+            local done = true
+            for _, id in ipairs(ids) do done = done and not h.open[id] end
+            if done then return end
+        end
+        error("requests did not finish")
+    end
+
+    it("fails only the request whose work raised, and keeps serving", function()
+        if not model then return pending("../shared/models/stories260K.gguf absent") end
+        local m = cartridge.model.load(model)
+        local h, lines = fake_http(), {}
+        local srv = server_mod.new({ model = m, model_name = "llama", http = h, parallel = 2, ctx = 256,
+            log = function(line) lines[#lines + 1] = line end })
+        local body = json.encode({ messages = { { role = "user", content = "Hi" } }, max_tokens = 4, temperature = 0 })
+        local stream_body = json.encode({ messages = { { role = "user", content = "Hi" } }, max_tokens = 4, stream = true })
+        -- 1. the sampler of request 1 raises while it is created (in bind)
+        local real_new = sampler_mod.new
+        local calls = 0
+        sampler_mod.new = function(p)
+            calls = calls + 1
+            if calls == 1 then error("injected: sampler.new", 0) end
+            return real_new(p)
+        end
+        h:add(1, "/v1/chat/completions", body)
+        h:add(2, "/v1/chat/completions", body)
+        srv:on_event({ kind = "request", id = 1 })
+        srv:on_event({ kind = "request", id = 2 })
+        local ok, err = pcall(run_until_done, srv, h, { 1, 2 })
+        sampler_mod.new = real_new
+        assert(ok, err)
+        assert.are.equal(500, h.answers[1].status)
+        assert.truthy(h.answers[1].body:find("injected: sampler.new", 1, true))
+        assert.are.equal("server_error", json.decode(h.answers[1].body).error.type)
+        assert.are.equal(200, h.answers[2].status)
+        assert.truthy(table.concat(lines, "\n"):find("internal error in request 1", 1, true))
+        -- 2. the batched forward raises mid-decode: both running requests fail
+        -- (one of them streaming, which gets an error event), and the next
+        -- request on the same slots is served from a clean cache
+        local real_forward, steps = m.forward_batch, 0
+        m.forward_batch = function(...)
+            steps = steps + 1
+            if steps == 2 then error("injected: forward", 0) end
+            return real_forward(...)
+        end
+        h:add(3, "/v1/chat/completions", body)
+        h:add(4, "/v1/chat/completions", stream_body)
+        srv:on_event({ kind = "request", id = 3 })
+        srv:on_event({ kind = "request", id = 4 })
+        ok, err = pcall(run_until_done, srv, h, { 3, 4 })
+        m.forward_batch = real_forward
+        assert(ok, err)
+        assert.are.equal(500, h.answers[3].status)
+        assert.truthy(h.answers[4].body:find('data: {"error":', 1, true), h.answers[4].body)
+        for _, slot in ipairs(srv.slots) do assert.is_nil(slot.job) end
+        h:add(5, "/v1/chat/completions", body)
+        srv:on_event({ kind = "request", id = 5 })
+        run_until_done(srv, h, { 5 })
+        assert.are.equal(200, h.answers[5].status)
+        assert.are.same(json.decode(h.answers[2].body).choices[1].message.content,
+            json.decode(h.answers[5].body).choices[1].message.content)
+        -- 3. an error in request handling itself (before a job exists)
+        local real_make = srv.make_job
+        srv.make_job = function() error("injected: make_job") end
+        h:add(6, "/v1/chat/completions", body)
+        srv:on_event({ kind = "request", id = 6 })
+        srv.make_job = real_make
+        assert.are.equal(500, h.answers[6].status)
+        print(("  injected faults: %d requests failed alone, log: %s"):format(4, lines[1]))
+        srv:free()
+        m:free()
     end)
 end)
