@@ -17,6 +17,7 @@
 #include "probe.h"
 #include "tensor.h"
 #include "gguf.h"
+#include "fs.h"
 #include "utf8.h"
 #include "tokenizer.h"
 #include "safetensors.h"

@@ -82,6 +82,23 @@ const cart_str *cart_st_meta_get(const cart_st_file *f, const char *key);
 /* The safetensors spelling of a dtype ("F32", "BF16"), NULL if it has none. */
 const char *cart_st_dtype_name(int32_t dtype);
 
+/* The checksum of `n` bytes, as written under the metadata key
+ * "cartridge.checksum": "cs64:" and 16 lowercase hex digits. cs64 reads the
+ * bytes as little-endian 64-bit words in four interleaved lanes; lane j
+ * starts at 0x9e3779b97f4a7c15 * (j + 1) and takes each word w as
+ * h = rotl(h ^ w, 29) * 0x100000001b3; the last n mod 32 bytes, zero-padded
+ * to a whole block, go through the same lanes; the lanes are folded in order
+ * with the same step, then n is xored in and the splitmix64 finalizer applied.
+ * Every step is a bijection, so a change to any one word always changes the
+ * sum; it detects corruption, not tampering. out must hold 22 bytes. */
+void cart_st_checksum(const void *data, uint64_t n, char *out);
+
+/* Verifies the checksum a file carries: CART_OK when it matches,
+ * CART_E_NOT_FOUND when the file has none (written without one, or by an
+ * older version), CART_E_FORMAT naming the file, the stored and the computed
+ * sums when the bytes changed. */
+int cart_st_verify_checksum(const cart_st_file *f);
+
 typedef struct cart_st_writer cart_st_writer;
 
 int cart_st_writer_new(cart_st_writer **out);
@@ -97,6 +114,11 @@ int cart_st_writer_set_meta(cart_st_writer *w, const char *key, const char *valu
  * q4_K), CART_E_NOMEM. */
 int cart_st_writer_add(cart_st_writer *w, const char *name, int32_t dtype, int32_t ndim,
                        const int64_t *shape, const void *data);
+
+/* Asks write to store a checksum of the data blob in __metadata__ under
+ * CART_ST_CHECKSUM_KEY (see cart_st_checksum for the value). Off by
+ * default, so that plain files stay byte-identical to other writers'. */
+void cart_st_writer_add_checksum(cart_st_writer *w);
 
 /* Writes the file atomically; parent directories must exist. CART_E_IO when
  * the file cannot be written (no temporary file is left behind and an

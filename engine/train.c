@@ -95,6 +95,27 @@ float *cart_cartridge_grad(cart_cartridge *c, int32_t layer, int32_t which) {
     return c->grad + block_offset(c, layer, which);
 }
 
+int cart_cartridge_check_finite(const cart_cartridge *c, int32_t grads) {
+    if (!c) return cart_fail(CART_E_ARG, "cartridge check_finite: cartridge is NULL");
+    const float *base = grads ? c->grad : c->rows;
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        for (int32_t which = 0; which < 2; which++) {
+            const float *x = base + block_offset(c, l, which);
+            for (int64_t i = 0; i < c->p * c->row; i++) {
+                if (isfinite(x[i])) continue;
+                int64_t r = i / c->row;
+                int sink = r < c->frozen;
+                return cart_fail(CART_E_FORMAT, "%s of 'layers.%d.%s%s' row %lld holds %s: every value must be "
+                                 "finite",
+                                 grads ? "the gradient" : "the data", (int)l, which ? "v" : "k",
+                                 sink ? "_sink" : "", (long long)(sink ? r : r - c->frozen),
+                                 isnan(x[i]) ? "nan" : x[i] > 0 ? "inf" : "-inf");
+            }
+        }
+    }
+    return CART_OK;
+}
+
 static const float *rows_of(const cart_cartridge *c, int32_t layer, int32_t which) {
     return c->rows + block_offset(c, layer, which);
 }

@@ -59,6 +59,12 @@ float *cart_cartridge_grad(cart_cartridge *c, int32_t layer, int32_t which);
 /* Sets every gradient to zero. */
 void cart_cartridge_zero_grad(cart_cartridge *c);
 
+/* Checks that every row value (grads = 0) or gradient value (grads = 1) is
+ * finite. CART_OK, or CART_E_FORMAT naming the first NaN or infinity as the
+ * artifact's tensor names it ("layers.3.v" or "layers.3.v_sink"), its row
+ * and the value. */
+int cart_cartridge_check_finite(const cart_cartridge *c, int32_t grads);
+
 /* Runs m over tokens[0..p) at positions 0..p-1 (the inference forward,
  * through a cache of kv_dtype: CART_F32, or CART_F16 to reproduce exactly
  * what a serving cache of f16 would hold) and copies every layer's K/V rows

@@ -147,6 +147,7 @@ local training = {
     packed = not opts.no_pack, checkpoint = opts.checkpoint or false, resumed_from = opts.resume,
 }
 os.execute("mkdir -p '" .. (opts.save:match("^(.*)/[^/]*$") or "."):gsub("'", "'\\''") .. "'")
+require("cartridge.fs").sweep_temps(opts.save) -- what a killed earlier run left beside the artifact
 local metrics_path = opts.save:gsub("%.safetensors$", "") .. ".metrics.jsonl"
 local metrics = assert(io.open(metrics_path, "w"))
 local function record(t)
@@ -167,6 +168,17 @@ print(("held-out distill loss before training: %.4f"):format(heldout_before))
 record({ event = "heldout_before", loss = heldout_before })
 
 local bar = progress.new(opts.steps, "self-study")
+local last_saved -- the step of the last checkpoint written
+-- What a stopped run leaves at --save, for its message.
+local function kept()
+    if last_saved then return ("the last good checkpoint, step %d, is %s"):format(last_saved, opts.save) end
+    local f = io.open(opts.save, "rb")
+    if f then
+        f:close()
+        return "this run saved nothing, and " .. opts.save .. " is as it was"
+    end
+    return "nothing was saved"
+end
 local pending, answer_tokens = {}, 0
 local train_started = C.cart_now_seconds()
 for step = 1, opts.steps do
@@ -179,7 +191,22 @@ for step = 1, opts.steps do
     local batch = {}
     for i = 1, opts.accum do batch[i] = table.remove(pending, 1) end
     local loss, tokens = selfstudy.train_step(tr, c, batch, not opts.no_pack)
+    -- a non-finite loss or gradient stops the run before the update, so the
+    -- rows and the last checkpoint on disk stay as they were
+    local bad = loss ~= loss or loss == math.huge or loss == -math.huge
+    if bad or C.cart_cartridge_check_finite(c.handle, 1) ~= 0 then
+        bar:clear()
+        local last = kept()
+        fail(("step %d: the %s is not finite (%s); stopping before the update: %s. Lower --lr, or check the "
+            .. "model and corpus"):format(step, bad and "distill loss" or "gradient",
+            bad and tostring(loss) or require("cartridge.core").last_error(), last))
+    end
     opt:step()
+    if C.cart_cartridge_check_finite(c.handle, 0) ~= 0 then
+        bar:clear()
+        fail(("step %d: the update made the cartridge rows non-finite (%s); stopping: %s. Lower --lr"):format(step,
+            require("cartridge.core").last_error(), kept()))
+    end
     answer_tokens = answer_tokens + tokens
     local dt = C.cart_now_seconds() - t0
     bar:clear()
@@ -190,6 +217,7 @@ for step = 1, opts.steps do
         lr = opts.lr, conversations = step * opts.accum })
     if opts.save_every > 0 and step % opts.save_every == 0 and step < opts.steps then
         save(opts.save)
+        last_saved = step
         print(("checkpoint saved to %s (step %d)"):format(opts.save, step))
     end
     bar:update(step)

@@ -50,12 +50,14 @@ function Adam:save(path)
     safetensors.write(path, {
         { name = "m", dtype = "F32", shape = { n }, data = C.cart_adam_moment(self.handle, 0) },
         { name = "v", dtype = "F32", shape = { n }, data = C.cart_adam_moment(self.handle, 1) },
-    }, { ["adam.steps"] = tostring(self:steps()) })
+    }, { ["adam.steps"] = tostring(self:steps()) }, { checksum = true })
 end
 
 -- Restores a state saved by Adam:save; refuses one of another size.
 function Adam:load(path)
     local f = safetensors.open(path)
+    local ok, why = pcall(f.verify, f)
+    if not ok then error("adam:load: " .. why, 0) end
     local n = tonumber(C.cart_adam_size(self.handle))
     for which, name in ipairs({ "m", "v" }) do
         local t = f:tensor(name)

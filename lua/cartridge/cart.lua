@@ -136,7 +136,8 @@ function Cart:save(path, m, opts)
         ["cartridge.training"] = json.encode(opts.training or json.object()),
     }
     for k, v in pairs(opts.extra_meta or {}) do meta[k] = tostring(v) end
-    safetensors.write(path, tensors, meta)
+    core.check(C.cart_cartridge_check_finite(self.handle, 0), "cartridge save: " .. path)
+    safetensors.write(path, tensors, meta, { checksum = true })
     return path
 end
 
@@ -145,8 +146,15 @@ end
 -- Returns the cartridge and a table { metadata, draft_reference (Lua list or
 -- nil), training (decoded table or nil) }.
 function cart.load(path, m)
+    require("cartridge.fs").sweep_temps(path)
     local f = safetensors.open(path)
     local function fail(what) error("cart.load: " .. path .. ": " .. what, 0) end
+    local ok, verified = pcall(f.verify, f)
+    if not ok then error("cart.load: " .. verified, 0) end
+    if not verified then
+        io.stderr:write(("cart.load: %s carries no checksum (written by an older version): its bytes are not "
+            .. "verified; saving it again adds one\n"):format(path))
+    end
     local k0 = f:tensor("layers.0.k")
     if not k0 then fail("no tensor 'layers.0.k': this is not a cartridge artifact") end
     if #k0.shape ~= 3 then fail("'layers.0.k' has rank " .. #k0.shape .. ", expected 3 [rows, kv_heads, head_dim]") end
@@ -214,6 +222,12 @@ function cart.load(path, m)
         end
     end
     f:close()
+    local finite = C.cart_cartridge_check_finite(c.handle, 0)
+    if finite ~= 0 then
+        local why = core.last_error()
+        c:free()
+        fail(why .. "; the file is damaged or its training diverged")
+    end
     local training
     if meta["cartridge.training"] then
         local ok, v = pcall(json.decode, meta["cartridge.training"])

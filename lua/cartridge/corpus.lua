@@ -2,17 +2,21 @@
 --
 --   local corpus = require("cartridge.corpus")
 --   local c = corpus.load({ "README.md", "docs/" }, tok)
---   c.text, c.ids (Lua list), c.n_tokens, c.files ({ path, start, bytes })
+--   c.text, c.ids (Lua list), c.n_tokens, c.files ({ path, start, bytes, tokens })
+--   c.text_tokens                -- tokens of the documents' own text (no headers)
 --   c:file_of(token_index)      -- the path of the document a token belongs to
 --
 -- Each path is a UTF-8 text file of any extension (at most 16 MiB) or a
 -- directory whose top-level .md files are taken in sorted order (other entries
--- are ignored). Every file becomes the block "\n\n# Document: <path>\n\n<text>";
+-- are ignored). A FIFO, socket or device is refused, never opened (it could
+-- block forever), and so is an empty file: the length checks count the
+-- documents' own text only, never the headers the corpus adds.
+-- Every file becomes the block "\n\n# Document: <path>\n\n<text>";
 -- blocks are tokenized one at a time (special-token text inside them is
 -- matched as such, as the model would see it) and their ids concatenated.
 
 local core = require("cartridge.core")
-local ffi = core.ffi
+local fs = require("cartridge.fs")
 local C = core.C
 
 local corpus = {}
@@ -22,23 +26,13 @@ corpus.MAX_FILE_BYTES = 16 * 1024 * 1024
 local Corpus = {}
 Corpus.__index = Corpus
 
-local function is_dir(path)
-    local f = io.open(path, "rb")
-    if not f then return false end
-    local ok, _, code = f:read(1)
-    f:close()
-    return ok == nil and code == 21 -- EISDIR
-end
-
 local function list_md(dir)
     local p = io.popen(("ls -1A -- '%s' 2>/dev/null"):format(dir:gsub("'", "'\\''")))
     local names = {}
     for name in p:lines() do
         if name:lower():match("%.md$") then
             local full = dir:gsub("/+$", "") .. "/" .. name
-            local f = io.open(full, "rb")
-            if f and f:read(0) then names[#names + 1] = full end
-            if f then f:close() end
+            if fs.kind(full) == "file" then names[#names + 1] = full end
         end
     end
     p:close()
@@ -47,6 +41,13 @@ local function list_md(dir)
 end
 
 local function read_text(path)
+    local kind = fs.kind(path)
+    if kind == "missing" then
+        error(("corpus: %s; check the path"):format(core.last_error()), 0)
+    elseif kind ~= "file" then
+        error(("corpus: %s is not a regular file or a directory (a FIFO, socket or device); save its "
+            .. "content to a file and pass that"):format(path), 0)
+    end
     local f, err = io.open(path, "rb")
     if not f then error(("corpus: cannot open %s: %s"):format(path, tostring(err)), 0) end
     local size = f:seek("end")
@@ -71,7 +72,7 @@ end
 function corpus.expand(paths)
     local files = {}
     for _, path in ipairs(paths) do
-        if is_dir(path) then
+        if fs.kind(path) == "dir" then
             for _, f in ipairs(list_md(path)) do files[#files + 1] = f end
         else
             files[#files + 1] = path
@@ -88,13 +89,21 @@ function corpus.load(paths, tok)
         error("corpus: no documents found in " .. table.concat(paths, ", ") ..
             " (a directory contributes its top-level .md files)", 0)
     end
-    local self = setmetatable({ files = {}, ids = {}, parts = {} }, Corpus)
+    local self = setmetatable({ files = {}, ids = {}, parts = {}, text_tokens = 0 }, Corpus)
     for _, path in ipairs(files) do
         local text = read_text(path)
-        local block = "\n\n# Document: " .. path .. "\n\n" .. text
+        if not text:find("%S") then
+            error(("corpus: %s has no text (%d bytes, all whitespace or none); remove it from the corpus or "
+                .. "write the document"):format(path, #text), 0)
+        end
+        local header = "\n\n# Document: " .. path .. "\n\n"
+        local block = header .. text
         self.parts[#self.parts + 1] = block
-        self.files[#self.files + 1] = { path = path, start = #self.ids, bytes = #text }
         local ids = tok:encode(block, { special = true })
+        -- the document's own tokens: the block's less its header's
+        local own = math.max(0, #ids - #tok:encode(header, { special = true }))
+        self.files[#self.files + 1] = { path = path, start = #self.ids, bytes = #text, tokens = own }
+        self.text_tokens = self.text_tokens + own
         for i = 1, #ids do self.ids[#self.ids + 1] = ids[i] end
     end
     self.text = table.concat(self.parts)
@@ -112,11 +121,12 @@ function Corpus:file_of(i)
     return found
 end
 
--- A clear error unless the corpus has at least `need` tokens.
+-- A clear error unless the documents' own text has at least `need` tokens
+-- (the headers the corpus adds do not count).
 function Corpus:require_tokens(need, hint)
-    if self.n_tokens < need then
-        error(("CorpusTooShort: the corpus has %d tokens and this needs at least %d; %s"):format(
-            self.n_tokens, need, hint), 0)
+    if self.text_tokens < need then
+        error(("CorpusTooShort: the corpus text has %d tokens (%d with its document headers) and this needs at "
+            .. "least %d; %s"):format(self.text_tokens, self.n_tokens, need, hint), 0)
     end
 end
 

@@ -81,6 +81,15 @@ function File:tensors()
     return out
 end
 
+-- Verifies the checksum the file carries (cart_st_verify_checksum): true
+-- when it matches, false when the file has none; raises when it differs.
+function File:verify()
+    local rc = C.cart_st_verify_checksum(live(self))
+    if rc == C.CART_E_NOT_FOUND then return false end
+    core.check(rc, "safetensors")
+    return true
+end
+
 -- One tensor by name, or nil.
 function File:tensor(name)
     local t = C.cart_st_find(live(self), name)
@@ -99,11 +108,14 @@ safetensors.dtype_id = dtype_id
 
 -- Writes `tensors` (a list of { name, dtype, shape, data }) and an optional
 -- metadata table (string -> string; keys written in sorted order) atomically
--- to `path`.
-function safetensors.write(path, tensors, metadata)
+-- to `path`, after removing the temporary files dead processes left beside it.
+-- opts.checksum: also store the data's checksum (File:verify checks it).
+function safetensors.write(path, tensors, metadata, opts)
     local out = ffi.new("cart_st_writer *[1]")
     core.check(C.cart_st_writer_new(out), "safetensors.write")
     local w = ffi.gc(out[0], C.cart_st_writer_free)
+    if opts and opts.checksum then C.cart_st_writer_add_checksum(w) end
+    require("cartridge.fs").sweep_temps(path)
     if metadata then
         local keys = {}
         for k in pairs(metadata) do keys[#keys + 1] = k end

@@ -305,6 +305,69 @@ static void check_written_bytes(cart_st_writer *w, const char *expected, size_t 
     free(bytes);
 }
 
+/* The checksum: every one-bit change of the bytes changes it, any split of
+ * the blob into tensors gives the same sum, a written file verifies, a
+ * changed byte is refused naming the file, and a file without one says so. */
+static void test_checksums_the_data_and_detects_every_bit_flip(void) {
+    uint8_t buf[100];
+    for (int i = 0; i < 100; i++) buf[i] = (uint8_t)(i * 37 + 11);
+    char base[22], sum[22];
+    cart_st_checksum(buf, sizeof buf, base);
+    CHECK(strncmp(base, "cs64:", 5) == 0 && strlen(base) == 21);
+    int same = 0;
+    for (int bitno = 0; bitno < 800; bitno++) {
+        buf[bitno / 8] ^= (uint8_t)(1u << (bitno % 8));
+        cart_st_checksum(buf, sizeof buf, sum);
+        same += strcmp(sum, base) == 0;
+        buf[bitno / 8] ^= (uint8_t)(1u << (bitno % 8));
+    }
+    CHECK_MSG(same == 0, "%d of 800 one-bit changes kept the sum", same);
+    cart_st_checksum(buf, 99, sum);
+    CHECK(strcmp(sum, base) != 0); /* the length counts */
+    /* written in three tensors of odd sizes: the sum of the blob as one */
+    float a[7], b[13];
+    uint8_t c[3] = {1, 2, 3};
+    for (int i = 0; i < 7; i++) a[i] = (float)i * 0.5f;
+    for (int i = 0; i < 13; i++) b[i] = (float)i - 3.0f;
+    cart_st_writer *w = NULL;
+    CHECK_OK(cart_st_writer_new(&w));
+    int64_t s7 = 7, s13 = 13, s3 = 3;
+    CHECK_OK(cart_st_writer_add(w, "a", CART_F32, 1, &s7, a));
+    CHECK_OK(cart_st_writer_add(w, "b", CART_F32, 1, &s13, b));
+    CHECK_OK(cart_st_writer_add(w, "c", CART_U8, 1, &s3, c));
+    cart_st_writer_add_checksum(w);
+    char path[512];
+    tmp_path(path, sizeof path, "sum.safetensors");
+    CHECK_OK(cart_st_writer_write(w, path));
+    cart_st_writer_free(w);
+    cart_st_file *f = NULL;
+    CHECK_OK(cart_st_open(&f, path));
+    CHECK_OK(cart_st_verify_checksum(f));
+    uint64_t at = 8 + cart_st_header_size(f);
+    const cart_str *stored = cart_st_meta_get(f, "cartridge.checksum");
+    size_t size = 0;
+    uint8_t *bytes = read_all(path, &size);
+    cart_st_checksum(bytes + at, size - at, sum);
+    CHECK(stored && stored->len == 21 && memcmp(stored->data, sum, 21) == 0);
+    cart_st_close(f);
+    bytes[size - 1] ^= 0x40;
+    CHECK_OK(cart_st_open_memory(&f, bytes, size, "flipped.safetensors"));
+    CHECK_ERR(cart_st_verify_checksum(f), CART_E_FORMAT);
+    CHECK_ERROR_MENTIONS("flipped.safetensors: the tensor bytes do not match the file's checksum");
+    printf("  %s\n", cart_last_error());
+    cart_st_close(f);
+    free(bytes);
+    /* a file written without one */
+    CHECK_OK(cart_st_writer_new(&w));
+    CHECK_OK(cart_st_writer_add(w, "c", CART_U8, 1, &s3, c));
+    CHECK_OK(cart_st_writer_write(w, path));
+    cart_st_writer_free(w);
+    CHECK_OK(cart_st_open(&f, path));
+    CHECK_ERR(cart_st_verify_checksum(f), CART_E_NOT_FOUND);
+    cart_st_close(f);
+    printf("  800 one-bit changes of 100 bytes: %d kept the sum\n", same);
+}
+
 static void test_writes_exactly_the_expected_bytes_for_a_fixed_input(void) {
     /* Header: 227 bytes of JSON + 5 spaces = 232 (0xe8); 8 + 232 = 240. Data:
      * a = int64 7, b = float32 {1, 2}, c"d = uint8 {1, 2, 3}. */
@@ -1003,6 +1066,7 @@ int main(void) {
     RUN(test_rejects_metadata_that_is_not_an_object_of_strings);
     RUN(test_reports_missing_files_as_io_errors);
     RUN(test_survives_seeded_mutation_fuzz);
+    RUN(test_checksums_the_data_and_detects_every_bit_flip);
     RUN(test_writer_rejects_bad_tensors);
     RUN(test_writer_keeps_many_names_unique);
     RUN(test_writing_into_a_missing_directory_fails_without_a_temp_file);

@@ -137,4 +137,56 @@ describe("selfstudy.lua", function()
         assert.are_not.equal(0, rc)
         assert.truthy(err:find("--corpus is required", 1, true), err)
     end)
+
+    it("refuses a FIFO, an empty or blank file, and counts only document text against the length checks", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local fifo, empty, blank, short = tmp .. "/pipe.md", tmp .. "/empty.md", tmp .. "/blank.md", tmp .. "/short.md"
+        os.execute("mkfifo " .. helper.q(fifo))
+        helper.write_file(empty, "")
+        helper.write_file(blank, "  \n\n\t\n")
+        helper.write_file(short, "One line of text.")
+        local cases = {
+            { fifo, "is not a regular file or a directory" },
+            { empty, "has no text (0 bytes" },
+            { blank, "has no text (6 bytes" },
+            { tmp .. "/missing.md", "No such file or directory" },
+            -- 39 tokens with its header: the text alone is far below --p 32 + 2
+            { short, "CorpusTooShort: the corpus text has" },
+        }
+        for _, case in ipairs(cases) do
+            local t0 = os.time()
+            local rc, _, err = helper.cartridge("run", "recipes/selfstudy.lua", "--corpus", case[1], "--p", "32",
+                "--chunk-min", "8", "--chunk-max", "16", "--steps", "1", "--save", tmp .. "/never.safetensors")
+            assert.are.equal(1, rc, err)
+            assert.truthy(err:find(case[2], 1, true), err)
+            assert.is_true(os.time() - t0 < 30)
+            assert.is_false(helper.exists(tmp .. "/never.safetensors"))
+        end
+        local corpus = require("cartridge.corpus")
+        local m = cartridge.model.load(helper.root .. "/models/default.gguf")
+        local c = corpus.load({ short }, m:tokenizer())
+        print(("  'One line of text.': %d document tokens, %d with the header"):format(c.text_tokens, c.n_tokens))
+        assert.is_true(c.text_tokens > 0 and c.text_tokens < c.n_tokens)
+        assert.are.equal(#m:tokenizer():encode("One line of text."), c.text_tokens)
+        m:free()
+    end)
+
+    it("stops on a non-finite loss or update and keeps the last good checkpoint", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local out_path = tmp .. "/diverge.safetensors"
+        local rc, out, err = selfstudy(args({ "--steps", "2", "--save", out_path }))
+        assert.are.equal(0, rc, err)
+        local before = helper.read_file(out_path)
+        -- resumed with a learning rate that overflows: stops at the first update, the file untouched
+        rc, out, err = selfstudy(args({ "--steps", "4", "--save-every", "1", "--lr", "1e38", "--resume", out_path,
+            "--save", out_path }))
+        assert.are.equal(1, rc, out .. err)
+        assert.truthy(err:find("non-finite", 1, true), err)
+        assert.truthy(err:find("is as it was", 1, true), err)
+        print("  " .. err:match("selfstudy: [^\n]*"))
+        assert.are.equal(before, helper.read_file(out_path))
+        local m = cartridge.model.load(helper.root .. "/models/default.gguf")
+        cartridge.cart.load(out_path, m):free()
+        m:free()
+    end)
 end)
