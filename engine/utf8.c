@@ -79,3 +79,25 @@ int64_t cart_utf8_complete_prefix(const char *s, int64_t len) {
     if (valid_tail(p + start, have, n) != have - 1) return len; /* can never complete */
     return start;
 }
+
+int64_t cart_utf8_sanitize(const char *s, int64_t len, char *out) {
+    const uint8_t *p = (const uint8_t *)s;
+    int64_t i = 0, o = 0;
+    if (!s || len <= 0) return 0;
+    while (i < len) {
+        int n = p[i] < 0x80 ? 1 : lead_length(p[i]);
+        int ok = n > 0 ? valid_tail(p + i, len - i, n) : 0;
+        if (n > 0 && ok == n - 1) {
+            for (int k = 0; k < n; k++) out[o++] = (char)p[i + k];
+            i += n;
+            continue;
+        }
+        /* a maximal subpart: the lead byte and the continuation bytes that
+         * fit it so far (at least one byte), replaced by one U+FFFD */
+        i += n > 0 ? 1 + ok : 1;
+        out[o++] = (char)0xEF;
+        out[o++] = (char)0xBF;
+        out[o++] = (char)0xBD;
+    }
+    return o;
+}

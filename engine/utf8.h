@@ -21,6 +21,12 @@ int64_t cart_utf8_invalid_offset(const char *s, int64_t len);
  * character (invalid ones) are not held back. */
 int64_t cart_utf8_complete_prefix(const char *s, int64_t len);
 
+/* Copies s to out with every ill-formed part replaced by U+FFFD (EF BF BD),
+ * one per maximal subpart as Unicode 3.9 and the WHATWG decoder count them
+ * (a truncated sequence at the end becomes one U+FFFD). Returns the bytes
+ * written; out must hold 3 * len bytes. Well-formed input is copied as is. */
+int64_t cart_utf8_sanitize(const char *s, int64_t len, char *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -155,26 +155,39 @@ end
 -- done (a response, a failure or a close) or the time is up.
 function nc.pump(conns, timeout_s)
     local deadline = now() + timeout_s
-    local pfds = ffi.new("struct cart_nc_pollfd[?]", math.max(#conns, 1))
     while true do
-        local n, live = 0, {}
-        for _, c in ipairs(conns) do
-            if c.fd >= 0 and not c.response and not c.failed then
-                c:flush()
-                pfds[n].fd, pfds[n].events, pfds[n].revents = c.fd, #c.out > 0 and POLLIN + POLLOUT or POLLIN, 0
-                n = n + 1
-                live[n] = c
-            end
-        end
-        if n == 0 then return true end
+        local pending = false
+        for _, c in ipairs(conns) do pending = pending or (c.fd >= 0 and not c.response and not c.failed) end
+        if not pending then return true end
         local left = deadline - now()
         if left <= 0 then return false end
-        C.poll(pfds, n, math.max(1, math.floor(math.min(left, 0.05) * 1000)))
-        for i = 0, n - 1 do
-            if pfds[i].revents ~= 0 then live[i + 1]:pull() end
-        end
+        nc.step(conns, math.min(left, 0.05))
     end
 end
+
+-- One round for a set of connections: sends what is queued and reads what
+-- has arrived, waiting at most timeout_s for something to happen.
+function nc.step(conns, timeout_s)
+    local n = 0
+    local pfds = ffi.new("struct cart_nc_pollfd[?]", math.max(#conns, 1))
+    local live = {}
+    for _, c in ipairs(conns) do
+        if c.fd >= 0 and not c.response and not c.failed then
+            c:flush()
+            pfds[n].fd, pfds[n].events, pfds[n].revents = c.fd, #c.out > 0 and POLLIN + POLLOUT or POLLIN, 0
+            n = n + 1
+            live[n] = c
+        end
+    end
+    if n == 0 then return end
+    C.poll(pfds, n, math.floor(timeout_s * 1000))
+    for i = 0, n - 1 do
+        if pfds[i].revents ~= 0 then live[i + 1]:pull() end
+    end
+end
+
+-- Bytes received so far (for a stream read before its end).
+function Conn:received() return self.inlen end
 
 -- Waits for this connection's response: r, or nil and "timeout" / "closed".
 function Conn:wait(timeout_s)

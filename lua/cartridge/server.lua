@@ -577,7 +577,12 @@ function Server:on_request(id)
             { Allow = table.concat(methods, ", ") })
     end
     if req.path == "/health" then
-        return self.http:respond(id, 200, "application/json", json.encode({ status = "ok" }))
+        local busy = 0
+        for _, slot in ipairs(self.slots) do
+            if slot.job then busy = busy + 1 end
+        end
+        return self.http:respond(id, 200, "application/json", json.encode({ status = "ok",
+            slots_idle = #self.slots - busy, slots_processing = busy, queue = #self.queue }))
     end
     local ok, job = pcall(function()
         check_auth(self, req)

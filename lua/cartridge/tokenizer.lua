@@ -178,7 +178,8 @@ end
 
 -- A streaming decoder for generated ids: push(id) returns the text that is
 -- safe to print now (complete UTF-8 characters; the bytes of a character
--- split across tokens wait for the rest), flush() whatever is left. Each id
+-- split across tokens wait for the rest; bytes that can never form one come
+-- out as U+FFFD), flush() whatever is left (an unfinished character: U+FFFD). Each id
 -- contributes its piece as llama.cpp prints it while generating, without the
 -- leading-space strip that decode applies to a whole text.
 -- opts.special renders control tokens as their text.
@@ -187,17 +188,26 @@ function Tokenizer:stream(opts)
     return setmetatable({ tok = self, special = opts.special or false, pending = "" }, Stream)
 end
 
+-- Well-formed UTF-8 of text: each ill-formed part becomes U+FFFD, so that
+-- what a stream hands out can go into JSON as it is.
+local function well_formed(text)
+    if #text == 0 or C.cart_utf8_invalid_offset(text, #text) < 0 then return text end
+    local out = ffi.new("char[?]", 3 * #text)
+    return ffi.string(out, C.cart_utf8_sanitize(text, #text, out))
+end
+tokenizer.well_formed = well_formed
+
 function Stream:push(id)
     local text = self.pending .. self.tok:piece(id, self.special)
     local k = tonumber(C.cart_utf8_complete_prefix(text, #text))
     self.pending = text:sub(k + 1)
-    return text:sub(1, k)
+    return well_formed(text:sub(1, k))
 end
 
 function Stream:flush()
     local text = self.pending
     self.pending = ""
-    return text
+    return well_formed(text)
 end
 
 return tokenizer

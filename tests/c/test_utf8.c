@@ -89,10 +89,50 @@ static void test_streams_every_split_without_cutting_characters(void) {
     CHECK_MAXDIFF("ill-formed chunks", (double)bad_chunks, 0);
 }
 
+/* Ill-formed parts become one U+FFFD per maximal subpart (the Unicode 3.9
+ * example and friends), and the result is always well-formed. */
+static void test_replaces_ill_formed_parts_with_u_fffd(void) {
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"plain", "plain"},
+        {"caf\xc3\xa9", "caf\xc3\xa9"},
+        {"a\xff" "b", "a\xef\xbf\xbd" "b"},
+        {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},                 /* overlong lead: two subparts */
+        {"\xe0\x80\xaf", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* E0 80: second byte out of range */
+        {"\xe2\x82", "\xef\xbf\xbd"},                              /* truncated at the end: one */
+        {"\xe2\x82x", "\xef\xbf\xbdx"},
+        {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* a surrogate */
+        {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\xf0\x9f\x98\x80\x80", "\xf0\x9f\x98\x80\xef\xbf\xbd"},
+    };
+    char out[64];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t n = (int64_t)strlen(cases[i].in);
+        int64_t k = cart_utf8_sanitize(cases[i].in, n, out);
+        CHECK_MSG(k == (int64_t)strlen(cases[i].out) && memcmp(out, cases[i].out, (size_t)k) == 0,
+                  "case %zu: %lld bytes", i, (long long)k);
+        CHECK(cart_utf8_invalid_offset(out, k) == -1);
+    }
+    /* every byte string of length 3 comes out well-formed */
+    int bad = 0;
+    for (int a = 0; a < 256; a += 3)
+        for (int b = 0; b < 256; b += 5)
+            for (int c = 0; c < 256; c += 7) {
+                char in[3] = {(char)a, (char)b, (char)c};
+                int64_t k = cart_utf8_sanitize(in, 3, out);
+                bad += cart_utf8_invalid_offset(out, k) != -1;
+            }
+    CHECK_MSG(bad == 0, "%d outputs ill-formed", bad);
+    printf("  %zu cases and %d byte triples: every output well-formed\n", sizeof cases / sizeof cases[0],
+           86 * 52 * 37);
+}
+
 int main(void) {
     RUN(test_accepts_well_formed_utf8);
     RUN(test_reports_the_first_ill_formed_sequence);
     RUN(test_holds_back_only_incomplete_characters);
     RUN(test_streams_every_split_without_cutting_characters);
+    RUN(test_replaces_ill_formed_parts_with_u_fffd);
     return check_finish("utf8");
 }

@@ -14,10 +14,10 @@ local function have(cmd)
         os.execute("command -v " .. cmd .. " >/dev/null 2>&1") == true
 end
 
--- Starts serve.lua with extra args; returns { port, log, pid }.
-local function start(...)
+-- Starts serve.lua on model_path with extra args; returns { port, log, pid }.
+local function start_model(model_path, ...)
     local log = tmp .. "/serve" .. (#servers + 1) .. ".log"
-    local args = { helper.q(helper.bin), "run", "recipes/serve.lua", helper.q(model), "--port", "0" }
+    local args = { helper.q(helper.bin), "run", "recipes/serve.lua", helper.q(model_path), "--port", "0" }
     for _, a in ipairs({ ... }) do args[#args + 1] = helper.q(a) end
     local p = io.popen(table.concat(args, " ") .. " >" .. log .. " 2>&1 & echo $!")
     local pid = tonumber(p:read("*l"))
@@ -34,6 +34,8 @@ local function start(...)
     servers[#servers + 1] = s
     return s
 end
+
+local function start(...) return start_model(model, ...) end
 
 local function stop(s)
     os.execute("kill -TERM " .. s.pid .. " 2>/dev/null")
@@ -229,7 +231,9 @@ describe("serve.lua", function()
         assert.are.equal(413, status)
         status, body = curl(server(), "GET", "/health")
         assert.are.equal(200, status)
-        assert.are.equal('{"status":"ok"}', body)
+        local health = json.decode(body)
+        assert.are.equal("ok", health.status)
+        assert.are.equal(2, health.slots_idle + health.slots_processing)
     end)
 
     -- Every field the server reads, every hostile value: the answer is 200
@@ -359,6 +363,25 @@ describe("serve.lua", function()
         assert.are.equal(200, health.status)
         assert.are.equal(200, chat.status, chat.body)
         assert.is_true(health.seconds < 1 and chat.seconds < 1)
+    end)
+
+    it("answers in well-formed UTF-8 even when the model emits arbitrary bytes", function()
+        local ok, why = ready()
+        if not ok then return pending(why) end
+        -- the embedded random-weight model samples byte tokens freely
+        local r = start_model(helper.root .. "/models/default.gguf")
+        local bad = 0
+        for seed = 1, 6 do
+            for _, stream in ipairs({ false, true }) do
+                local status, body = curl(r, "POST", "/v1/chat/completions", chat_body({ max_tokens = 48, seed = seed,
+                    stream = stream, messages = { { role = "user", content = "Hi" } } }))
+                assert.are.equal(200, status, body)
+                if cartridge.C.cart_utf8_invalid_offset(body, #body) >= 0 then bad = bad + 1 end
+            end
+        end
+        print(("  12 responses of sampled random bytes: %d not well-formed UTF-8"):format(bad))
+        assert.are.equal(0, bad)
+        stop(r)
     end)
 
     it("works with the official openai npm client", function()
