@@ -78,3 +78,105 @@ int32_t cart_fs_sweep_temps(const char *target, char *names, int64_t cap) {
     free(dir);
     return removed;
 }
+
+int cart_fs_mkdirs(const char *path) {
+    if (!path || !*path) return cart_fail(CART_E_ARG, "mkdirs: the path is empty");
+    char *buf = cart_strdup(path, "mkdirs path");
+    if (!buf) return CART_E_NOMEM;
+    int rc = CART_OK;
+    size_t n = strlen(buf);
+    for (size_t i = 1; i <= n && rc == CART_OK; i++) {
+        if (buf[i] != '/' && buf[i] != '\0') continue;
+        char saved = buf[i];
+        buf[i] = '\0';
+        struct stat st;
+        if (stat(buf, &st) == 0) {
+            if (!S_ISDIR(st.st_mode))
+                rc = cart_fail(CART_E_IO, "cannot create directory %s: %s exists and is not a directory",
+                               path, buf);
+        } else if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
+            rc = cart_fail_errno(CART_E_IO, "cannot create directory %s", buf);
+        }
+        buf[i] = saved;
+    }
+    free(buf);
+    return rc;
+}
+
+int32_t cart_fs_same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (!a || !b || stat(a, &sa) != 0 || stat(b, &sb) != 0) return 0;
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int cart_fs_write_atomic(const char *path, const void *data, int64_t n) {
+    if (!path || n < 0 || (n > 0 && !data))
+        return cart_fail(CART_E_ARG, "write_atomic: %s", !path ? "path is NULL" : "bad data or length");
+    cart_fs_sweep_temps(path, NULL, 0);
+    cart_afile f;
+    int rc = cart_afile_open(&f, path);
+    if (rc) return rc;
+    rc = cart_afile_write(&f, data, (size_t)n);
+    if (rc) {
+        cart_afile_abort(&f);
+        return rc;
+    }
+    return cart_afile_commit(&f);
+}
+
+struct cart_fs_listing {
+    char **names;
+    int64_t n;
+};
+
+static int cmp_names(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int cart_fs_list(cart_fs_listing **out, const char *dir) {
+    if (!out) return cart_fail(CART_E_ARG, "list: out is NULL");
+    *out = NULL;
+    DIR *dp = dir ? opendir(dir) : NULL;
+    if (!dp) return cart_fail_errno(CART_E_IO, "cannot list directory %s", dir ? dir : "(null)");
+    cart_fs_listing *l = cart_calloc(1, sizeof *l, "directory listing");
+    int64_t cap = 0;
+    int rc = l ? CART_OK : CART_E_NOMEM;
+    for (struct dirent *e; rc == CART_OK && (e = readdir(dp));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        if (l->n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **names = cart_realloc(l->names, (size_t)cap * sizeof *names, "directory listing");
+            if (!names) {
+                rc = CART_E_NOMEM;
+                break;
+            }
+            l->names = names;
+        }
+        l->names[l->n] = cart_strdup(e->d_name, "directory entry");
+        if (!l->names[l->n]) rc = CART_E_NOMEM;
+        else l->n++;
+    }
+    closedir(dp);
+    if (rc) {
+        cart_fs_listing_free(l);
+        return rc;
+    }
+    if (l->n > 1) qsort(l->names, (size_t)l->n, sizeof *l->names, cmp_names);
+    *out = l;
+    return CART_OK;
+}
+
+int64_t cart_fs_listing_count(const cart_fs_listing *l) {
+    return l ? l->n : 0;
+}
+
+const char *cart_fs_listing_name(const cart_fs_listing *l, int64_t i) {
+    return l && i >= 0 && i < l->n ? l->names[i] : NULL;
+}
+
+void cart_fs_listing_free(cart_fs_listing *l) {
+    if (!l) return;
+    for (int64_t i = 0; i < l->n; i++) free(l->names[i]);
+    free(l->names);
+    free(l);
+}

@@ -1,6 +1,8 @@
 /*
- * fs.h - what a path is, and the clean-up of temporary files left by dead
- * processes.
+ * fs.h - the file system for recipes: what a path is, directories made and
+ * listed, whole files written atomically, and the clean-up of temporary files
+ * left by dead processes. Lua uses these instead of the shell, so that paths
+ * with spaces, quotes or newlines work.
  *
  * The engine writes artifacts atomically (a temporary file beside the target,
  * fsynced, then renamed over it; see fileio.c). A process killed between the
@@ -36,6 +38,31 @@ int32_t cart_fs_path_kind(const char *path, int64_t *size);
  * always NUL-terminated when cap > 0; names may be NULL). A file it cannot
  * remove is skipped. */
 int32_t cart_fs_sweep_temps(const char *target, char *names, int64_t cap);
+
+/* Creates `path` and its missing parents (mode 0777 less the umask), as
+ * mkdir -p does; an existing directory is fine. CART_E_IO names the part
+ * that could not be made, or that exists and is not a directory. */
+int cart_fs_mkdirs(const char *path);
+
+/* Whether a and b name the same file (device and inode, links followed):
+ * 1 yes, 0 no or one of them missing. */
+int32_t cart_fs_same_file(const char *a, const char *b);
+
+/* Writes n bytes to path atomically (temporary file beside it, fsync,
+ * rename, the directory fsynced), after sweeping stale temporary files of
+ * the target. The old file, if any, is untouched on failure. */
+int cart_fs_write_atomic(const char *path, const void *data, int64_t n);
+
+/* The entries of a directory ("." and ".." left out), sorted bytewise. */
+typedef struct cart_fs_listing cart_fs_listing;
+
+/* Lists `dir`. CART_E_IO names the directory when it cannot be read. Free
+ * with cart_fs_listing_free. */
+int cart_fs_list(cart_fs_listing **out, const char *dir);
+int64_t cart_fs_listing_count(const cart_fs_listing *l);
+/* Entry i's name (no directory part); NULL out of range. */
+const char *cart_fs_listing_name(const cart_fs_listing *l, int64_t i);
+void cart_fs_listing_free(cart_fs_listing *l);
 
 #ifdef __cplusplus
 }

@@ -28,13 +28,7 @@ if not opts.from_gguf or not opts.out then
     error("export_gguf: --from-gguf and --out are both required (see --help)", 0)
 end
 
-local function same_file(a, b)
-    local p = io.popen(("stat -L -c '%%d:%%i' '%s' '%s' 2>/dev/null"):format(a:gsub("'", "'\\''"), b:gsub("'", "'\\''")))
-    local ia, ib = p:read("*l"), p:read("*l")
-    p:close()
-    return a == b or (ia ~= nil and ia == ib)
-end
-if same_file(opts.from_gguf, opts.out) then
+if require("cartridge.fs").same_file(opts.from_gguf, opts.out) then
     error("export_gguf: --out is the input file; write to another path", 0)
 end
 

@@ -64,13 +64,7 @@ local function concat_ids(a, b)
     return out
 end
 
-local function write_file(path, text)
-    local tmp = path .. ".tmp"
-    local f = assert(io.open(tmp, "wb"))
-    f:write(text)
-    f:close()
-    assert(os.rename(tmp, path))
-end
+local write_file = require("cartridge.fs").write_atomic
 
 -- ---------------------------------------------------------------------------
 -- The story corpus
@@ -79,7 +73,7 @@ if opts.make_stories then
     local generate = require("cartridge.generate")
     local openings = { "Once upon a time", "One day", "There was a little", "Tom and Lily", "Once there was a big",
         "In a small town", "The sun was shining", "A little bird" }
-    os.execute("mkdir -p '" .. opts.make_stories:gsub("'", "'\\''") .. "'")
+    require("cartridge.fs").mkdirs(opts.make_stories)
     local parts, heldout = {}, {}
     for i = 1, opts.stories do
         local prompt = openings[(i - 1) % #openings + 1]

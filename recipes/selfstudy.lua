@@ -146,7 +146,7 @@ local training = {
     max_q = opts.max_q, max_a = opts.max_a, seed = opts.seed, gen_batch = gen_batch,
     packed = not opts.no_pack, checkpoint = opts.checkpoint or false, resumed_from = opts.resume,
 }
-os.execute("mkdir -p '" .. (opts.save:match("^(.*)/[^/]*$") or "."):gsub("'", "'\\''") .. "'")
+require("cartridge.fs").mkdirs(require("cartridge.fs").parent(opts.save))
 require("cartridge.fs").sweep_temps(opts.save) -- what a killed earlier run left beside the artifact
 local metrics_path = opts.save:gsub("%.safetensors$", "") .. ".metrics.jsonl"
 local metrics = assert(io.open(metrics_path, "w"))

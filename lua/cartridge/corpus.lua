@@ -27,15 +27,13 @@ local Corpus = {}
 Corpus.__index = Corpus
 
 local function list_md(dir)
-    local p = io.popen(("ls -1A -- '%s' 2>/dev/null"):format(dir:gsub("'", "'\\''")))
     local names = {}
-    for name in p:lines() do
+    for _, name in ipairs(fs.list(dir)) do
         if name:lower():match("%.md$") then
             local full = dir:gsub("/+$", "") .. "/" .. name
             if fs.kind(full) == "file" then names[#names + 1] = full end
         end
     end
-    p:close()
     table.sort(names) -- bytewise
     return names
 end

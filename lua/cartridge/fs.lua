@@ -2,7 +2,14 @@
 -- processes left beside an artifact (engine/fs.h).
 --
 --   fs.kind("notes.md")            --> "file", 1234   ("dir", "other", "missing")
+--   fs.mkdirs("out/run 1")         -- mkdir -p; raises naming the part that failed
+--   fs.list("docs")                --> { "engine.md", "formats.md", ... } sorted
+--   fs.write_atomic("loss.svg", bytes)
+--   fs.same_file(a, b)             --> true when both name one file
+--   fs.parent("out/c.safetensors") --> "out"
 --   fs.sweep_temps("out/c.safetensors")   -- prints one line when it removed any
+--
+-- No shell is involved: any path works, spaces and quotes included.
 
 local core = require("cartridge.core")
 local ffi = core.ffi
@@ -39,6 +46,35 @@ function fs.sweep_temps(target, say)
         if say then say(line) else io.stderr:write(line, "\n") end
     end
     return n
+end
+
+function fs.mkdirs(path)
+    core.check(C.cart_fs_mkdirs(path), "mkdirs")
+end
+
+-- The directory part of a path ("." when there is none).
+function fs.parent(path)
+    local dir = path:match("^(.*)/[^/]*$")
+    if dir == nil then return "." end
+    return dir == "" and "/" or dir
+end
+
+function fs.same_file(a, b)
+    return a == b or C.cart_fs_same_file(a, b) == 1
+end
+
+function fs.write_atomic(path, bytes)
+    core.check(C.cart_fs_write_atomic(path, bytes, #bytes), "write")
+end
+
+-- The entries of dir, sorted bytewise; raises when it cannot be read.
+function fs.list(dir)
+    local out = ffi.new("cart_fs_listing *[1]")
+    core.check(C.cart_fs_list(out, dir), "list")
+    local l, names = out[0], {}
+    for i = 0, tonumber(C.cart_fs_listing_count(l)) - 1 do names[#names + 1] = ffi.string(C.cart_fs_listing_name(l, i)) end
+    C.cart_fs_listing_free(l)
+    return names
 end
 
 return fs

@@ -33,7 +33,7 @@ local http = {}
 local Server = {}
 Server.__index = Server
 
-local CART_E_STATE = -7
+local CART_E_STATE = C.CART_E_STATE
 local KINDS = { [1] = "request", [2] = "closed", [3] = "signal" }
 
 -- Options: the fields of cart_http_options (host, port, backlog,

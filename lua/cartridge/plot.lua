@@ -844,20 +844,8 @@ function plot.render(spec)
         error(("plot: cannot write %s: supported extensions are .png and .svg"):format(out), 0)
     end
     local bytes = writer(spec)
-    local tmp = out .. ".tmp"
-    local f, err = io.open(tmp, "wb")
-    if not f then error(("plot: cannot write %s (%s)"):format(tmp, tostring(err)), 0) end
-    local ok, werr = f:write(bytes)
-    f:close()
-    if not ok then
-        os.remove(tmp)
-        error(("plot: cannot write %s (%s)"):format(tmp, tostring(werr)), 0)
-    end
-    local renamed, rerr = os.rename(tmp, out)
-    if not renamed then
-        os.remove(tmp)
-        error(("plot: cannot rename %s to %s (%s)"):format(tmp, out, tostring(rerr)), 0)
-    end
+    local ok, err = pcall(require("cartridge.fs").write_atomic, out, bytes)
+    if not ok then error("plot: " .. err, 0) end
     return out
 end
 

@@ -216,8 +216,7 @@ function randmodel.write(opts)
     if not opts.quiet then io.stderr:write(("make_model: %s %dL hidden %d, %s parameters, %s -> %s\n"):format(arch, shape.layers, E,
         fmt.int(total_params), dtype_name, opts.out)) end
 
-    local dir = opts.out:match("^(.*)/[^/]*$")
-    if dir and dir ~= "" then os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") end
+    require("cartridge.fs").mkdirs(require("cartridge.fs").parent(opts.out))
     w:begin(opts.out)
     local rng = ffi.new("cart_rng")
     local started = C.cart_now_seconds()

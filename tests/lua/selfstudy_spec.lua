@@ -189,4 +189,24 @@ describe("selfstudy.lua", function()
         cartridge.cart.load(out_path, m):free()
         m:free()
     end)
+
+    it("takes corpus and output paths with spaces and quotes (no shell)", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local fs = require("cartridge.fs")
+        local docs = tmp .. "/my docs 'quoted' $HOME"
+        fs.mkdirs(docs)
+        helper.write_file(docs .. "/b note.md", helper.read_file(helper.root .. "/docs/server.md"))
+        helper.write_file(docs .. "/a 'first'.md", helper.read_file(helper.root .. "/docs/formats.md"))
+        helper.write_file(docs .. "/skip.txt", "not markdown")
+        assert.are.same({ "a 'first'.md", "b note.md", "skip.txt" }, fs.list(docs))
+        local out = tmp .. "/new dir/with \"quotes\"/c.safetensors"
+        local rc, stdout, err = helper.cartridge("run", "recipes/selfstudy.lua", "--corpus", docs, "--p", "32", "--accum", "1",
+            "--chunk-min", "16", "--chunk-max", "32", "--max-q", "8", "--max-a", "8", "--steps", "1", "--save", out)
+        assert.are.equal(0, rc, err)
+        assert.truthy(stdout:find("corpus: 2 files", 1, true), stdout)
+        assert.are.equal("file", (fs.kind(out)))
+        assert.is_true(fs.same_file(out, tmp .. "/new dir/with \"quotes\"/./c.safetensors"))
+        assert.is_false(fs.same_file(out, docs .. "/b note.md"))
+    end)
 end)
+
