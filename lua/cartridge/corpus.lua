@@ -9,8 +9,9 @@
 -- Each path is a UTF-8 text file of any extension (at most 16 MiB) or a
 -- directory whose top-level .md files are taken in sorted order (other entries
 -- are ignored). A FIFO, socket or device is refused, never opened (it could
--- block forever), and so is an empty file: the length checks count the
--- documents' own text only, never the headers the corpus adds.
+-- block forever), and so is an empty or blank file named on its own (one in
+-- a directory is skipped, in one line on stderr): the length checks count
+-- the documents' own text only, never the headers the corpus adds.
 -- Every file becomes the block "\n\n# Document: <path>\n\n<text>";
 -- blocks are tokenized one at a time (special-token text inside them is
 -- matched as such, as the model would see it) and their ids concatenated.
@@ -67,42 +68,62 @@ local function read_text(path)
 end
 
 -- The files behind a list of --corpus arguments, in order.
+-- Also returns the set of files that came from a directory listing.
 function corpus.expand(paths)
-    local files = {}
+    local files, listed = {}, {}
     for _, path in ipairs(paths) do
         if fs.kind(path) == "dir" then
-            for _, f in ipairs(list_md(path)) do files[#files + 1] = f end
+            for _, f in ipairs(list_md(path)) do
+                files[#files + 1] = f
+                listed[f] = true
+            end
         else
             files[#files + 1] = path
         end
     end
-    return files
+    return files, listed
+end
+
+-- Appends one document as its block; counts its own tokens apart from the
+-- header's.
+function Corpus:add(path, text, tok)
+    local header = "\n\n# Document: " .. path .. "\n\n"
+    local block = header .. text
+    self.parts[#self.parts + 1] = block
+    local ids = tok:encode(block, { special = true })
+    local own = math.max(0, #ids - #tok:encode(header, { special = true }))
+    self.files[#self.files + 1] = { path = path, start = #self.ids, bytes = #text, tokens = own }
+    self.text_tokens = self.text_tokens + own
+    for i = 1, #ids do self.ids[#self.ids + 1] = ids[i] end
 end
 
 -- Loads and tokenizes the corpus. paths: a list of files and directories.
 function corpus.load(paths, tok)
     if #paths == 0 then error("corpus: no --corpus given; pass a text file or a directory of .md files", 0) end
-    local files = corpus.expand(paths)
+    local files, listed = corpus.expand(paths)
     if #files == 0 then
         error("corpus: no documents found in " .. table.concat(paths, ", ") ..
             " (a directory contributes its top-level .md files)", 0)
     end
     local self = setmetatable({ files = {}, ids = {}, parts = {}, text_tokens = 0 }, Corpus)
+    local skipped = {}
     for _, path in ipairs(files) do
         local text = read_text(path)
-        if not text:find("%S") then
+        if text:find("%S") then
+            self:add(path, text, tok)
+        elseif listed[path] then
+            skipped[#skipped + 1] = path
+        else
             error(("corpus: %s has no text (%d bytes, all whitespace or none); remove it from the corpus or "
                 .. "write the document"):format(path, #text), 0)
         end
-        local header = "\n\n# Document: " .. path .. "\n\n"
-        local block = header .. text
-        self.parts[#self.parts + 1] = block
-        local ids = tok:encode(block, { special = true })
-        -- the document's own tokens: the block's less its header's
-        local own = math.max(0, #ids - #tok:encode(header, { special = true }))
-        self.files[#self.files + 1] = { path = path, start = #self.ids, bytes = #text, tokens = own }
-        self.text_tokens = self.text_tokens + own
-        for i = 1, #ids do self.ids[#self.ids + 1] = ids[i] end
+    end
+    if #skipped > 0 then
+        io.stderr:write(("corpus: skipped %d empty .md file%s: %s\n"):format(#skipped, #skipped == 1 and "" or "s",
+            table.concat(skipped, ", ")))
+    end
+    if #self.files == 0 then
+        error("corpus: every document in " .. table.concat(paths, ", ") .. " is empty; add text", 0)
     end
     self.text = table.concat(self.parts)
     self.parts = nil
