@@ -73,7 +73,10 @@ function Cart:capture(m, ids, kv_dtype)
     local n = #ids
     local buf = ffi.new("int32_t[?]", math.max(n, 1))
     for i = 1, n do buf[i - 1] = ids[i] end
-    local dtype = (kv_dtype or "f32") == "f16" and 1 or 0
+    if kv_dtype and kv_dtype ~= "f16" and kv_dtype ~= "f32" then
+        error("cart:capture: the cache dtype must be f16 or f32, not " .. tostring(kv_dtype), 0)
+    end
+    local dtype = kv_dtype == "f16" and C.CART_F16 or C.CART_F32
     core.check(C.cart_cartridge_capture(self.handle, m.handle, buf, n, dtype), "cartridge capture")
 end
 

@@ -21,47 +21,51 @@ local C = core.C
 
 local gguf = {}
 
-local TYPE = {
-    uint8 = 0, int8 = 1, uint16 = 2, int16 = 3, uint32 = 4, int32 = 5, float32 = 6, bool = 7,
-    string = 8, array = 9, uint64 = 10, int64 = 11, float64 = 12,
-}
+-- The value types, by their names in the GGUF spec, as engine/gguf.h numbers them.
+local TYPE = {}
+for _, name in ipairs({ "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool", "string", "array",
+    "uint64", "int64", "float64" }) do
+    TYPE[name] = tonumber(C["CART_GGUF_" .. name:upper()])
+end
 gguf.TYPE = TYPE
+local T_STRING, T_ARRAY, T_BOOL = TYPE.string, TYPE.array, TYPE.bool
 
 local TYPE_NAME = {}
 for name, id in pairs(TYPE) do TYPE_NAME[id] = name end
 gguf.TYPE_NAME = TYPE_NAME
 
 local ELEM_CTYPE = {
-    [0] = "const uint8_t *", [1] = "const int8_t *", [2] = "const uint16_t *",
-    [3] = "const int16_t *", [4] = "const uint32_t *", [5] = "const int32_t *",
-    [6] = "const float *", [7] = "const uint8_t *", [10] = "const uint64_t *",
-    [11] = "const int64_t *", [12] = "const double *",
+    [TYPE.uint8] = "const uint8_t *", [TYPE.int8] = "const int8_t *", [TYPE.uint16] = "const uint16_t *",
+    [TYPE.int16] = "const int16_t *", [TYPE.uint32] = "const uint32_t *", [TYPE.int32] = "const int32_t *",
+    [TYPE.float32] = "const float *", [TYPE.bool] = "const uint8_t *", [TYPE.uint64] = "const uint64_t *",
+    [TYPE.int64] = "const int64_t *", [TYPE.float64] = "const double *",
 }
 
-local SIGNED = { [1] = true, [3] = true, [5] = true, [11] = true }
-local FLOAT = { [6] = true, [12] = true }
+local SIGNED = { [TYPE.int8] = true, [TYPE.int16] = true, [TYPE.int32] = true, [TYPE.int64] = true }
+local FLOAT = { [TYPE.float32] = true, [TYPE.float64] = true }
+local WIDE = { [TYPE.uint64] = true, [TYPE.int64] = true }
 
 -- Converts a cart_gguf_value to a Lua value. Arrays become Lua tables (1-based),
 -- 64-bit integers numbers when exact, else int64 cdata.
 local function to_lua(v)
     local t = v.type
-    if t == 8 then return core.str(v.as.str) end
-    if t == 7 then return v.as.u64 ~= 0 end
+    if t == T_STRING then return core.str(v.as.str) end
+    if t == T_BOOL then return v.as.u64 ~= 0 end
     if FLOAT[t] then return v.as.f64 end
     if SIGNED[t] then return core.int(v.as.i64) end
-    if t ~= 9 then return core.int(v.as.u64) end
+    if t ~= T_ARRAY then return core.int(v.as.u64) end
     local out, n, et = {}, tonumber(v.count), v.elem_type
-    if et == 8 then
+    if et == T_STRING then
         local strs = ffi.cast("const cart_str *", v.as.array)
         for i = 0, n - 1 do out[i + 1] = core.str(strs[i]) end
-    elseif et == 9 then
+    elseif et == T_ARRAY then
         local vals = ffi.cast("const cart_gguf_value *", v.as.array)
         for i = 0, n - 1 do out[i + 1] = to_lua(vals[i]) end
     else
         local p = ffi.cast(ELEM_CTYPE[et], v.as.array)
         for i = 0, n - 1 do
             local x = p[i]
-            if et == 7 then x = x ~= 0 elseif et == 10 or et == 11 then x = core.int(x) end
+            if et == T_BOOL then x = x ~= 0 elseif WIDE[et] then x = core.int(x) end
             out[i + 1] = x
         end
     end
@@ -70,7 +74,7 @@ end
 gguf.to_lua = to_lua
 
 local function type_label(v)
-    if v.type == 9 then
+    if v.type == T_ARRAY then
         return ("array[%s x %d]"):format(TYPE_NAME[v.elem_type] or "?", tonumber(v.count))
     end
     return TYPE_NAME[v.type] or "?"
@@ -234,17 +238,17 @@ local function to_value(value, gtype, elem_type, keep)
     local id = TYPE[gtype]
     if not id then error("gguf writer: unknown value type '" .. tostring(gtype) .. "'", 0) end
     v.type, v.elem_type, v.count = id, -1, 1
-    if id == 8 then
+    if id == T_STRING then
         local s = tostring(value)
         keep[#keep + 1] = s
         v.as.str.data, v.as.str.len = s, #s
-    elseif id == 7 then
+    elseif id == T_BOOL then
         v.as.u64 = value and 1 or 0
     elseif FLOAT[id] then
         v.as.f64 = value
     elseif SIGNED[id] then
         v.as.i64 = value
-    elseif id ~= 9 then
+    elseif id ~= T_ARRAY then
         v.as.u64 = value
     else
         local n = #value
@@ -252,7 +256,7 @@ local function to_value(value, gtype, elem_type, keep)
         local eid = TYPE[et]
         if not eid then error("gguf writer: unknown element type '" .. tostring(et) .. "'", 0) end
         v.elem_type, v.count = eid, n
-        if eid == 8 then
+        if eid == T_STRING then
             local strs = ffi.new("cart_str[?]", math.max(n, 1))
             for i = 1, n do
                 local s = tostring(value[i])
@@ -261,7 +265,7 @@ local function to_value(value, gtype, elem_type, keep)
             end
             keep[#keep + 1] = strs
             v.as.array = strs
-        elseif eid == 9 then
+        elseif eid == T_ARRAY then
             local vals = ffi.new("cart_gguf_value[?]", math.max(n, 1))
             for i = 1, n do vals[i - 1] = to_value(value[i], "array", nil, keep) end
             keep[#keep + 1] = vals
@@ -271,7 +275,7 @@ local function to_value(value, gtype, elem_type, keep)
             local buf = ffi.new(ctype .. "[?]", math.max(n, 1))
             for i = 1, n do
                 local x = value[i]
-                if eid == 7 then x = x and 1 or 0 end
+                if eid == T_BOOL then x = x and 1 or 0 end
                 buf[i - 1] = x
             end
             keep[#keep + 1] = buf

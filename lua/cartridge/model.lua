@@ -85,7 +85,7 @@ end
 
 -- A new empty KV cache: capacity rows, dtype "f16" (default) or "f32".
 function Model:new_kv(capacity, dtype)
-    local id = (dtype or "f16") == "f32" and 0 or 1
+    local id = (dtype or "f16") == "f32" and C.CART_F32 or C.CART_F16
     if dtype and dtype ~= "f16" and dtype ~= "f32" then
         error("model:new_kv: cache dtype must be f16 or f32, not " .. tostring(dtype), 0)
     end

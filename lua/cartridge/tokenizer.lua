@@ -24,11 +24,14 @@ local C = core.C
 
 local tokenizer = {}
 
-local PARSE_SPECIAL, ADD_SPECIAL, UNPARSE_SPECIAL, REMOVE_SPECIAL = 1, 2, 4, 8
+local PARSE_SPECIAL, ADD_SPECIAL = tonumber(C.CART_TOKENIZE_PARSE_SPECIAL), tonumber(C.CART_TOKENIZE_ADD_SPECIAL)
+local UNPARSE_SPECIAL, REMOVE_SPECIAL = tonumber(C.CART_TOKENIZE_UNPARSE_SPECIAL), tonumber(C.CART_TOKENIZE_REMOVE_SPECIAL)
 
-local TYPE_NAMES = {
-    [0] = "undefined", "normal", "unknown", "control", "user_defined", "unused", "byte",
-}
+-- token type id -> its name in lower case ("normal", "control", "byte", ...)
+local TYPE_NAMES = {}
+for _, name in ipairs({ "undefined", "normal", "unknown", "control", "user_defined", "unused", "byte" }) do
+    TYPE_NAMES[tonumber(C["CART_TOKEN_" .. name:upper()])] = name
+end
 
 local Tokenizer = {}
 Tokenizer.__index = Tokenizer
