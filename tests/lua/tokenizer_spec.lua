@@ -98,10 +98,14 @@ describe("cartridge.tokenizer", function()
         for i, id in ipairs(ids) do out[i] = s:push(id) end
         assert.are.same({ "", "é", "", "", "", "🙂", "!" }, out)
         assert.are.equal("", s:flush())
-        -- an unfinished character comes out at flush
+        -- an unfinished character comes out at flush, as U+FFFD (the text
+        -- a stream hands out is always well-formed UTF-8)
         local s2 = tok:stream()
         assert.are.equal("", s2:push(ids[3]))
-        assert.are.equal("\240", s2:flush())
+        assert.are.equal("\239\191\189", s2:flush())
+        -- a byte that can never start a character: U+FFFD at once
+        local s3 = tok:stream()
+        assert.are.equal("\239\191\189", s3:push(ids[4]))
     end)
 
     it("loads from a gguf File that may be closed afterwards", function()
