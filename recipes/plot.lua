@@ -8,8 +8,10 @@
 -- ({"step": 3, "loss": 2.1, "answer_tokens": 812, "seconds": 3.1, ...}) give the
 -- curve; {"event": "heldout_before"|"heldout_after", "loss": v} lines give a
 -- ring at the curve's start and a dot at its end. Other lines and fields are
--- ignored. --x answer_tokens and --x seconds plot against the running total of
--- those per-step amounts. The format follows the --out extension.
+-- ignored. --x answer_tokens plots against the answer tokens trained on so far
+-- (recorded as a running total), --x seconds against the time spent so far
+-- (the running total of the per-step seconds). The format follows the --out
+-- extension.
 
 local options = require("cartridge.options")
 local plot = require("cartridge.plot")

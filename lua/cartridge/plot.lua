@@ -10,7 +10,8 @@
 -- circles, text), so an SVG and a PNG of the same runs have the same layout.
 -- SVG is hand-written XML; PNG is RGB 8-bit from a small rasterizer
 -- (anti-aliased strokes and discs, a built-in 5x7 bitmap font) and an encoder
--- that stores the pixels in uncompressed deflate blocks (no zlib needed).
+-- that compresses the pixels with the system's zlib (libz.so.1, loaded through
+-- the FFI; stored deflate blocks where it is missing).
 --
 -- API
 --   plot.read_run(path, opts) -> run
@@ -19,9 +20,9 @@
 --       no "event"; {"event":"heldout_before"|"heldout_after", <metric>: v}
 --       lines give the held-out markers (last one wins). Other lines and
 --       fields are ignored. opts.metric (default "loss") is the y value;
---       opts.x (default "step") is "step" or a per-step amount whose running
---       total is the x value ("answer_tokens": tokens trained on so far,
---       "seconds": time spent so far). Step lines without a numeric metric or
+--       opts.x (default "step") is "step", "answer_tokens" (the tokens trained
+--       on so far, as recorded) or "seconds" (recorded per step; its running
+--       total, the time spent so far, is the x value). Step lines without a numeric metric or
 --       x are skipped.
 --       Returns { label = path, points = { {x, y}, ... }, heldout_before = v|nil,
 --       heldout_after = v|nil, steps = <number of step lines> }.
@@ -70,7 +71,9 @@ local MAX_LABEL = 48 -- legend labels longer than this keep their tail
 -- ---------------------------------------------------------------------------
 -- Reading metrics files
 
-local CUMULATIVE = { answer_tokens = true, seconds = true }
+-- x fields the metrics file records per step, plotted as their running total
+-- (answer_tokens is recorded as the total so far already)
+local PER_STEP = { seconds = true }
 
 function plot.read_run(path, opts)
     opts = opts or {}
@@ -90,7 +93,7 @@ function plot.read_run(path, opts)
             if type(obj) == "table" and obj.event == nil and type(obj.step) == "number" then
                 run.steps = run.steps + 1
                 local x, y = obj[xfield], obj[metric]
-                if type(x) == "number" and CUMULATIVE[xfield] then
+                if type(x) == "number" and PER_STEP[xfield] then
                     total = total + x
                     x = total
                 end
@@ -743,17 +746,30 @@ local function chunk(kind, data)
     return u32be(#data) .. kind .. data .. u32be(crc)
 end
 
-function plot.encode_png(width, height, rgb)
-    local src = ffi.cast("const uint8_t *", rgb)
-    local stride = width * 3 + 1 -- a filter-type byte (0: none) before each row
-    local n = stride * height
-    local raw = ffi.new("uint8_t[?]", n) -- (height, 1 + width*3)
-    for y = 0, height - 1 do
-        raw[y * stride] = 0
-        ffi.copy(raw + y * stride + 1, src + y * width * 3, width * 3)
+-- zlib (libz.so.1, part of every Debian system: the package zlib1g is
+-- "required") compresses the image data when it loads; otherwise the data
+-- goes into stored deflate blocks, which any PNG reader takes too.
+local zlib
+do
+    local ok, lib = pcall(ffi.load, "libz.so.1")
+    if ok then
+        ok = pcall(ffi.cdef, [[
+unsigned long compressBound(unsigned long source_len);
+int compress2(uint8_t *dest, unsigned long *dest_len, const uint8_t *source, unsigned long source_len, int level);
+]])
+        zlib = lib
     end
-    -- zlib: CMF 0x78 (deflate, 32K window), FLG 0x01 (makes the pair a multiple
-    -- of 31), stored blocks of at most 65535 bytes, Adler-32 of the raw bytes.
+end
+
+-- The zlib stream of n bytes at raw: compressed by zlib when it is there,
+-- else CMF 0x78 (deflate, 32K window), FLG 0x01 (makes the pair a multiple of
+-- 31), stored blocks of at most 65535 bytes and the Adler-32 of the bytes.
+local function zlib_stream(raw, n, stored)
+    if zlib and not stored then
+        local cap = ffi.new("unsigned long[1]", zlib.compressBound(n))
+        local out = ffi.new("uint8_t[?]", cap[0])
+        if zlib.compress2(out, cap, raw, n, 9) == 0 then return ffi.string(out, cap[0]) end
+    end
     local z = { "\120\1" }
     local off = 0
     repeat
@@ -765,8 +781,22 @@ function plot.encode_png(width, height, rgb)
         off = off + len
     until off >= n
     z[#z + 1] = u32be(adler32(raw, n))
+    return table.concat(z)
+end
+plot.zlib_available = zlib ~= nil
+
+-- opts.stored: stored blocks even when zlib is there.
+function plot.encode_png(width, height, rgb, opts)
+    local src = ffi.cast("const uint8_t *", rgb)
+    local stride = width * 3 + 1 -- a filter-type byte (0: none) before each row
+    local n = stride * height
+    local raw = ffi.new("uint8_t[?]", n) -- (height, 1 + width*3)
+    for y = 0, height - 1 do
+        raw[y * stride] = 0
+        ffi.copy(raw + y * stride + 1, src + y * width * 3, width * 3)
+    end
     local ihdr = u32be(width) .. u32be(height) .. string.char(8, 2, 0, 0, 0) -- 8-bit RGB
-    return "\137PNG\r\n\26\n" .. chunk("IHDR", ihdr) .. chunk("IDAT", table.concat(z)) .. chunk("IEND", "")
+    return "\137PNG\r\n\26\n" .. chunk("IHDR", ihdr) .. chunk("IDAT", zlib_stream(raw, n, opts and opts.stored)) .. chunk("IEND", "")
 end
 
 function plot.png(spec)

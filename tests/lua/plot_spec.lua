@@ -19,7 +19,7 @@ local function write_run(path, steps, opts)
     for s = 1, steps do
         local loss = (opts.base or 2.3) - 0.03 * s + 0.01 * (s % 3)
         lines[#lines + 1] = ('{"step":%d,"steps":%d,"loss":%.4f,"answer_tokens":%d,"seconds":1.5,'
-            .. '"lr":0.002,"conversations":4,"future_field":[1,2]}'):format(s, steps, loss, 800 + s)
+            .. '"lr":0.002,"conversations":4,"future_field":[1,2]}'):format(s, steps, loss, 800 * s)
     end
     if opts.after ~= false then lines[#lines + 1] = '{"event":"heldout_after","loss":1.9}' end
     helper.write_file(path, table.concat(lines, "\n") .. "\n")
@@ -106,8 +106,23 @@ local function inflate_stored(z)
     return raw
 end
 
+-- Inflates a zlib stream: stored blocks by the reader above; compressed
+-- ones by the system's zlib (uncompress), told the size to expect.
+local ffi = require("ffi")
+local libz = plot.zlib_available and ffi.load("libz.so.1")
+pcall(ffi.cdef, "int uncompress(uint8_t *dest, unsigned long *dest_len, const uint8_t *source, unsigned long source_len);")
+local function inflate(z, size)
+    local btype = math.floor(z:byte(3) / 2) % 4
+    if btype == 0 then return inflate_stored(z) end
+    assert.truthy(libz, "a compressed stream, and no zlib here to read it")
+    local out, len = ffi.new("uint8_t[?]", size), ffi.new("unsigned long[1]", size)
+    assert.are.equal(0, libz.uncompress(out, len, z, #z), "zlib inflates the stream")
+    return ffi.string(out, len[0])
+end
+
 -- Decodes an 8-bit RGB, non-interlaced PNG with filter 0 rows (what the
--- module writes). Returns width, height, pixel(x, y) -> r, g, b.
+-- module writes). Returns width, height, pixel(x, y) -> r, g, b, and the
+-- size of its zlib stream.
 local function decode_png(bytes)
     local chunks = png_chunks(bytes)
     assert.are.equal("IHDR", chunks[1].type)
@@ -120,8 +135,9 @@ local function decode_png(bytes)
     for _, c in ipairs(chunks) do
         if c.type == "IDAT" then idat[#idat + 1] = c.data end
     end
-    local raw = inflate_stored(table.concat(idat))
     local stride = w * 3 + 1
+    local z = table.concat(idat)
+    local raw = inflate(z, h * stride)
     assert.are.equal(h * stride, #raw, "one filter byte and width*3 bytes per row")
     for y = 0, h - 1 do
         assert.are.equal(0, raw:byte(y * stride + 1), "filter type of row " .. y)
@@ -129,7 +145,7 @@ local function decode_png(bytes)
     return w, h, function(x, y)
         local i = y * stride + 2 + x * 3
         return raw:byte(i, i + 2)
-    end
+    end, #z
 end
 
 -- ---------------------------------------------------------------------------
@@ -150,11 +166,11 @@ describe("cartridge.plot", function()
         assert.are.equal(dir .. "/a.jsonl", run.label)
     end)
 
-    it("plots answer tokens and seconds as running totals", function()
+    it("plots answer tokens as recorded (already a running total) and seconds summed", function()
+        -- selfstudy.lua writes answer_tokens so far, and seconds per step
         write_run(dir .. "/a.jsonl", 3)
         local tokens = plot.read_run(dir .. "/a.jsonl", { x = "answer_tokens" })
-        assert.are.same({ 801, 801 + 802, 801 + 802 + 803 },
-            { tokens.points[1][1], tokens.points[2][1], tokens.points[3][1] })
+        assert.are.same({ 800, 1600, 2400 }, { tokens.points[1][1], tokens.points[2][1], tokens.points[3][1] })
         local secs = plot.read_run(dir .. "/a.jsonl", { x = "seconds", metric = "lr" })
         assert.are.same({ 4.5, 0.002 }, secs.points[3])
         assert.is_nil(secs.heldout_before) -- held-out lines carry loss, not lr
@@ -256,11 +272,21 @@ describe("cartridge.plot", function()
         assert.truthy(seen["222222"], "text is drawn")
     end)
 
-    it("splits a large image into stored blocks of at most 65535 bytes", function()
-        local bytes = plot.png({ runs = { { label = "x", points = { { 0, 1 }, { 1, 2 } } } },
-                                 width = 400, height = 300, log_y = true })
-        local w, h = decode_png(bytes) -- 300 rows of 1201 bytes: 6 blocks
+    it("splits a large image into stored blocks of at most 65535 bytes without zlib", function()
+        local rgb = ("\200\10\30"):rep(400 * 300)
+        local w, h, pixel = decode_png(plot.encode_png(400, 300, rgb, { stored = true })) -- 300 rows of 1201 bytes: 6 blocks
         assert.are.same({ 400, 300 }, { w, h })
+        assert.are.same({ 200, 10, 30 }, { pixel(399, 299) })
+    end)
+
+    it("compresses a 900x540 plot to a small file with zlib", function()
+        if not plot.zlib_available then return pending("libz.so.1 is not on this system") end
+        local bytes = plot.png({ runs = { { label = "x", points = { { 0, 1 }, { 1, 2 }, { 2, 1.5 } } } },
+                                 width = 900, height = 540 })
+        local w, h, _, zsize = decode_png(bytes)
+        assert.are.same({ 900, 540 }, { w, h })
+        print(("  900x540: %d bytes (%d raw)"):format(#bytes, 540 * (900 * 3 + 1)))
+        assert.is_true(#bytes < 100000 and zsize < #bytes)
     end)
 
     it("encodes a raw RGB buffer pixel for pixel", function()
