@@ -105,8 +105,14 @@ end
 -- Training
 
 if not corpus then fail("--corpus is required for training (a text file or a directory of .md files)") end
-corpus:require_tokens(math.max(opts.p, opts.chunk_min) + 2,
-    ("lower --p (now %d) or --chunk-min (now %d), or add text"):format(opts.p, opts.chunk_min))
+-- the rows are initialized from the corpus opening (p tokens) unless they are
+-- resumed; the chunks need chunk_min tokens either way
+if opts.resume then
+    corpus:require_tokens(opts.chunk_min + 2, ("lower --chunk-min (now %d), or add text"):format(opts.chunk_min))
+else
+    corpus:require_tokens(math.max(opts.p, opts.chunk_min) + 2,
+        ("lower --p (now %d) or --chunk-min (now %d), or add text"):format(opts.p, opts.chunk_min))
+end
 
 local template = chat.for_model(m)
 local c, draft_ref

@@ -210,5 +210,24 @@ describe("selfstudy.lua", function()
         assert.is_true(fs.same_file(out, tmp .. "/new dir/with \"quotes\"/./c.safetensors"))
         assert.is_false(fs.same_file(out, docs .. "/b note.md"))
     end)
+
+    it("resumes on a corpus shorter than the default --p: the resumed rows set p", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local short = tmp .. "/short resume.md"
+        helper.write_file(short, ("The river town keeps its boats in a long shed by the bridge. "):rep(6))
+        local first = tmp .. "/r1.safetensors"
+        local common = { "--corpus", short, "--accum", "1", "--chunk-min", "16", "--chunk-max", "32", "--max-q", "8",
+            "--max-a", "8", "--steps", "1" }
+        local a = { unpack(common) }
+        for _, x in ipairs({ "--p", "16", "--save", first }) do a[#a + 1] = x end
+        local rc, _, err = helper.cartridge("run", "recipes/selfstudy.lua", unpack(a))
+        assert.are.equal(0, rc, err)
+        a = { unpack(common) }
+        for _, x in ipairs({ "--resume", first, "--save", tmp .. "/r2.safetensors" }) do a[#a + 1] = x end
+        local out
+        rc, out, err = helper.cartridge("run", "recipes/selfstudy.lua", unpack(a))
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("p = 16 rows/layer", 1, true), out)
+    end)
 end)
 
