@@ -58,6 +58,7 @@ for _, t in ipairs(tensors) do
 end
 w:begin(opts.out)
 local started = C.cart_now_seconds()
+local bar = require("cartridge.progress").new(#tensors, "export_gguf")
 for i, t in ipairs(tensors) do
     bytes_in = bytes_in + t.nbytes
     if is_matrix(t) and t.dtype ~= target then
@@ -70,12 +71,10 @@ for i, t in ipairs(tensors) do
         w:write_tensor(t.name, t.data)
         bytes_out = bytes_out + t.nbytes
     end
-    if i % 20 == 0 or i == #tensors then
-        io.stderr:write(("\rexport_gguf: %d/%d tensors"):format(i, #tensors))
-    end
+    bar:update(i)
 end
 w:finish()
-io.stderr:write("\n")
+bar:finish()
 print(("export_gguf: %s -> %s: %d matrices to %s, %s -> %s, %.1f s"):format(opts.from_gguf, opts.out,
     changed, opts.dtype, fmt.bytes(bytes_in), fmt.bytes(bytes_out), C.cart_now_seconds() - started))
 src:close()
