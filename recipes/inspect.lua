@@ -11,7 +11,7 @@ local options = require("cartridge.options")
 local fmt = require("cartridge.fmt")
 
 local opts = options.parse(arg, {
-    usage = "cartridge run recipes/inspect.lua FILE [options]",
+    usage = "cartridge run recipes/inspect.lua FILE [FLAGS]",
     summary = "Print a GGUF or safetensors file's metadata and tensor table.",
     positional = { { "file", help = "a .gguf or .safetensors file", required = true } },
     flags = {

@@ -17,7 +17,7 @@ local options = require("cartridge.options")
 local plot = require("cartridge.plot")
 
 local opts = options.parse(arg, {
-    usage = "cartridge run recipes/plot.lua RUN.jsonl [RUN.jsonl ...] --out loss.png|loss.svg [options]",
+    usage = "cartridge run recipes/plot.lua RUN.jsonl [RUN.jsonl ...] --out loss.png|loss.svg [FLAGS]",
     summary = "Draw training curves from metrics JSONL files as a PNG or SVG.",
     positional = {
         { "runs", help = "metrics JSONL files, one per run", required = true, repeatable = true,

@@ -167,12 +167,13 @@ local function usage_line(spec, c, name)
     if spec.usage then
         return spec.usage
     end
-    local line = "cartridge run " .. name .. " [FLAGS]"
+    -- one form for every recipe: the path as a user types it, positionals, flags
+    local line = "cartridge run recipes/" .. name .. ".lua"
     local pos = positional_synopsis(c)
     if pos ~= "" then
         line = line .. " " .. pos
     end
-    return line
+    return line .. " [FLAGS]"
 end
 
 local function help_text(spec, c, name)

@@ -332,6 +332,6 @@ describe("options help text", function()
 
     it("generates a usage line from the positionals when the spec gives none", function()
         local text = options.help({ positional = { { "file", required = true }, { "out" } } }, "demo")
-        assert.matches("usage: cartridge run demo %[FLAGS%] FILE %[OUT%]", text)
+        assert.matches("usage: cartridge run recipes/demo%.lua FILE %[OUT%] %[FLAGS%]", text)
     end)
 end)
