@@ -189,7 +189,20 @@ for _, path in ipairs(opts.load) do
 end
 
 if corpus then
-    local text, _, truncated = serve.icl_text(corpus, tok, opts.icl_max)
+    -- the corpus in context must leave room for the longest held-out entry
+    -- within the model's trained context
+    local longest = 0
+    for _, e in ipairs(scored) do longest = math.max(longest, #e.context + #e.text + 1) end
+    local n_ctx = m.config.n_ctx_train
+    local wrap = #tok:encode(selfstudy.system_block(template, ""), { special = true, add_special = true })
+    local icl_max = opts.icl_max
+    if n_ctx and n_ctx > 0 and math.min(icl_max, corpus.n_tokens) + wrap + longest > n_ctx then
+        icl_max = math.max(0, n_ctx - wrap - longest)
+        print(("note: the ICL arm gets the first %d corpus tokens (of %d; --icl-max %d), so that the corpus, its "
+            .. "template and the longest held-out text fit the model's %d-token context"):format(
+            math.min(icl_max, corpus.n_tokens), corpus.n_tokens, opts.icl_max, n_ctx))
+    end
+    local text, _, truncated = serve.icl_text(corpus, tok, icl_max)
     local ctx = tok:encode(selfstudy.system_block(template, text),
         { special = true, add_special = true })
     arms[#arms + 1] = score({ name = "ICL (corpus in context" .. (truncated and ", truncated)" or ")"),
@@ -202,12 +215,21 @@ local bare, icl = arms[1], corpus and arms[#arms] or nil
 local rows_out = {}
 print(("held-out: %d texts, %d scored tokens; model %s"):format(#scored, n_tokens, m.path))
 print(("%-46s %8s %10s %10s %14s"):format("arm", "KV rows", "KV bytes", "NLL/token", "gap recovered"))
+local gap_note
+if not icl then
+    gap_note = "gap recovered needs an ICL arm: pass --corpus"
+elseif bare.nll <= icl.nll then
+    gap_note = ("gap recovered is undefined: the model scores these texts no better with the corpus in context "
+        .. "(ICL %.4f >= bare %.4f), so there is no gap to recover; a model too small to read its context, "
+        .. "such as stories260K, does this"):format(icl.nll, bare.nll)
+end
 for _, a in ipairs(arms) do
     local gap = ""
-    if icl and a ~= bare and a ~= icl and bare.nll > icl.nll then
-        gap = ("%.0f%%"):format(100 * (bare.nll - a.nll) / (bare.nll - icl.nll))
+    if a ~= bare and a ~= icl then
+        gap = gap_note and "n/a" or ("%.0f%%"):format(100 * (bare.nll - a.nll) / (bare.nll - icl.nll))
     end
     print(("%-46s %8d %10s %10.4f %14s"):format(a.name, a.rows, fmt.bytes(a.rows * row_bytes), a.nll, gap))
     rows_out[#rows_out + 1] = { arm = a.name, kv_rows = a.rows, kv_bytes = a.rows * row_bytes, nll = a.nll }
 end
+if gap_note and #opts.load > 0 then print("note: " .. gap_note) end
 if opts.json then print(json.encode(rows_out)) end
