@@ -229,5 +229,41 @@ describe("selfstudy.lua", function()
         assert.are.equal(0, rc, err)
         assert.truthy(out:find("p = 16 rows/layer", 1, true), out)
     end)
+
+    -- What the docs may claim for each equivalent setting: the rows after 3
+    -- steps, compared with the default run's (Adam turns rounding-level
+    -- gradient differences into row differences of up to about lr).
+    it("states what each equivalent setting changes: --checkpoint nothing, the others rounding", function()
+        local model, why = stories()
+        if not model then return pending(why) end
+        local function rows_after(name, extra)
+            local a = { args({ "--model", model, "--steps", "3", "--save", tmp .. "/v-" .. name .. ".safetensors" }) }
+            for _, x in ipairs(extra) do a[#a + 1] = x end
+            local rc, _, err = selfstudy(unpack(a))
+            assert.are.equal(0, rc, err)
+            local m = cartridge.model.load(model)
+            local c = cartridge.cart.load(tmp .. "/v-" .. name .. ".safetensors", m)
+            m:free()
+            return c
+        end
+        local ref = rows_after("base", {})
+        local cases = { { "checkpoint", { "--checkpoint" }, 0 }, { "no-pack", { "--no-pack" }, 1e-4 },
+            { "gen-batch", { "--gen-batch", "4" }, 1e-4 }, { "spec-b", { "--spec-b" }, 1e-3 },
+            { "teacher-pass", { "--teacher-pass" }, 1e-2 } }
+        for _, case in ipairs(cases) do
+            local c = rows_after(case[1], case[2])
+            local worst = 0
+            for l = 0, c.n_layer - 1 do
+                for w = 0, 1 do
+                    local a, b = ref:rows(l, w), c:rows(l, w)
+                    for i = 0, c.p * c.row - 1 do worst = math.max(worst, math.abs(a[i] - b[i])) end
+                end
+            end
+            print(("  --%-12s max |row difference| after 3 steps %.3g (tolerance %g)"):format(case[1], worst, case[3]))
+            assert.is_true(worst <= case[3])
+            c:free()
+        end
+        ref:free()
+    end)
 end)
 
