@@ -38,8 +38,18 @@ function cartridge.threads()
     return C.cart_threads()
 end
 
--- cartridge.<name> loads lua/cartridge/<name>.lua on first use.
+-- cartridge.<name> loads lua/cartridge/<name>.lua on first use; __fields
+-- names them all for the REPL's completion.
 return setmetatable(cartridge, {
+    __fields = function()
+        local names = {}
+        local ok, list = pcall(require("cartridge.fs").list, core.root .. "/lua/cartridge")
+        for _, f in ipairs(ok and list or {}) do
+            local name = f:match("^([%w_]+)%.lua$")
+            if name and name ~= "init" then names[#names + 1] = name end
+        end
+        return names
+    end,
     __index = function(t, key)
         if type(key) ~= "string" or not key:match("^[%w_]+$") then return nil end
         if not package.searchpath("cartridge." .. key, package.path) then return nil end

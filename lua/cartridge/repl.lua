@@ -8,6 +8,10 @@
 --                   '<eof>') keeps reading lines with the ">> " prompt
 --   Ctrl-C          interrupts running code, or drops the lines typed so far
 --   Ctrl-D          (end of input) exits
+--   Tab             completes globals, fields (cartridge.mo<Tab>) and methods
+--                   (m:for<Tab>) from the live values
+--   help(x)         the comment above a function's definition, or a module's
+--                   opening comment and fields
 --
 -- The environment: every chunk runs in one table, the REPL environment, whose
 -- __index is _G. Globals you assign (`x = 1`, `function f() end`) land in that
@@ -191,6 +195,8 @@ cdef("int add_history(const char *line);")
 cdef("int read_history(const char *filename);")
 cdef("int write_history(const char *filename);")
 cdef("void stifle_history(int max);")
+cdef("char *strdup(const char *s);")
+cdef("extern char *(*rl_completion_entry_function)(const char *text, int state);")
 
 local function stdin_is_terminal()
     local ok, r = pcall(function()
@@ -229,6 +235,23 @@ local function history_path()
         return home .. "/.cartridge_history"
     end
     return nil
+end
+
+-- Tab completion over env for readline: the callback hands out the matches
+-- one by one (state 0 starts a new word), each a malloc'd copy readline frees.
+local completion_callback -- kept alive while readline may call it
+local function install_completion(lib, env)
+    local matches = {}
+    completion_callback = ffi.cast("char *(*)(const char *, int)", function(text, state)
+        if state == 0 then
+            local ok, list = pcall(M.complete, env, ffi.string(text))
+            matches = ok and list or {}
+        end
+        local m = matches[state + 1]
+        if not m then return nil end
+        return ffi.C.strdup(m)
+    end)
+    pcall(function() lib.rl_completion_entry_function = completion_callback end)
 end
 
 -- Line reader over readline(); returns read_line, finish.
@@ -286,6 +309,127 @@ function M.line_reader(history)
         end
     end
     return plain_reader(stdin_is_terminal()), function() end
+end
+
+-- ---------------------------------------------------------------------------
+-- Tab completion and help(x).
+
+-- The fields a value offers to completion: a table's keys (and through its
+-- metatable's __index table, its methods), a string's methods.
+local function fields_of(v, seen)
+    local out = {}
+    seen = seen or {}
+    if type(v) == "string" then v = string end
+    if type(v) == "table" and not seen[v] then
+        seen[v] = true
+        for k in pairs(v) do
+            if type(k) == "string" and k:match("^[%a_][%w_]*$") then out[k] = true end
+        end
+    end
+    local mt = (type(v) == "table" or type(v) == "userdata") and getmetatable(v)
+    if type(mt) == "table" and type(rawget(mt, "__index")) == "table" then
+        for k in pairs(fields_of(rawget(mt, "__index"), seen)) do out[k] = true end
+    end
+    -- a table whose fields load lazily names them through __fields
+    if type(mt) == "table" and type(rawget(mt, "__fields")) == "function" then
+        local ok, names = pcall(rawget(mt, "__fields"), v)
+        for _, k in ipairs(ok and names or {}) do out[k] = true end
+    end
+    return out
+end
+
+-- The completions of the word `text` (a Lua name path such as "cartridge.mo"
+-- or "m:for") in env, sorted: globals and keywords for a bare name, fields
+-- after ".", methods after ":".
+function M.complete(env, text)
+    local head, sep, last = text:match("^(.*)([.:])([%w_]*)$")
+    local pool
+    if not head then
+        last = text:match("[%a_][%w_]*$") or ""
+        head = nil
+        pool = fields_of(env)
+        for k in pairs(fields_of(_G)) do pool[k] = true end
+        for k in pairs(KEYWORDS) do pool[k] = true end
+    else
+        local v = env
+        for part in head:gmatch("[^.:]+") do
+            if type(v) ~= "table" and type(v) ~= "string" and type(v) ~= "userdata" then return {} end
+            local ok, nextv = pcall(function() return v[part] end)
+            if not ok or nextv == nil then return {} end
+            v = nextv
+        end
+        pool = fields_of(v)
+        if sep == ":" then
+            for k in pairs(pool) do
+                local ok, f = pcall(function() return v[k] end)
+                if not ok or type(f) ~= "function" then pool[k] = nil end
+            end
+        end
+    end
+    local out = {}
+    for k in pairs(pool) do
+        if k:sub(1, #last) == last then out[#out + 1] = (head and head .. sep or "") .. k end
+    end
+    table.sort(out)
+    return out
+end
+
+-- The comment block right above line `line` of a Lua source file.
+local function comment_above(path, line)
+    local f = io.open(path, "rb")
+    if not f then return nil end
+    local lines = {}
+    for l in f:lines() do lines[#lines + 1] = l end
+    f:close()
+    local out = {}
+    for i = line - 1, 1, -1 do
+        local c = lines[i] and lines[i]:match("^%s*%-%-+ ?(.*)$")
+        if not c then break end
+        table.insert(out, 1, c)
+    end
+    return #out > 0 and table.concat(out, "\n") or nil, lines[line]
+end
+
+-- What help(x) prints: a function's signature line and the comment above
+-- its definition; a table's module comment (for modules) and its fields.
+function M.help_text(v)
+    if type(v) == "function" then
+        local info = debug.getinfo(v, "S")
+        if info.what == "C" or info.source:sub(1, 1) ~= "@" then
+            return "a built-in function: see the Lua 5.1 or LuaJIT manual"
+        end
+        local doc, def = comment_above(info.source:sub(2), info.linedefined)
+        local where = ("%s:%d"):format(info.short_src, info.linedefined)
+        return ((def and def:gsub("^%s+", "") or "function") .. "  (" .. where .. ")") .. (doc and ("\n" .. doc) or "")
+    elseif type(v) == "table" then
+        local names = {}
+        for k in pairs(fields_of(v)) do names[#names + 1] = k end
+        table.sort(names)
+        local doc
+        for _, name in ipairs(names) do
+            local f = v[name]
+            if type(f) == "function" then
+                local info = debug.getinfo(f, "S")
+                if info.source:sub(1, 1) == "@" then
+                    doc = comment_above(info.source:sub(2), 2) -- the file's opening comment
+                    local fh = io.open(info.source:sub(2), "rb")
+                    if fh then
+                        local top = {}
+                        for l in fh:lines() do
+                            local c = l:match("^%-%-+ ?(.*)$")
+                            if not c then break end
+                            top[#top + 1] = c
+                        end
+                        fh:close()
+                        doc = #top > 0 and table.concat(top, "\n") or nil
+                    end
+                    break
+                end
+            end
+        end
+        return (doc and (doc .. "\n\n") or "") .. "fields: " .. table.concat(names, ", ")
+    end
+    return ("a %s: %s"):format(type(v), tostring(v))
 end
 
 -- ---------------------------------------------------------------------------
@@ -347,7 +491,16 @@ end
 
 --- A fresh REPL environment: cartridge = engine, ffi, and _G behind it.
 function M.new_env(engine)
-    return setmetatable({ cartridge = engine, ffi = ffi }, { __index = _G })
+    local env = setmetatable({ cartridge = engine, ffi = ffi }, { __index = _G })
+    env.help = function(v)
+        if v == nil then
+            print("help(x): the documentation of a function or module, e.g. help(cartridge.model.load), "
+                .. "help(cartridge.cart); Tab completes names, fields and methods")
+            return
+        end
+        print(M.help_text(v))
+    end
+    return env
 end
 
 local function default_load_engine()
@@ -371,8 +524,9 @@ function M.run(opts)
     end
 
     local read_line, finish = opts.read_line, function() end
+    local lib
     if not read_line then
-        local lib = terminal and find_libedit()
+        lib = terminal and find_libedit()
         if lib then
             local path = opts.history
             if path == nil then
@@ -397,6 +551,7 @@ function M.run(opts)
     else
         engine = rawget(env, "cartridge")
     end
+    if lib then install_completion(lib, env) end
 
     local banner = opts.banner
     if banner == nil then

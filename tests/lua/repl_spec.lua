@@ -217,3 +217,32 @@ describe("repl.format", function()
         assert.are.equal("<thing>", repl.format(t))
     end)
 end)
+
+describe("repl completion and help", function()
+    local env = repl.new_env(require("cartridge"))
+
+    it("completes globals, lazily loaded modules, fields and methods from live values", function()
+        assert.are.same({ "cartridge.model" }, repl.complete(env, "cartridge.mode"))
+        assert.are.same({ "cartridge.model.load" }, repl.complete(env, "cartridge.model.lo"))
+        assert.truthy(table.concat(repl.complete(env, "pri"), " "):find("print", 1, true))
+        assert.truthy(table.concat(repl.complete(env, "whi"), " "):find("while", 1, true)) -- a keyword
+        env.s = "text"
+        assert.are.same({ "s:upper" }, repl.complete(env, "s:up"))
+        env.obj = setmetatable({ n = 1 }, { __index = { go = function() end, size = 3 } })
+        assert.are.same({ "obj:go" }, repl.complete(env, "obj:"))            -- methods only after ':'
+        assert.are.same({ "obj.go", "obj.n", "obj.size" }, repl.complete(env, "obj."))
+        assert.are.same({}, repl.complete(env, "nothing.here"))
+        assert.are.same({}, repl.complete(env, "obj.n.deeper"))
+    end)
+
+    it("help(x) shows the comment above a function, and a module's opening comment and fields", function()
+        local text = repl.help_text(require("cartridge").cart.load)
+        assert.truthy(text:find("function cart.load(path, m)", 1, true), text)
+        assert.truthy(text:find("Loads a cartridge artifact", 1, true), text)
+        text = repl.help_text(require("cartridge.fs"))
+        assert.truthy(text:find("cartridge.fs:", 1, true), text)
+        assert.truthy(text:find("fields: ", 1, true) and text:find("mkdirs", 1, true), text)
+        assert.truthy(repl.help_text(print):find("built-in", 1, true))
+        assert.are.equal("a number: 3", repl.help_text(3))
+    end)
+end)
