@@ -89,6 +89,12 @@ function chat.render(template, messages, opts)
     end
     local parts = {}
     for i, msg in ipairs(messages) do
+        if type(msg) ~= "table" then
+            error(("chat.render: message %d is a %s, not a table"):format(i, type(msg)), 0)
+        end
+        if type(msg.role) ~= "string" then
+            error(("chat.render: message %d has no string role"):format(i), 0)
+        end
         if type(msg.content) ~= "string" then
             error(("chat.render: message %d has no string content"):format(i), 0)
         end

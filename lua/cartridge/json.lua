@@ -222,7 +222,16 @@ local function decode_number(s, pos)
         and not num:match("^-?%d+[eE][-+]?%d+$") then
         fail("bad number", pos)
     end
-    return tonumber(num), pos + #num, num
+    local v = tonumber(num)
+    if v == nil then
+        -- LuaJIT reads no number at all when the exponent has too many
+        -- digits: the value is 0 (a negative exponent or a zero mantissa),
+        -- else infinite, as a double would hold it
+        local neg, mantissa, exp_sign = num:match("^(-?)([%d.]+)[eE]([-+]?)")
+        v = (exp_sign == "-" or not mantissa:find("[1-9]")) and 0 or math.huge
+        if neg == "-" then v = -v end
+    end
+    return v, pos + #num, num
 end
 
 function decode_value(s, pos, depth)

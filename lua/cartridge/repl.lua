@@ -410,8 +410,7 @@ function M.help_text(v)
             local f = v[name]
             if type(f) == "function" then
                 local info = debug.getinfo(f, "S")
-                if info.source:sub(1, 1) == "@" then
-                    doc = comment_above(info.source:sub(2), 2) -- the file's opening comment
+                if info.source:sub(1, 1) == "@" then -- the defining file's opening comment
                     local fh = io.open(info.source:sub(2), "rb")
                     if fh then
                         local top = {}
