@@ -4,8 +4,14 @@
 --
 -- Each turn re-renders the whole conversation, keeps the cached rows of the
 -- longest common token prefix and prefills only the rest, so a long chat does
--- not re-read its history. Commands: /reset forgets the conversation, /quit
--- (or Ctrl-D) leaves.
+-- not re-read its history. --model takes a path or a bare name looked up in
+-- models/ and ../shared/models/ ("stories260K").
+--
+-- Commands: /help lists them, /reset forgets the conversation, /save FILE
+-- writes it as JSON messages (atomically), /quit (or Ctrl-D) leaves; any other
+-- word after "/" is refused, not sent to the model ("//text" sends "/text").
+-- Ctrl-C stops a reply where it is (the part written stays in the
+-- conversation) or clears the line at the prompt; the session goes on.
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
@@ -13,6 +19,8 @@ local defaults = require("cartridge.defaults")
 local generate = require("cartridge.generate")
 local chat = require("cartridge.chat")
 local repl = require("cartridge.repl")
+local json = require("cartridge.json")
+local fs = require("cartridge.fs")
 
 local opts = options.parse(arg, {
     summary = "Chat with a GGUF model in its chat template.",
@@ -44,53 +52,108 @@ local function reset()
 end
 reset()
 
-io.stderr:write(("chat with %s (%s template, %d-row cache). /reset, /quit or Ctrl-D.\n"):format(
+io.stderr:write(("chat with %s (%s template, %d-row cache). /help for commands, Ctrl-D leaves.\n"):format(
     m.path, template.name, kv:capacity()))
 local read_line, finish = repl.line_reader(false)
 local turn = 0
-while true do
-    local line = read_line("you> ")
-    if not line or line == "/quit" then break end
-    if line == "/reset" then
+
+local HELP = [[
+/help         this list
+/reset        forget the conversation
+/save FILE    write the conversation to FILE as JSON ({"messages": [...]})
+/quit         leave (Ctrl-D too)
+Ctrl-C stops a reply (what was written stays); //text sends "/text".]]
+
+local function is_interrupt(err) return tostring(err):match("interrupted$") ~= nil end
+
+-- One command line ("/word args"); returns false to leave.
+local function command(line)
+    local word, rest = line:match("^/(%a+)%s*(.-)%s*$")
+    if word == "quit" then return false end
+    if word == "help" then
+        io.stderr:write(HELP, "\n")
+    elseif word == "reset" then
         reset()
         io.stderr:write("(conversation forgotten)\n")
-    elseif line:match("%S") then
-        messages[#messages + 1] = { role = "user", content = line }
-        local ids = tok:encode(chat.render(template, messages), { special = true, add_special = true })
-        -- reuse the cached prefix, prefill the rest (at least one token, for fresh logits)
-        local keep = 0
-        while keep < #cached and keep < #ids - 1 and cached[keep + 1] == ids[keep + 1] do keep = keep + 1 end
-        kv:truncate(keep)
-        local rest = {}
-        for i = keep + 1, #ids do rest[#rest + 1] = ids[i] end
-        if #ids + opts.n > kv:capacity() then
-            io.stderr:write(("(the conversation needs %d rows but the cache has %d; /reset or raise --ctx)\n"):format(
-                #ids + opts.n, kv:capacity()))
-            messages[#messages] = nil
+    elseif word == "save" then
+        if rest == "" then
+            io.stderr:write("(/save needs a file name: /save chat.json)\n")
         else
-            turn = turn + 1
-            io.write("model> ")
-            local r = generate.run({
-                model = m, tokenizer = tok, prompt_ids = rest, kv = kv, max_tokens = opts.n,
-                sampling = { temperature = opts.temp, top_p = opts.top_p, seed = opts.seed + turn },
-                on_text = function(s)
-                    io.write(s)
-                    io.flush()
-                end,
-            })
-            io.write("\n")
-            io.stderr:write(("(%d reused + %d new prompt tokens, %.1f tok/s)\n"):format(keep, #rest,
-                r.timings.decode_tok_s))
-            messages[#messages + 1] = { role = "assistant", content = r.text }
-            cached = {}
-            for i = 1, #ids do cached[i] = ids[i] end
-            for _, id in ipairs(r.ids) do cached[#cached + 1] = id end
-            -- the cache holds the prompt and the reply except the token that
-            -- ended it (an end-of-turn, or the last one at --n, whose rows
-            -- were never computed); the next render's reuse check sees where
-            -- the two part.
-            for i = #cached, kv:len() + 1, -1 do cached[i] = nil end
+            local ok, err = pcall(fs.write_atomic, rest, json.encode({ model = m.path, messages = json.array(messages) })
+                .. "\n")
+            io.stderr:write(ok and ("(%d messages saved to %s)\n"):format(#messages, rest) or ("(" .. err .. ")\n"))
         end
+    else
+        io.stderr:write(("(unknown command %s; /help lists them)\n"):format(line:match("^%S+")))
+    end
+    return true
+end
+
+-- One user turn: render, reuse the cached prefix, generate the reply.
+local function reply(line)
+    messages[#messages + 1] = { role = "user", content = line }
+    local ids = tok:encode(chat.render(template, messages), { special = true, add_special = true })
+    -- reuse the cached prefix, prefill the rest (at least one token, for fresh logits)
+    local keep = 0
+    while keep < #cached and keep < #ids - 1 and cached[keep + 1] == ids[keep + 1] do keep = keep + 1 end
+    kv:truncate(keep)
+    local rest = {}
+    for i = keep + 1, #ids do rest[#rest + 1] = ids[i] end
+    if #ids + opts.n > kv:capacity() then
+        io.stderr:write(("(the conversation needs %d rows but the cache has %d; /reset or raise --ctx)\n"):format(
+            #ids + opts.n, kv:capacity()))
+        messages[#messages] = nil
+        return
+    end
+    turn = turn + 1
+    io.write("model> ")
+    local written = {}
+    local ok, r = pcall(generate.run, {
+        model = m, tokenizer = tok, prompt_ids = rest, kv = kv, max_tokens = opts.n,
+        sampling = { temperature = opts.temp, top_p = opts.top_p, seed = opts.seed + turn },
+        on_text = function(s)
+            written[#written + 1] = s
+            io.write(s)
+            io.flush()
+        end,
+    })
+    io.write("\n")
+    if not ok then
+        if not is_interrupt(r) then error(r, 0) end
+        -- stopped mid-reply: keep what was written; the cache keeps the prompt rows
+        messages[#messages + 1] = { role = "assistant", content = table.concat(written) }
+        cached = {}
+        for i = 1, math.min(#ids, kv:len()) do cached[i] = ids[i] end
+        kv:truncate(#cached)
+        io.stderr:write("(stopped; the reply so far stays in the conversation)\n")
+        return
+    end
+    io.stderr:write(("(%d reused + %d new prompt tokens, %.1f tok/s)\n"):format(keep, #rest, r.timings.decode_tok_s))
+    messages[#messages + 1] = { role = "assistant", content = r.text }
+    cached = {}
+    for i = 1, #ids do cached[i] = ids[i] end
+    for _, id in ipairs(r.ids) do cached[#cached + 1] = id end
+    -- the cache holds the prompt and the reply except the token that ended it
+    -- (an end-of-turn, or the last one at --n, whose rows were never
+    -- computed); the next render's reuse check sees where the two part.
+    for i = #cached, kv:len() + 1, -1 do cached[i] = nil end
+end
+-- interrupts must reach the loops between forward passes: no JIT-compiled
+-- loop skips the host's hook
+jit.off(generate.run, true)
+jit.off(reply, true)
+
+while true do
+    local ok, line = pcall(read_line, "you> ")
+    if not ok then
+        if not is_interrupt(line) then error(line, 0) end
+        io.write("\n") -- Ctrl-C at the prompt: a fresh line
+    elseif not line then
+        break
+    elseif line:match("^/%a") then
+        if not command(line) then break end
+    elseif line:match("%S") then
+        reply((line:gsub("^//", "/")))
     end
 end
 finish()

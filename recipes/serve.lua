@@ -41,6 +41,7 @@ local opts = options.parse(arg, {
 
 if opts.parallel < 1 or opts.ctx < 16 then error("serve: --parallel must be >= 1 and --ctx >= 16", 0) end
 cartridge.set_threads(opts.threads)
+opts.model = require("cartridge.defaults").resolve_model(opts.model)
 local m = cartridge.model.load(opts.model)
 local model_name = tostring(m.file:get("general.name") or opts.model:match("([^/]+)%.gguf$") or opts.model)
 local carts = {}

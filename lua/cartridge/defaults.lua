@@ -8,7 +8,7 @@ local defaults = {}
 -- recipes/make_model.lua (preset "default"), never committed.
 defaults.model = core.root .. "/models/default.gguf"
 
--- The model a real user points at first (REFERENCE-FUCINA §2.2).
+-- The model a real user points at first: Qwen3-0.6B at f16.
 defaults.user_model = "models/Qwen3-0.6B-f16.gguf"
 
 local function exists(path)
@@ -18,10 +18,30 @@ local function exists(path)
 end
 defaults.exists = exists
 
--- The model to use when --model is not given: the user's Qwen3 when present,
--- else the embedded default (with a one-line notice on stderr).
+-- Where a bare model name (no "/" and no ".gguf", e.g. "stories260K") is
+-- looked for, in order.
+function defaults.model_dirs()
+    return { "models", core.root .. "/models", core.root .. "/../shared/models" }
+end
+
+-- A --model value as a path: a path is taken as given; a bare name becomes
+-- the first DIR/NAME.gguf that exists, else an error listing where it looked.
+function defaults.resolve_model(given)
+    if given:find("/", 1, true) or given:match("%.gguf$") or exists(given) then return given end
+    local tried = {}
+    for _, dir in ipairs(defaults.model_dirs()) do
+        local path = dir .. "/" .. given .. ".gguf"
+        if exists(path) then return path end
+        tried[#tried + 1] = path
+    end
+    error(("no model named '%s': looked for %s; pass a path to a .gguf file"):format(given,
+        table.concat(tried, ", ")), 0)
+end
+
+-- The model to use: --model resolved when given; else the user's Qwen3 when
+-- present, else the embedded default (with a one-line notice on stderr).
 function defaults.pick_model(given)
-    if given then return given end
+    if given then return defaults.resolve_model(given) end
     if exists(defaults.user_model) then return defaults.user_model end
     if exists(defaults.model) then
         io.stderr:write(("note: %s not found; using the embedded random-weight demo model %s\n"):format(
