@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 typedef struct cart_adam_params {
-    float lr;           /* default 2e-3 (the CLI's; REFERENCE-FUCINA 1.5) */
+    float lr;           /* default 2e-3, the self-study CLI's */
     float beta1;        /* 0.9 */
     float beta2;        /* 0.999 */
     float eps;          /* 1e-8 */

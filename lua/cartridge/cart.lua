@@ -8,7 +8,7 @@
 --   c:save("out.safetensors", m, { training = {...}, draft_reference = ids })
 --   local d = cart.load("out.safetensors", m)   -- geometry from the header, checked against m
 --
--- The artifact (REFERENCE-FUCINA 5): per layer i, "layers.<i>.k" and
+-- The artifact: per layer i, "layers.<i>.k" and
 -- "layers.<i>.v" F32 [p - frozen, kv_heads, head_dim] (the trainable rows),
 -- "layers.<i>.k_sink" / ".v_sink" [frozen, kv_heads, head_dim] when frozen >
 -- 0, and optionally "draft_reference" I64 [n] (corpus token ids). Rows are in

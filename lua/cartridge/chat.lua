@@ -31,7 +31,7 @@ chat.templates = {
         opener = function(thinking)
             return "<|im_start|>assistant\n" .. (thinking and "" or "<think>\n\n</think>\n\n")
         end,
-        -- the pieces self-study builds prompts from (REFERENCE §4.1)
+        -- the pieces self-study builds its prompts from
         system_open = "<|im_start|>system\n",
         user_open = "<|im_start|>user\n",
         close = "<|im_end|>\n",

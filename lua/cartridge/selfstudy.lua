@@ -143,7 +143,8 @@ function selfstudy.synthesizer(m, tok, corpus, opts)
     return self
 end
 
--- The random draws of one conversation (REFERENCE-FUCINA 4.2, in order).
+-- The random draws of one conversation, in the order they are made: chunk
+-- length, chunk start, seed instruction, bot A's sampling seed.
 function Synth:draw()
     local n, r = self.corpus.n_tokens, self.o.rng
     local cmax = math.min(self.o.chunk_max, n)
@@ -304,7 +305,7 @@ end
 
 -- Recomputes every conversation's targets with one packed teacher forward
 -- (chunk system block + student sequence, no prefix) through the training
--- path, as REFERENCE-FUCINA 4.7 does.
+-- path.
 function Synth:teacher_pass(convos)
     local t0 = now()
     local segments, rows = {}, {}

@@ -73,7 +73,9 @@ function serve.icl_text(corpus, tok, icl_max)
     return tok:decode(ids, { special = true }), icl_max, true
 end
 
--- Prints the three answers as REFERENCE-FUCINA 2.5 lays them out.
+-- Prints the three answers one under the other: the cartridge's, the bare
+-- model's, and the one with the corpus in context, each under a header line
+-- with its KV rows and speed.
 -- opts: model, cartridge, cartridge_path, question, max_a, corpus (optional),
 -- icl_max, speculative (optional), spec_label (text after "KV rows").
 function serve.print_three(opts)
