@@ -1,4 +1,4 @@
--- host_spec.lua: the `cartridge` executable (engine/host/main.c), run as a
+-- host_spec.lua: the `cartridge` executable (host/main.c), run as a
 -- program. Uses $CARTRIDGE_BIN, else build/cartridge under the repository
 -- root (busted's working directory); pending when neither exists.
 
