@@ -24,9 +24,7 @@ function adam.new(c, params)
     for _, k in ipairs({ "lr", "beta1", "beta2", "eps", "weight_decay" }) do
         if params[k] ~= nil then p[k] = params[k] end
     end
-    local out = ffi.new("cart_adam *[1]")
-    core.check(C.cart_adam_new(out, p, c:trainable_count()), "adam.new")
-    return setmetatable({ handle = ffi.gc(out[0], C.cart_adam_free), cart = c }, Adam)
+    return setmetatable({ handle = core.new("cart_adam", C.cart_adam_new, C.cart_adam_free, "adam.new", p, c:trainable_count()), cart = c }, Adam)
 end
 
 function Adam:step()
@@ -37,10 +35,7 @@ function Adam:steps() return tonumber(C.cart_adam_steps(self.handle)) end
 function Adam:set_lr(lr) C.cart_adam_set_lr(self.handle, lr) end
 
 function Adam:free()
-    if self.handle ~= nil then
-        C.cart_adam_free(ffi.gc(self.handle, nil))
-        self.handle = nil
-    end
+    core.free(self, C.cart_adam_free)
 end
 
 -- Saves the optimizer state: tensors "m" and "v" (F32 [n]) and the step

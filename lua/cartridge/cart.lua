@@ -30,7 +30,7 @@ local Cart = {}
 Cart.__index = Cart
 
 local function wrap(handle)
-    local self = setmetatable({ handle = ffi.gc(handle, C.cart_cartridge_free) }, Cart)
+    local self = setmetatable({ handle = handle }, Cart)
     self.p = tonumber(C.cart_cartridge_p(handle))
     self.frozen = tonumber(C.cart_cartridge_frozen(handle))
     self.n_layer = C.cart_cartridge_n_layer(handle)
@@ -42,23 +42,18 @@ end
 
 -- A zero cartridge of p rows per layer shaped for model m (a cartridge.model).
 function cart.new(m, p, frozen)
-    local out = ffi.new("cart_cartridge *[1]")
-    core.check(C.cart_cartridge_new_for(out, m.handle, p, frozen or 1), "cart.new")
-    return wrap(out[0])
+    return wrap(core.new("cart_cartridge", C.cart_cartridge_new_for, C.cart_cartridge_free, "cart.new", m.handle, p,
+        frozen or 1))
 end
 
 -- A zero cartridge of explicit geometry.
 function cart.new_geometry(n_layer, kv_heads, head_dim, p, frozen)
-    local out = ffi.new("cart_cartridge *[1]")
-    core.check(C.cart_cartridge_new(out, n_layer, kv_heads, head_dim, p, frozen), "cart.new")
-    return wrap(out[0])
+    return wrap(core.new("cart_cartridge", C.cart_cartridge_new, C.cart_cartridge_free, "cart.new", n_layer, kv_heads,
+        head_dim, p, frozen))
 end
 
 function Cart:free()
-    if self.handle ~= nil then
-        C.cart_cartridge_free(ffi.gc(self.handle, nil))
-        self.handle = nil
-    end
+    core.free(self, C.cart_cartridge_free)
 end
 
 -- One layer's rows (which: 0 = K, 1 = V): a float* to [p, kv_heads, head_dim].

@@ -108,6 +108,26 @@ core.C, core.library = load_library()
 local C = core.C
 
 -- The engine's last error message on this thread.
+-- A new engine object: calls ctor(out, ...) with out a `ctype *[1]`
+-- ("cart_adam"), raises "what: <the engine's message>" on failure, and returns
+-- the pointer with dtor attached as its finalizer.
+function core.new(ctype, ctor, dtor, what, ...)
+    local out = ffi.new(ctype .. " *[1]")
+    core.check(ctor(out, ...), what)
+    return ffi.gc(out[0], dtor)
+end
+
+-- Frees obj[field or "handle"] now, with its finalizer detached, and clears
+-- the field; a second call does nothing.
+function core.free(obj, dtor, field)
+    field = field or "handle"
+    local h = obj[field]
+    if h ~= nil then
+        dtor(ffi.gc(h, nil))
+        obj[field] = nil
+    end
+end
+
 function core.last_error()
     return ffi.string(C.cart_last_error())
 end

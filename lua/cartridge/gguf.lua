@@ -85,9 +85,7 @@ File.__index = File
 
 -- Opens and parses a GGUF file; raises "gguf.open: <what is wrong>" on failure.
 function gguf.open(path)
-    local out = ffi.new("cart_gguf *[1]")
-    core.check(C.cart_gguf_open(out, path), "gguf.open")
-    local handle = ffi.gc(out[0], C.cart_gguf_close)
+    local handle = core.new("cart_gguf", C.cart_gguf_open, C.cart_gguf_close, "gguf.open", path)
     return setmetatable({
         handle = handle,
         path = path,
@@ -121,10 +119,7 @@ function File:close()
         self.handle = nil
         return
     end
-    if self.handle ~= nil then
-        C.cart_gguf_close(ffi.gc(self.handle, nil))
-        self.handle = nil
-    end
+    core.free(self, C.cart_gguf_close)
 end
 
 local function live(self)
@@ -211,9 +206,7 @@ local Writer = {}
 Writer.__index = Writer
 
 function gguf.writer()
-    local out = ffi.new("cart_gguf_writer *[1]")
-    core.check(C.cart_gguf_writer_new(out), "gguf.writer")
-    return setmetatable({ handle = ffi.gc(out[0], C.cart_gguf_writer_free), keep = {} }, Writer)
+    return setmetatable({ handle = core.new("cart_gguf_writer", C.cart_gguf_writer_new, C.cart_gguf_writer_free, "gguf.writer"), keep = {} }, Writer)
 end
 
 local function guess_type(value)
@@ -338,10 +331,7 @@ function Writer:finish()
 end
 
 function Writer:free()
-    if self.handle ~= nil then
-        C.cart_gguf_writer_free(ffi.gc(self.handle, nil))
-        self.handle = nil
-    end
+    core.free(self, C.cart_gguf_writer_free)
 end
 
 return gguf

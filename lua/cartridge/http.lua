@@ -63,10 +63,8 @@ function http.listen(opts)
     end
     local host = opts.host
     if host ~= nil then o.host = host end -- kept alive by `host` until listen returns
-    local out = ffi.new("cart_http *[1]")
-    core.check(C.cart_http_listen(out, o), "http.listen")
     return setmetatable({
-        handle = ffi.gc(out[0], C.cart_http_close),
+        handle = core.new("cart_http", C.cart_http_listen, C.cart_http_close, "http.listen", o),
         ev = ffi.new("cart_http_event"),
         req = ffi.new("cart_http_request"),
         name = ffi.new("cart_str"),
@@ -224,10 +222,7 @@ end
 -- Closes every connection and the listening socket (queued output is
 -- dropped: :drain() first). Safe to call twice.
 function Server:close()
-    if self.handle ~= nil then
-        C.cart_http_close(ffi.gc(self.handle, nil))
-        self.handle = nil
-    end
+    core.free(self, C.cart_http_close)
 end
 
 return http

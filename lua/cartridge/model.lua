@@ -52,9 +52,7 @@ function model.load(path, opts)
     opts = opts or {}
     local o = ffi.new("cart_model_options")
     o.widen_f32 = opts.widen and 1 or 0
-    local out = ffi.new("cart_model *[1]")
-    core.check(C.cart_model_load(out, path, o), "model.load")
-    local handle = ffi.gc(out[0], C.cart_model_free)
+    local handle = core.new("cart_model", C.cart_model_load, C.cart_model_free, "model.load", path, o)
     local self = setmetatable({
         handle = handle,
         path = path,
@@ -69,10 +67,7 @@ end
 
 function Model:free()
     if self.file then self.file:close() end
-    if self.handle ~= nil then
-        C.cart_model_free(ffi.gc(self.handle, nil))
-        self.handle = nil
-    end
+    core.free(self, C.cart_model_free)
 end
 
 -- The model's tokenizer (loaded on first use).
@@ -89,9 +84,7 @@ function Model:new_kv(capacity, dtype)
     if dtype and dtype ~= "f16" and dtype ~= "f32" then
         error("model:new_kv: cache dtype must be f16 or f32, not " .. tostring(dtype), 0)
     end
-    local out = ffi.new("cart_kv *[1]")
-    core.check(C.cart_model_new_kv(out, self.handle, capacity, id), "model:new_kv")
-    return setmetatable({ handle = ffi.gc(out[0], C.cart_kv_free), model = self }, KV)
+    return setmetatable({ handle = core.new("cart_kv", C.cart_model_new_kv, C.cart_kv_free, "model:new_kv", self.handle, capacity, id), model = self }, KV)
 end
 
 function KV:len() return core.int(C.cart_kv_len(self.handle)) end
@@ -107,10 +100,7 @@ function KV:set_len(len)
 end
 
 function KV:free()
-    if self.handle ~= nil then
-        C.cart_kv_free(ffi.gc(self.handle, nil))
-        self.handle = nil
-    end
+    core.free(self, C.cart_kv_free)
 end
 
 -- Copies the first n rows of `src` into this cache (len becomes n).

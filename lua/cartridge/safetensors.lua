@@ -22,9 +22,7 @@ local File = {}
 File.__index = File
 
 function safetensors.open(path)
-    local out = ffi.new("cart_st_file *[1]")
-    core.check(C.cart_st_open(out, path), "safetensors.open")
-    local handle = ffi.gc(out[0], C.cart_st_close)
+    local handle = core.new("cart_st_file", C.cart_st_open, C.cart_st_close, "safetensors.open", path)
     local metadata, meta_order = {}, {}
     for i = 0, tonumber(C.cart_st_meta_count(handle)) - 1 do
         local m = C.cart_st_meta_at(handle, i)
@@ -42,10 +40,7 @@ function safetensors.open(path)
 end
 
 function File:close()
-    if self.handle ~= nil then
-        C.cart_st_close(ffi.gc(self.handle, nil))
-        self.handle = nil
-    end
+    core.free(self, C.cart_st_close)
 end
 
 local function live(self)
@@ -111,9 +106,7 @@ safetensors.dtype_id = dtype_id
 -- to `path`, after removing the temporary files dead processes left beside it.
 -- opts.checksum: also store the data's checksum (File:verify checks it).
 function safetensors.write(path, tensors, metadata, opts)
-    local out = ffi.new("cart_st_writer *[1]")
-    core.check(C.cart_st_writer_new(out), "safetensors.write")
-    local w = ffi.gc(out[0], C.cart_st_writer_free)
+    local w = core.new("cart_st_writer", C.cart_st_writer_new, C.cart_st_writer_free, "safetensors.write")
     if opts and opts.checksum then C.cart_st_writer_add_checksum(w) end
     require("cartridge.fs").sweep_temps(path)
     if metadata then

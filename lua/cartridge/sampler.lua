@@ -34,9 +34,7 @@ function sampler.new(params)
     for _, f in ipairs(FIELDS) do
         if params[f] ~= nil then p[f] = params[f] end
     end
-    local out = ffi.new("cart_sampler *[1]")
-    core.check(C.cart_sampler_new(out, p), "sampler.new")
-    return setmetatable({ handle = ffi.gc(out[0], C.cart_sampler_free), greedy = p.temperature <= 0 }, Sampler)
+    return setmetatable({ handle = core.new("cart_sampler", C.cart_sampler_new, C.cart_sampler_free, "sampler.new", p), greedy = p.temperature <= 0 }, Sampler)
 end
 
 function Sampler:sample(logits, n_vocab)
@@ -52,10 +50,7 @@ function Sampler:reset(seed)
 end
 
 function Sampler:free()
-    if self.handle ~= nil then
-        C.cart_sampler_free(ffi.gc(self.handle, nil))
-        self.handle = nil
-    end
+    core.free(self, C.cart_sampler_free)
 end
 
 return sampler

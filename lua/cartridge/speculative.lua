@@ -42,11 +42,9 @@ function speculative.new(reference, n)
         buf = ffi.new("int32_t[?]", math.max(n, 1))
         for i = 1, n do buf[i - 1] = reference[i] end
     end
-    local out = ffi.new("cart_sam *[1]")
     local t0 = C.cart_now_seconds()
-    core.check(C.cart_sam_build(out, buf, n), "speculative.new")
     local self = setmetatable({
-        sam = ffi.gc(out[0], C.cart_sam_free),
+        sam = core.new("cart_sam", C.cart_sam_build, C.cart_sam_free, "speculative.new", buf, n),
         n = n,
         build_ms = (C.cart_now_seconds() - t0) * 1000,
         draft_buf = ffi.new("int32_t[?]", speculative.MAX_DRAFT),
@@ -56,10 +54,7 @@ function speculative.new(reference, n)
 end
 
 function Drafter:free()
-    if self.sam ~= nil then
-        C.cart_sam_free(ffi.gc(self.sam, nil))
-        self.sam = nil
-    end
+    core.free(self, C.cart_sam_free, "sam")
 end
 
 -- A fresh per-stream state: cursor fed with `history`, gate counters.

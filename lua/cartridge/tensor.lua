@@ -20,7 +20,7 @@ local Tensor = {}
 Tensor.__index = Tensor
 
 local function wrap(ptr)
-    return setmetatable({ handle = ffi.gc(ptr, C.cart_tensor_free) }, Tensor)
+    return setmetatable({ handle = ptr }, Tensor)
 end
 
 local function shape_array(shape)
@@ -33,9 +33,7 @@ end
 -- A new zero-filled tensor of the given shape (a Lua list, outermost first).
 function tensor.new(shape)
     local arr, n = shape_array(shape)
-    local out = ffi.new("cart_tensor *[1]")
-    core.check(C.cart_tensor_new(out, n, arr), "tensor.new")
-    return wrap(out[0])
+    return wrap(core.new("cart_tensor", C.cart_tensor_new, C.cart_tensor_free, "tensor.new", n, arr))
 end
 
 -- A new tensor holding the numbers of a flat Lua list, with the given shape.
@@ -50,10 +48,7 @@ function tensor.from_table(values, shape)
 end
 
 function Tensor:free()
-    if self.handle ~= nil then
-        C.cart_tensor_free(ffi.gc(self.handle, nil))
-        self.handle = nil
-    end
+    core.free(self, C.cart_tensor_free)
 end
 
 function Tensor:ndim() return self.handle.ndim end
@@ -88,9 +83,7 @@ function Tensor:set(index, value)
 end
 
 local function view(what, fn, ...)
-    local out = ffi.new("cart_tensor *[1]")
-    core.check(fn(out, ...), what)
-    return wrap(out[0])
+    return wrap(core.new("cart_tensor", fn, C.cart_tensor_free, what, ...))
 end
 
 function Tensor:narrow(dim, start, length)

@@ -77,10 +77,7 @@ local function live(self, what)
 end
 
 function Tokenizer:free()
-    if self.handle ~= nil then
-        C.cart_tokenizer_free(ffi.gc(self.handle, nil))
-        self.handle = nil
-    end
+    core.free(self, C.cart_tokenizer_free)
 end
 
 local n_out = ffi.new("int64_t[1]")

@@ -26,16 +26,11 @@ function trainer.new(m, opts)
     opts = opts or {}
     local o = ffi.new("cart_trainer_options")
     o.recompute = opts.recompute and 1 or 0
-    local out = ffi.new("cart_trainer *[1]")
-    core.check(C.cart_trainer_new(out, m.handle, o), "trainer.new")
-    return setmetatable({ handle = ffi.gc(out[0], C.cart_trainer_free), model = m }, Trainer)
+    return setmetatable({ handle = core.new("cart_trainer", C.cart_trainer_new, C.cart_trainer_free, "trainer.new", m.handle, o), model = m }, Trainer)
 end
 
 function Trainer:free()
-    if self.handle ~= nil then
-        C.cart_trainer_free(ffi.gc(self.handle, nil))
-        self.handle = nil
-    end
+    core.free(self, C.cart_trainer_free)
 end
 
 function Trainer:peak_bytes()
