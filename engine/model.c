@@ -434,6 +434,7 @@ typedef struct forward_state {
     int64_t n_blocks;
     cart_kv *const *kvs;
     int32_t layer;
+    float *arena;    /* the allocation behind all of the above */
 } forward_state;
 
 /* q/k norm and RoPE for tokens [begin, end). */
@@ -473,9 +474,11 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t threa
     }
 }
 
-int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
-                       const int32_t *tokens, const int64_t *n_tokens, const int64_t *logit_rows,
-                       int64_t n_logit_rows, float *logits) {
+/* Checks a pass's arguments before anything touches a cache; sets *T, the
+ * tokens of the pass. */
+static int forward_check(const cart_model *m, cart_kv *const *kvs, int32_t n_streams, const int32_t *tokens,
+                         const int64_t *n_tokens, const int64_t *logit_rows, int64_t n_logit_rows,
+                         int64_t *T_out) {
     const cart_model_config *c = &m->cfg;
     if (n_streams < 1)
         return cart_fail(CART_E_ARG, "cart_model_forward: %d streams", (int)n_streams);
@@ -512,96 +515,123 @@ int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
         if (logit_rows[j] < 0 || logit_rows[j] >= T)
             return cart_fail(CART_E_ARG, "cart_model_forward: logit row %lld asks for token %lld "
                              "of %lld", (long long)j, (long long)logit_rows[j], (long long)T);
-    if (T == 0) return CART_OK;
+    *T_out = T;
+    return CART_OK;
+}
 
-    const int64_t E = c->n_embd, F = c->n_ff, D = c->head_dim;
+/* Lays the pass's activations and index arrays out over one allocation
+ * (s->arena, freed by the caller), assigns every token its stream, position
+ * and attention block, and embeds the tokens into s->x. */
+static int forward_setup(forward_state *s, const int32_t *tokens, const int64_t *n_tokens, int32_t n_streams) {
+    const cart_model *m = s->m;
+    const cart_model_config *c = s->c;
+    const int64_t T = s->T, E = c->n_embd, F = c->n_ff, D = c->head_dim;
     const int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
-    /* one arena for the pass: floats first, then the index arrays */
     size_t floats = (size_t)T * (size_t)(3 * E + HD * 2 + KD * 2 + 2 * F + c->n_rot);
     size_t bytes = floats * sizeof(float) + (size_t)T * (2 * sizeof(int64_t) + 2 * sizeof(int32_t)) + 64;
-    float *arena = cart_malloc(bytes, "forward activations");
-    if (!arena) return CART_E_NOMEM;
-    forward_state s = {.m = m, .c = c, .T = T, .kvs = kvs};
-    float *p = arena;
-    s.x = p, p += T * E;
-    s.xn = p, p += T * E;
-    s.tmp = p, p += T * E;
-    s.q = p, p += T * HD;
-    s.att = p, p += T * HD;
-    s.k = p, p += T * KD;
-    s.v = p, p += T * KD;
-    s.gate = p, p += T * F;
-    s.up = p, p += T * F;
-    s.angles = p, p += T * c->n_rot;
-    s.pos = (int64_t *)p;
-    s.block_start = s.pos + T;
-    s.stream = (int32_t *)(s.block_start + T);
-    s.block_len = s.stream + T;
-
+    s->arena = cart_malloc(bytes, "forward activations");
+    if (!s->arena) return CART_E_NOMEM;
+    float *p = s->arena; /* floats first, then the index arrays */
+    s->x = cart_carve(&p, T * E);
+    s->xn = cart_carve(&p, T * E);
+    s->tmp = cart_carve(&p, T * E);
+    s->q = cart_carve(&p, T * HD);
+    s->att = cart_carve(&p, T * HD);
+    s->k = cart_carve(&p, T * KD);
+    s->v = cart_carve(&p, T * KD);
+    s->gate = cart_carve(&p, T * F);
+    s->up = cart_carve(&p, T * F);
+    s->angles = cart_carve(&p, T * c->n_rot);
+    s->pos = (int64_t *)p;
+    s->block_start = s->pos + T;
+    s->stream = (int32_t *)(s->block_start + T);
+    s->block_len = s->stream + T;
     for (int32_t b = 0, t = 0; b < n_streams; b++)
         for (int64_t i = 0; i < n_tokens[b]; i++, t++) {
-            s.pos[t] = cart_kv_len(kvs[b]) + i;
-            s.stream[t] = b;
+            s->pos[t] = cart_kv_len(s->kvs[b]) + i;
+            s->stream[t] = b;
             if (i % 16 == 0) {
-                s.block_start[s.n_blocks] = t;
-                s.block_len[s.n_blocks++] = 0;
+                s->block_start[s->n_blocks] = t;
+                s->block_len[s->n_blocks++] = 0;
             }
-            s.block_len[s.n_blocks - 1]++;
+            s->block_len[s->n_blocks - 1]++;
         }
     for (int64_t t = 0; t < T; t++) {
-        rope_angles(s.angles + t * c->n_rot, s.pos[t], c->n_rot, c->rope_theta);
+        rope_angles(s->angles + t * c->n_rot, s->pos[t], c->n_rot, c->rope_theta);
         const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
-        cart_to_f32(s.x + t * E, m->tok_embd.dtype, row, E);
+        cart_to_f32(s->x + t * E, m->tok_embd.dtype, row, E);
     }
+    return CART_OK;
+}
 
-    cart_pool *pool = cart_default_pool();
+/* One transformer block over the pass, its new K/V rows written to the
+ * streams' caches: attention, then the SwiGLU FFN, each with its residual. */
+static int forward_layer(forward_state *s, const int64_t *n_tokens, int32_t n_streams, cart_pool *pool) {
+    const cart_model_config *c = s->c;
+    const layer_weights *L = &s->m->layers[s->layer];
+    const int64_t T = s->T, E = c->n_embd, F = c->n_ff, D = c->head_dim;
+    const int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+    int rc;
+    rmsnorm_forward(s->xn, s->x, L->attn_norm, T, E, c->rms_eps);
+    float *qkv[3] = {s->q, s->k, s->v};
+    int64_t qkv_ld[3] = {HD, KD, KD};
+    const cart_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
+    if ((rc = cart_matmul_forward_many(3, qkv, qkv_ld, s->xn, E, qkv_w, T, pool))) return rc;
+    cart_pool_for(pool, T, 16, qk_prepare_range, s);
+    for (int32_t b = 0, t = 0; b < n_streams; t += (int32_t)n_tokens[b], b++)
+        if (n_tokens[b] > 0)
+            cart_kv_write(s->kvs[b], s->layer, cart_kv_len(s->kvs[b]), n_tokens[b], s->k + t * KD, s->v + t * KD);
+    cart_pool_for(pool, s->n_blocks * c->n_head_kv, 1, attention_range, s);
+    if ((rc = cart_matmul_forward(s->tmp, E, s->att, HD, &L->wo, T, pool))) return rc;
+    for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
+    rmsnorm_forward(s->xn, s->x, L->ffn_norm, T, E, c->rms_eps);
+    float *gu[2] = {s->gate, s->up};
+    int64_t gu_ld[2] = {F, F};
+    const cart_weight *gu_w[2] = {&L->wgate, &L->wup};
+    if ((rc = cart_matmul_forward_many(2, gu, gu_ld, s->xn, E, gu_w, T, pool))) return rc;
+    swiglu_forward(s->gate, s->up, T * F);
+    if ((rc = cart_matmul_forward(s->tmp, E, s->gate, F, &L->wdown, T, pool))) return rc;
+    for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
+    return CART_OK;
+}
+
+/* The logits of the wanted rows: gathered T at a time (xn has room for T),
+ * normed, one head product per chunk. */
+static int forward_logits(forward_state *s, const int64_t *logit_rows, int64_t n_logit_rows, float *logits,
+                          cart_pool *pool) {
+    const cart_model *m = s->m;
+    const cart_model_config *c = s->c;
+    const int64_t T = s->T, E = c->n_embd;
     int rc = CART_OK;
-    for (int32_t l = 0; l < c->n_layer && !rc; l++) {
-        const layer_weights *L = &m->layers[l];
+    for (int64_t done = 0; !rc && done < n_logit_rows;) {
+        int64_t chunk = n_logit_rows - done < T ? n_logit_rows - done : T;
+        for (int64_t j = 0; j < chunk; j++)
+            memcpy(s->xn + j * E, s->x + logit_rows[done + j] * E, (size_t)E * sizeof(float));
+        rmsnorm_forward(s->xn, s->xn, m->output_norm, chunk, E, c->rms_eps);
+        rc = cart_matmul_forward(logits + done * (int64_t)c->n_vocab, c->n_vocab, s->xn, E, &m->output, chunk,
+                                 pool);
+        done += chunk;
+    }
+    return rc;
+}
+
+int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
+                       const int32_t *tokens, const int64_t *n_tokens, const int64_t *logit_rows,
+                       int64_t n_logit_rows, float *logits) {
+    int64_t T = 0;
+    int rc = forward_check(m, kvs, n_streams, tokens, n_tokens, logit_rows, n_logit_rows, &T);
+    if (rc || T == 0) return rc;
+    forward_state s = {.m = m, .c = &m->cfg, .T = T, .kvs = kvs};
+    if ((rc = forward_setup(&s, tokens, n_tokens, n_streams))) return rc;
+    cart_pool *pool = cart_default_pool();
+    for (int32_t l = 0; l < m->cfg.n_layer && !rc; l++) {
         s.layer = l;
-        rmsnorm_forward(s.xn, s.x, L->attn_norm, T, E, c->rms_eps);
-        {
-            float *ys[3] = {s.q, s.k, s.v};
-            int64_t lds[3] = {HD, KD, KD};
-            const cart_weight *ws[3] = {&L->wq, &L->wk, &L->wv};
-            if ((rc = cart_matmul_forward_many(3, ys, lds, s.xn, E, ws, T, pool))) break;
-        }
-        cart_pool_for(pool, T, 16, qk_prepare_range, &s);
-        for (int32_t b = 0, t = 0; b < n_streams; t += (int32_t)n_tokens[b], b++)
-            if (n_tokens[b] > 0)
-                cart_kv_write(kvs[b], l, cart_kv_len(kvs[b]), n_tokens[b], s.k + t * KD,
-                              s.v + t * KD);
-        cart_pool_for(pool, s.n_blocks * c->n_head_kv, 1, attention_range, &s);
-        if ((rc = cart_matmul_forward(s.tmp, E, s.att, HD, &L->wo, T, pool))) break;
-        for (int64_t i = 0; i < T * E; i++) s.x[i] += s.tmp[i];
-        rmsnorm_forward(s.xn, s.x, L->ffn_norm, T, E, c->rms_eps);
-        {
-            float *ys[2] = {s.gate, s.up};
-            int64_t lds[2] = {F, F};
-            const cart_weight *ws[2] = {&L->wgate, &L->wup};
-            if ((rc = cart_matmul_forward_many(2, ys, lds, s.xn, E, ws, T, pool))) break;
-        }
-        swiglu_forward(s.gate, s.up, T * F);
-        if ((rc = cart_matmul_forward(s.tmp, E, s.gate, F, &L->wdown, T, pool))) break;
-        for (int64_t i = 0; i < T * E; i++) s.x[i] += s.tmp[i];
+        rc = forward_layer(&s, n_tokens, n_streams, pool);
     }
-    if (!rc && n_logit_rows > 0) {
-        /* gather the wanted rows (T at a time: xn has room for T), norm them,
-         * one head product per chunk */
-        int64_t done = 0;
-        while (!rc && done < n_logit_rows) {
-            int64_t chunk = n_logit_rows - done < T ? n_logit_rows - done : T;
-            for (int64_t j = 0; j < chunk; j++)
-                memcpy(s.xn + j * E, s.x + logit_rows[done + j] * E, (size_t)E * sizeof(float));
-            rmsnorm_forward(s.xn, s.xn, m->output_norm, chunk, E, c->rms_eps);
-            rc = cart_matmul_forward(logits + done * (int64_t)c->n_vocab, c->n_vocab, s.xn, E,
-                                     &m->output, chunk, pool);
-            done += chunk;
-        }
-    }
+    if (!rc) rc = forward_logits(&s, logit_rows, n_logit_rows, logits, pool);
     if (!rc)
         for (int32_t b = 0; b < n_streams; b++)
             cart_kv_set_len(kvs[b], cart_kv_len(kvs[b]) + n_tokens[b]);
-    free(arena);
+    free(s.arena);
     return rc;
 }

@@ -37,6 +37,14 @@ struct cart_model {
     int widened;           /* matrices point at malloc'ed f32 copies */
 };
 
+/* Takes the next n floats of an arena being laid out: the forward pass and
+ * the trainer carve their activations out of one allocation each. */
+static inline float *cart_carve(float **p, int64_t n) {
+    float *r = *p;
+    *p += n;
+    return r;
+}
+
 #pragma GCC visibility pop
 
 #endif

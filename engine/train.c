@@ -479,25 +479,24 @@ static size_t acts_floats(const cart_model_config *c, int64_t T) {
 static float *acts_carve(acts *a, float *p, const cart_model_config *c, int64_t T, float *x_in) {
     int64_t E = c->n_embd, F = c->n_ff, D = c->head_dim;
     int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
-    if (x_in) a->x_in = x_in;
-    else a->x_in = p, p += T * E;
-    a->xn1 = p, p += T * E;
-    a->rstd1 = p, p += T;
-    a->q_raw = p, p += T * HD;
-    a->k_raw = p, p += T * KD;
-    a->q_rstd = p, p += T * c->n_head;
-    a->k_rstd = p, p += T * c->n_head_kv;
-    a->q = p, p += T * HD;
-    a->k = p, p += T * KD;
-    a->v = p, p += T * KD;
-    a->att = p, p += T * HD;
-    a->lse = p, p += T * c->n_head;
-    a->x_mid = p, p += T * E;
-    a->xn2 = p, p += T * E;
-    a->rstd2 = p, p += T;
-    a->gate = p, p += T * F;
-    a->up = p, p += T * F;
-    a->h = p, p += T * F;
+    a->x_in = x_in ? x_in : cart_carve(&p, T * E);
+    a->xn1 = cart_carve(&p, T * E);
+    a->rstd1 = cart_carve(&p, T);
+    a->q_raw = cart_carve(&p, T * HD);
+    a->k_raw = cart_carve(&p, T * KD);
+    a->q_rstd = cart_carve(&p, T * c->n_head);
+    a->k_rstd = cart_carve(&p, T * c->n_head_kv);
+    a->q = cart_carve(&p, T * HD);
+    a->k = cart_carve(&p, T * KD);
+    a->v = cart_carve(&p, T * KD);
+    a->att = cart_carve(&p, T * HD);
+    a->lse = cart_carve(&p, T * c->n_head);
+    a->x_mid = cart_carve(&p, T * E);
+    a->xn2 = cart_carve(&p, T * E);
+    a->rstd2 = cart_carve(&p, T);
+    a->gate = cart_carve(&p, T * F);
+    a->up = cart_carve(&p, T * F);
+    a->h = cart_carve(&p, T * F);
     return p;
 }
 
@@ -639,9 +638,9 @@ static int trunk_forward(cart_trainer *t, pass *s, const int32_t *tokens, int ke
     float *p = tr->block;
     for (int32_t l = 0; l < c->n_layer; l++) {
         if (keep_all) p = acts_carve(&tr->layers[l], p, c, T, NULL);
-        else tr->layers[l].x_in = p, p += T * E;
+        else tr->layers[l].x_in = cart_carve(&p, T * E);
     }
-    tr->x_final = p, p += T * E;
+    tr->x_final = cart_carve(&p, T * E);
     if (!keep_all) acts_carve(scratch, p, c, T, tr->layers[0].x_in);
 
     const cart_model *m = s->m;
@@ -861,15 +860,15 @@ int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *toke
         if (!bblock) rc = CART_E_NOMEM;
         if (!rc) {
             float *p = bblock;
-            b.dh = p, p += T * F;
-            b.dgate = p, p += T * F;
-            b.dup = p, p += T * F;
-            b.dxn = p, p += T * E;
-            s.datt = p, p += T * HD;
-            s.dq = p, p += T * HD;
-            s.dk = p, p += T * KD;
-            s.dv = p, p += T * KD;
-            s.delta = p, p += T * cfg->n_head;
+            b.dh = cart_carve(&p, T * F);
+            b.dgate = cart_carve(&p, T * F);
+            b.dup = cart_carve(&p, T * F);
+            b.dxn = cart_carve(&p, T * E);
+            s.datt = cart_carve(&p, T * HD);
+            s.dq = cart_carve(&p, T * HD);
+            s.dk = cart_carve(&p, T * KD);
+            s.dv = cart_carve(&p, T * KD);
+            s.delta = cart_carve(&p, T * cfg->n_head);
         }
         s.grad_cart = c;
         uint64_t bytes = tr.bytes + floats * sizeof(float) + (size_t)(n * E) * sizeof(float);
