@@ -755,6 +755,150 @@ static int compare_refs(const void *pa, const void *pb) {
     return a->index < b->index ? -1 : a->index > b->index;
 }
 
+/* Every target must read a row of the pass: positions in 1..n-1 that do not
+ * start a segment, tokens in the vocabulary, log-probabilities <= 0. */
+static int check_targets(const pass *s, const cart_distill_targets *tg, int64_t n, const char *fn) {
+    for (int64_t e = 0; e < tg->n; e++) {
+        int64_t pos = tg->position[e];
+        if (pos < 1 || pos >= n || s->seg_start[pos] == pos || tg->token[e] < 0 ||
+            tg->token[e] >= s->c->n_vocab || !(tg->logprob[e] <= 0.0f))
+            return cart_fail(CART_E_ARG, "%s: target %lld (position %lld, token %d, logprob %g) is "
+                             "outside the pass: positions must lie in 1..%lld and not start a "
+                             "segment, tokens in the vocabulary, logprobs <= 0", fn, (long long)e,
+                             (long long)pos, tg->token[e], tg->logprob[e], (long long)(n - 1));
+    }
+    return CART_OK;
+}
+
+/* The head's working memory: the targets in row order, the distinct rows
+ * they read, and one chunk of normed rows, their logits and gradients. */
+typedef struct head_work {
+    entry_ref *refs; /* [n targets] sorted by row */
+    int64_t *rows;   /* [n_rows] distinct rows, ascending */
+    int64_t n_rows;
+    float *xn, *rstd, *dxn, *logits; /* HEAD_CHUNK rows */
+} head_work;
+
+static void head_work_free(head_work *w) {
+    free(w->refs);
+    free(w->rows);
+    free(w->xn);
+    free(w->rstd);
+    free(w->dxn);
+    free(w->logits);
+}
+
+static int head_work_init(head_work *w, const cart_distill_targets *tg, int64_t E, int64_t V) {
+    memset(w, 0, sizeof *w);
+    w->refs = cart_malloc(sizeof(entry_ref) * (size_t)tg->n, "target order");
+    w->rows = cart_malloc(sizeof(int64_t) * (size_t)tg->n, "target rows");
+    w->xn = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)E, "head rows");
+    w->rstd = cart_malloc(sizeof(float) * HEAD_CHUNK, "head rows");
+    w->dxn = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)E, "head gradient");
+    w->logits = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)V, "head logits");
+    if (!w->refs || !w->rows || !w->xn || !w->rstd || !w->dxn || !w->logits) return CART_E_NOMEM;
+    for (int64_t e = 0; e < tg->n; e++) w->refs[e] = (entry_ref){tg->position[e] - 1, e};
+    qsort(w->refs, (size_t)tg->n, sizeof *w->refs, compare_refs);
+    for (int64_t e = 0; e < tg->n; e++)
+        if (w->n_rows == 0 || w->rows[w->n_rows - 1] != w->refs[e].row) w->rows[w->n_rows++] = w->refs[e].row;
+    return CART_OK;
+}
+
+/* The unscaled loss of one row's logits lr against the targets refs[*e0..)
+ * that read it; with backward, lr becomes d loss / d logits (times scale):
+ * scale * (weight * softmax_v - sum_e w_e [v == token_e]). Advances *e0. */
+static double row_loss(float *lr, int64_t V, int64_t row, const cart_distill_targets *tg, const entry_ref *refs,
+                       int64_t *e0, double scale, int32_t backward) {
+    float max = lr[0];
+    for (int64_t v = 1; v < V; v++)
+        if (lr[v] > max) max = lr[v];
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; v++) sum += exp((double)lr[v] - max);
+    double lse = (double)max + log(sum);
+    double loss = 0.0, weight = 0.0; /* weight: the teacher probability reading this row */
+    int64_t e1 = *e0;
+    while (e1 < tg->n && refs[e1].row == row) {
+        int64_t e = refs[e1].index;
+        double w = exp((double)tg->logprob[e]);
+        loss += -w * ((double)lr[tg->token[e]] - lse);
+        weight += w;
+        e1++;
+    }
+    if (backward) {
+        for (int64_t v = 0; v < V; v++) lr[v] = (float)(scale * weight * exp((double)lr[v] - lse));
+        for (int64_t k = *e0; k < e1; k++) {
+            int64_t e = refs[k].index;
+            lr[tg->token[e]] -= (float)(scale * exp((double)tg->logprob[e]));
+        }
+    }
+    *e0 = e1;
+    return loss;
+}
+
+/* The head over every target row, HEAD_CHUNK rows at a time: the scaled
+ * loss, and with dx the gradient of the final hidden rows added into dx. */
+static int head_pass(pass *s, head_work *w, const trunk *tr, const cart_distill_targets *tg, double scale,
+                     float *dx, double *loss_out) {
+    const int64_t V = s->c->n_vocab, E = s->c->n_embd;
+    double loss = 0.0;
+    int64_t e0 = 0; /* first target (in refs order) of the current row */
+    int rc = CART_OK;
+    for (int64_t j = 0; !rc && j < w->n_rows; j += HEAD_CHUNK) {
+        int64_t chunk = w->n_rows - j < HEAD_CHUNK ? w->n_rows - j : HEAD_CHUNK;
+        if ((rc = head_forward(s, tr->x_final, w->rows + j, chunk, w->xn, w->rstd, w->logits))) break;
+        for (int64_t r = 0; r < chunk; r++)
+            loss += row_loss(w->logits + r * V, V, w->rows[j + r], tg, w->refs, &e0, scale, dx != NULL);
+        if (!dx) continue;
+        memset(w->dxn, 0, sizeof(float) * (size_t)(chunk * E));
+        if ((rc = cart_matmul_backward(w->dxn, E, w->logits, V, &s->m->output, chunk, cart_default_pool())))
+            break;
+        for (int64_t r = 0; r < chunk; r++)
+            rmsnorm_backward(dx + w->rows[j + r] * E, w->dxn + r * E, tr->x_final + w->rows[j + r] * E,
+                             w->rstd + r, s->m->output_norm, 1, E);
+    }
+    *loss_out = loss * scale;
+    return rc;
+}
+
+/* The backward from dx (the final hidden rows' gradient) through every
+ * layer into the cartridge's gradient; with recompute, each layer's
+ * activations are recomputed from its input into `scratch` first. */
+static int layers_backward(cart_trainer *t, pass *s, trunk *tr, acts *scratch, float *dx, cart_cartridge *c) {
+    const cart_model_config *cfg = s->c;
+    const int64_t T = s->T, E = cfg->n_embd, F = cfg->n_ff;
+    const int64_t HD = (int64_t)cfg->n_head * cfg->head_dim, KD = (int64_t)cfg->n_head_kv * cfg->head_dim;
+    size_t floats = (size_t)(T * (3 * F + E + 2 * HD + 2 * KD + cfg->n_head));
+    float *p = trainer_block(t, 1, floats * sizeof(float));
+    if (!p) return CART_E_NOMEM;
+    back_scratch b = {0};
+    b.dh = cart_carve(&p, T * F);
+    b.dgate = cart_carve(&p, T * F);
+    b.dup = cart_carve(&p, T * F);
+    b.dxn = cart_carve(&p, T * E);
+    s->datt = cart_carve(&p, T * HD);
+    s->dq = cart_carve(&p, T * HD);
+    s->dk = cart_carve(&p, T * KD);
+    s->dv = cart_carve(&p, T * KD);
+    s->delta = cart_carve(&p, T * cfg->n_head);
+    s->grad_cart = c;
+    uint64_t bytes = tr->bytes + floats * sizeof(float) + (size_t)(T * E) * sizeof(float);
+    if (bytes > t->peak_bytes) t->peak_bytes = bytes;
+    int rc = CART_OK;
+    for (int32_t l = cfg->n_layer - 1; l >= 0 && !rc; l--) {
+        s->layer = l;
+        if (t->opts.recompute) {
+            /* the layer's output (already known from the forward) lands in scratch */
+            scratch->x_in = tr->layers[l].x_in;
+            s->a = scratch;
+            if ((rc = layer_forward(s, b.dxn))) break;
+        } else {
+            s->a = &tr->layers[l];
+        }
+        rc = layer_backward(s, dx, &b);
+    }
+    return rc;
+}
+
 int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *tokens, int64_t n,
                          const int64_t *seg_len, int32_t n_seg, const cart_distill_targets *tg,
                          int32_t mean, float loss_scale, int32_t backward, double *loss_out) {
@@ -764,139 +908,29 @@ int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *toke
     if (rc) return rc;
     if (tg->n < 1) return cart_fail(CART_E_ARG, "%s: no targets", fn);
     pass s;
-    if ((rc = pass_init(&s, t, c, n)) || (rc = setup_positions(&s, seg_len, n_seg, fn))) {
+    if ((rc = pass_init(&s, t, c, n)) || (rc = setup_positions(&s, seg_len, n_seg, fn)) ||
+        (rc = check_targets(&s, tg, n, fn))) {
         pass_free(&s);
         return rc;
     }
-    const cart_model_config *cfg = s.c;
-    const int64_t V = cfg->n_vocab, E = cfg->n_embd;
-    for (int64_t e = 0; e < tg->n; e++) {
-        int64_t pos = tg->position[e];
-        if (pos < 1 || pos >= n || s.seg_start[pos] == pos || tg->token[e] < 0 ||
-            tg->token[e] >= V || !(tg->logprob[e] <= 0.0f)) {
-            pass_free(&s);
-            return cart_fail(CART_E_ARG, "%s: target %lld (position %lld, token %d, logprob %g) is "
-                             "outside the pass: positions must lie in 1..%lld and not start a "
-                             "segment, tokens in the vocabulary, logprobs <= 0", fn, (long long)e,
-                             (long long)pos, tg->token[e], tg->logprob[e], (long long)(n - 1));
-        }
-    }
-    entry_ref *refs = cart_malloc(sizeof(entry_ref) * (size_t)tg->n, "target order");
-    int64_t *rows = cart_malloc(sizeof(int64_t) * (size_t)tg->n, "target rows");
-    float *xn = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)E, "head rows");
-    float *rstd = cart_malloc(sizeof(float) * HEAD_CHUNK, "head rows");
-    float *dxn = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)E, "head gradient");
-    float *logits = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)V, "head logits");
+    const int64_t E = s.c->n_embd;
+    head_work w;
     trunk tr = {0};
     acts scratch;
-    float *dx = NULL, *bblock = NULL;
-    back_scratch b = {0};
-    if (!refs || !rows || !xn || !rstd || !dxn || !logits) rc = CART_E_NOMEM;
-    int64_t n_rows = 0;
-    if (!rc) {
-        for (int64_t e = 0; e < tg->n; e++) refs[e] = (entry_ref){tg->position[e] - 1, e};
-        qsort(refs, (size_t)tg->n, sizeof *refs, compare_refs);
-        for (int64_t e = 0; e < tg->n; e++)
-            if (n_rows == 0 || rows[n_rows - 1] != refs[e].row) rows[n_rows++] = refs[e].row;
-        int keep_all = !t->opts.recompute;
-        rc = trunk_forward(t, &s, tokens, keep_all, &scratch, &tr);
-    }
+    float *dx = NULL;
+    rc = head_work_init(&w, tg, E, s.c->n_vocab);
+    if (!rc) rc = trunk_forward(t, &s, tokens, !t->opts.recompute, &scratch, &tr);
     if (!rc && backward) {
         dx = trainer_block(t, 2, (size_t)(n * E) * sizeof(float));
         if (!dx) rc = CART_E_NOMEM;
         else memset(dx, 0, (size_t)(n * E) * sizeof(float));
     }
-    const double scale = (double)loss_scale / (mean ? (double)tg->n : 1.0);
     double loss = 0.0;
-    int64_t e0 = 0; /* first entry (in refs order) of the current row */
-    for (int64_t j = 0; !rc && j < n_rows; j += HEAD_CHUNK) {
-        int64_t chunk = n_rows - j < HEAD_CHUNK ? n_rows - j : HEAD_CHUNK;
-        if ((rc = head_forward(&s, tr.x_final, rows + j, chunk, xn, rstd, logits))) break;
-        for (int64_t r = 0; r < chunk; r++) {
-            float *lr = logits + r * V;
-            float max = lr[0];
-            for (int64_t v = 1; v < V; v++)
-                if (lr[v] > max) max = lr[v];
-            double sum = 0.0;
-            for (int64_t v = 0; v < V; v++) sum += exp((double)lr[v] - max);
-            double lse = (double)max + log(sum);
-            double weight = 0.0; /* sum of teacher probabilities reading this row */
-            int64_t e1 = e0;
-            while (e1 < tg->n && refs[e1].row == rows[j + r]) {
-                int64_t e = refs[e1].index;
-                double w = exp((double)tg->logprob[e]);
-                loss += -w * ((double)lr[tg->token[e]] - lse);
-                weight += w;
-                e1++;
-            }
-            if (backward) {
-                /* d loss / d logit_v = scale * (weight * softmax_v - sum_e w_e [v == token_e]) */
-                for (int64_t v = 0; v < V; v++)
-                    lr[v] = (float)(scale * weight * exp((double)lr[v] - lse));
-                for (int64_t k = e0; k < e1; k++) {
-                    int64_t e = refs[k].index;
-                    lr[tg->token[e]] -= (float)(scale * exp((double)tg->logprob[e]));
-                }
-            }
-            e0 = e1;
-        }
-        if (backward) {
-            memset(dxn, 0, sizeof(float) * (size_t)(chunk * E));
-            rc = cart_matmul_backward(dxn, E, logits, V, &s.m->output, chunk, cart_default_pool());
-            if (rc) break;
-            for (int64_t r = 0; r < chunk; r++)
-                rmsnorm_backward(dx + rows[j + r] * E, dxn + r * E, tr.x_final + rows[j + r] * E,
-                                 rstd + r, s.m->output_norm, 1, E);
-        }
-    }
-    loss *= scale;
-    if (!rc && backward) {
-        /* the backward scratch: one layer's gradients, plus (recompute) the
-         * layer's recomputed activations live in `scratch` already */
-        int64_t T = n, F = cfg->n_ff;
-        int64_t HD = (int64_t)cfg->n_head * cfg->head_dim, KD = (int64_t)cfg->n_head_kv * cfg->head_dim;
-        size_t floats = (size_t)(T * (3 * F + E + 2 * HD + 2 * KD + cfg->n_head));
-        bblock = trainer_block(t, 1, floats * sizeof(float));
-        if (!bblock) rc = CART_E_NOMEM;
-        if (!rc) {
-            float *p = bblock;
-            b.dh = cart_carve(&p, T * F);
-            b.dgate = cart_carve(&p, T * F);
-            b.dup = cart_carve(&p, T * F);
-            b.dxn = cart_carve(&p, T * E);
-            s.datt = cart_carve(&p, T * HD);
-            s.dq = cart_carve(&p, T * HD);
-            s.dk = cart_carve(&p, T * KD);
-            s.dv = cart_carve(&p, T * KD);
-            s.delta = cart_carve(&p, T * cfg->n_head);
-        }
-        s.grad_cart = c;
-        uint64_t bytes = tr.bytes + floats * sizeof(float) + (size_t)(n * E) * sizeof(float);
-        if (bytes > t->peak_bytes) t->peak_bytes = bytes;
-        for (int32_t l = cfg->n_layer - 1; l >= 0 && !rc; l--) {
-            s.layer = l;
-            if (t->opts.recompute) {
-                /* recompute the layer's activations from its input; its
-                 * output (already known from the forward) lands in scratch */
-                scratch.x_in = tr.layers[l].x_in;
-                s.a = &scratch;
-                rc = layer_forward(&s, b.dxn);
-                if (rc) break;
-            } else {
-                s.a = &tr.layers[l];
-            }
-            rc = layer_backward(&s, dx, &b);
-        }
-    } else if (!rc && tr.bytes > t->peak_bytes) {
-        t->peak_bytes = tr.bytes;
-    }
+    if (!rc) rc = head_pass(&s, &w, &tr, tg, (double)loss_scale / (mean ? (double)tg->n : 1.0), dx, &loss);
+    if (!rc && backward) rc = layers_backward(t, &s, &tr, &scratch, dx, c);
+    else if (!rc && tr.bytes > t->peak_bytes) t->peak_bytes = tr.bytes;
     if (!rc && loss_out) *loss_out = loss;
-    free(refs);
-    free(rows);
-    free(xn);
-    free(rstd);
-    free(dxn);
-    free(logits);
+    head_work_free(&w);
     trunk_free(&tr);
     pass_free(&s);
     return rc;
