@@ -1148,20 +1148,21 @@ typedef struct bpe_sym {
     int32_t prev, next, start, n, id;
 } bpe_sym;
 
-/* A candidate merge of symbols left and right (adjacent when pushed). */
-typedef struct bpe_pair {
-    int32_t rank, left, right, size, result;
-} bpe_pair;
+/* A candidate merge of symbols left and right (adjacent when pushed), in
+ * the one merge queue both tokenizers use: the highest key first, ties to
+ * the leftmost pair. BPE keys a pair by minus its merge rank (the lowest
+ * rank first), SentencePiece by its piece's score. */
+typedef struct merge_pair {
+    double key;
+    int32_t left, right, size;
+    int32_t result; /* BPE: the merged token id */
+} merge_pair;
 
 /* A SentencePiece symbol and candidate merge. */
 typedef struct spm_sym {
     int32_t prev, next, start, n;
 } spm_sym;
 
-typedef struct spm_pair {
-    float score;
-    int32_t left, right, size;
-} spm_pair;
 
 /* Scratch space of one encode call. */
 typedef struct work {
@@ -1176,7 +1177,7 @@ typedef struct work {
     int enc_ready;
     void *sym; /* (sym_cap) bpe_sym or spm_sym */
     int64_t sym_cap;
-    void *heap; /* (heap_cap) bpe_pair or spm_pair */
+    merge_pair *heap; /* (heap_cap) the merge queue, a binary heap */
     int64_t heap_n, heap_cap;
 } work;
 
@@ -1188,18 +1189,18 @@ static void work_free(work *w) {
     free(w->heap);
 }
 
-static inline int bpe_before(const bpe_pair *a, const bpe_pair *b) {
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
+static inline int merge_before(const merge_pair *a, const merge_pair *b) {
+    return a->key > b->key || (a->key == b->key && a->left < b->left);
 }
 
-static int bpe_heap_push(work *w, bpe_pair p) {
-    int rc = grow(&w->heap, &w->heap_cap, w->heap_n + 1, sizeof(bpe_pair), "BPE merge queue");
+static int heap_push(work *w, merge_pair p) {
+    int rc = grow((void **)&w->heap, &w->heap_cap, w->heap_n + 1, sizeof(merge_pair), "merge queue");
     if (rc) return rc;
-    bpe_pair *h = w->heap;
+    merge_pair *h = w->heap;
     int64_t i = w->heap_n++;
     while (i > 0) {
         int64_t parent = (i - 1) / 2;
-        if (!bpe_before(&p, &h[parent])) break;
+        if (!merge_before(&p, &h[parent])) break;
         h[i] = h[parent];
         i = parent;
     }
@@ -1207,16 +1208,16 @@ static int bpe_heap_push(work *w, bpe_pair p) {
     return CART_OK;
 }
 
-static bpe_pair bpe_heap_pop(work *w) {
-    bpe_pair *h = w->heap;
-    bpe_pair top = h[0];
-    bpe_pair last = h[--w->heap_n];
+static merge_pair heap_pop(work *w) {
+    merge_pair *h = w->heap;
+    merge_pair top = h[0];
+    merge_pair last = h[--w->heap_n];
     int64_t i = 0, n = w->heap_n;
     for (;;) {
         int64_t c = 2 * i + 1;
         if (c >= n) break;
-        if (c + 1 < n && bpe_before(&h[c + 1], &h[c])) c++;
-        if (!bpe_before(&h[c], &last)) break;
+        if (c + 1 < n && merge_before(&h[c + 1], &h[c])) c++;
+        if (!merge_before(&h[c], &last)) break;
         h[i] = h[c];
         i = c;
     }
@@ -1259,8 +1260,8 @@ static int bpe_try_pair(work *w, int64_t n, int32_t left, int32_t right) {
         size_t bn = (size_t)(w->enc_off[r->start + r->n] - w->enc_off[r->start]);
         if (!tmerge_find(t, a, an, b, bn, &rank, &result)) return CART_OK;
     }
-    bpe_pair p = {rank, left, right, sym[left].n + sym[right].n, result};
-    return bpe_heap_push(w, p);
+    merge_pair p = {-(double)rank, left, right, sym[left].n + sym[right].n, result};
+    return heap_push(w, p);
 }
 
 /* A symbol that is no token: llama.cpp emits the tokens of the single bytes
@@ -1304,7 +1305,7 @@ static int bpe_merge_word(work *w, int64_t n) {
     for (int32_t i = 1; i < (int32_t)n; i++)
         if ((rc = bpe_try_pair(w, n, i - 1, i))) return rc;
     while (w->heap_n > 0) {
-        bpe_pair p = bpe_heap_pop(w);
+        merge_pair p = heap_pop(w);
         sym = w->sym;
         bpe_sym *l = &sym[p.left], *r = &sym[p.right];
         /* Stale: one side was merged away or grew since the pair was queued. */
@@ -1624,50 +1625,14 @@ static int bpe_fragment(work *w, const uint8_t *s, int64_t n) {
     }
 }
 
-static inline int spm_before(const spm_pair *a, const spm_pair *b) {
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static int spm_heap_push(work *w, spm_pair p) {
-    int rc = grow(&w->heap, &w->heap_cap, w->heap_n + 1, sizeof(spm_pair), "SPM merge queue");
-    if (rc) return rc;
-    spm_pair *h = w->heap;
-    int64_t i = w->heap_n++;
-    while (i > 0) {
-        int64_t parent = (i - 1) / 2;
-        if (!spm_before(&p, &h[parent])) break;
-        h[i] = h[parent];
-        i = parent;
-    }
-    h[i] = p;
-    return CART_OK;
-}
-
-static spm_pair spm_heap_pop(work *w) {
-    spm_pair *h = w->heap;
-    spm_pair top = h[0];
-    spm_pair last = h[--w->heap_n];
-    int64_t i = 0, n = w->heap_n;
-    for (;;) {
-        int64_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && spm_before(&h[c + 1], &h[c])) c++;
-        if (!spm_before(&h[c], &last)) break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (n > 0) h[i] = last;
-    return top;
-}
-
 static int spm_try_pair(work *w, int32_t left, int32_t right) {
     if (left < 0 || right < 0) return CART_OK;
     const spm_sym *sym = w->sym;
     int32_t size = sym[left].n + sym[right].n;
     int32_t id = lookup(w->t, w->word + sym[left].start, (size_t)size);
     if (id < 0) return CART_OK;
-    spm_pair p = {w->t->scores[id], left, right, size};
-    return spm_heap_push(w, p);
+    merge_pair p = {w->t->scores[id], left, right, size, -1};
+    return heap_push(w, p);
 }
 
 /* Merges the symbols first .. last (linked in order) of w->word and emits
@@ -1682,7 +1647,7 @@ static int spm_merge(work *w, int32_t first, int32_t last) {
     for (int32_t i = first + 1; i <= last; i++)
         if ((rc = spm_try_pair(w, i - 1, i))) return rc;
     while (w->heap_n > 0) {
-        spm_pair p = spm_heap_pop(w);
+        merge_pair p = heap_pop(w);
         spm_sym *l = &sym[p.left], *r = &sym[p.right];
         /* Stale: one side was merged away or grew since the pair was queued. */
         if (l->n == 0 || r->n == 0 || l->n + r->n != p.size) continue;
