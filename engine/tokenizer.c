@@ -835,10 +835,10 @@ static int parse_pre(cart_tokenizer *t, const cart_gguf *g, const char *path) {
     return CART_OK;
 }
 
-static int load(cart_tokenizer *t, const cart_gguf *g) {
-    const char *path = cart_gguf_path(g);
+/* The tokenizer kind from tokenizer.ggml.model, with its default special
+ * ids, and the kind's pre-tokenizer settings. */
+static int load_kind(cart_tokenizer *t, const cart_gguf *g, const char *path) {
     int rc;
-
     const cart_gguf_value *model = cart_gguf_find(g, "tokenizer.ggml.model");
     if (!model)
         return cart_fail(CART_E_NOT_FOUND, "%s: tokenizer.ggml.model is missing (no tokenizer)",
@@ -870,7 +870,17 @@ static int load(cart_tokenizer *t, const cart_gguf *g) {
         t->add_bos = 1;
     }
 
-    const cart_gguf_value *tokens = cart_gguf_find(g, "tokenizer.ggml.tokens");
+    return CART_OK;
+}
+
+/* The vocabulary-sized arrays of the GGUF, checked: tokens, scores and token
+ * types (both optional), and the BPE merges. */
+typedef struct vocab_arrays {
+    const cart_gguf_value *tokens, *scores, *types, *merges;
+} vocab_arrays;
+
+static int find_arrays(cart_tokenizer *t, const cart_gguf *g, const char *path, vocab_arrays *va) {
+    const cart_gguf_value *tokens = va->tokens = cart_gguf_find(g, "tokenizer.ggml.tokens");
     if (!tokens) return cart_fail(CART_E_NOT_FOUND, "%s: tokenizer.ggml.tokens is missing", path);
     if (tokens->type != CART_GGUF_ARRAY || tokens->elem_type != CART_GGUF_STRING)
         return cart_fail(CART_E_FORMAT,
@@ -883,7 +893,7 @@ static int load(cart_tokenizer *t, const cart_gguf *g) {
     t->n_vocab = (int64_t)tokens->count;
     int64_t n = t->n_vocab;
 
-    const cart_gguf_value *scores = cart_gguf_find(g, "tokenizer.ggml.scores");
+    const cart_gguf_value *scores = va->scores = cart_gguf_find(g, "tokenizer.ggml.scores");
     if (scores && (scores->type != CART_GGUF_ARRAY || (scores->elem_type != CART_GGUF_FLOAT32 &&
                                                        scores->elem_type != CART_GGUF_INT32)))
         return cart_fail(CART_E_FORMAT,
@@ -893,7 +903,7 @@ static int load(cart_tokenizer *t, const cart_gguf *g) {
     if (scores && scores->count < (uint64_t)n)
         return cart_fail(CART_E_FORMAT, "%s: tokenizer.ggml.scores: %llu scores for %lld tokens",
                          path, (unsigned long long)scores->count, (long long)n);
-    const cart_gguf_value *types = cart_gguf_find(g, "tokenizer.ggml.token_type");
+    const cart_gguf_value *types = va->types = cart_gguf_find(g, "tokenizer.ggml.token_type");
     if (types && (types->type != CART_GGUF_ARRAY || types->elem_type != CART_GGUF_INT32))
         return cart_fail(CART_E_FORMAT,
                          "%s: tokenizer.ggml.token_type: expected an array of int32, found %s",
@@ -901,9 +911,9 @@ static int load(cart_tokenizer *t, const cart_gguf *g) {
     if (types && types->count < (uint64_t)n)
         return cart_fail(CART_E_FORMAT, "%s: tokenizer.ggml.token_type: %llu types for %lld tokens",
                          path, (unsigned long long)types->count, (long long)n);
-    const cart_gguf_value *merges = NULL;
+    va->merges = NULL;
     if (t->kind == CART_TOKENIZER_BPE) {
-        merges = cart_gguf_find(g, "tokenizer.ggml.merges");
+        const cart_gguf_value *merges = va->merges = cart_gguf_find(g, "tokenizer.ggml.merges");
         if (!merges)
             return cart_fail(CART_E_NOT_FOUND,
                              "%s: tokenizer.ggml.merges is missing (a gpt2 tokenizer needs it)",
@@ -917,6 +927,14 @@ static int load(cart_tokenizer *t, const cart_gguf *g) {
                              path, (unsigned long long)merges->count);
     }
 
+    return CART_OK;
+}
+
+/* Each token's attributes (from its token type) and, for SentencePiece, its
+ * score. */
+static int load_attributes(cart_tokenizer *t, const vocab_arrays *va) {
+    const cart_gguf_value *scores = va->scores, *types = va->types;
+    int64_t n = t->n_vocab;
     if (t->kind == CART_TOKENIZER_SPM) {
         t->scores = cart_calloc((size_t)n, sizeof(float), "tokenizer scores");
         if (!t->scores) return CART_E_NOMEM;
@@ -957,9 +975,14 @@ static int load(cart_tokenizer *t, const cart_gguf *g) {
         }
         t->attr[i] = a;
     }
-    if ((rc = load_tokens(t, path, tokens))) return rc;
-    if (merges && (rc = load_merges(t, merges))) return rc;
+    return CART_OK;
+}
 
+/* The special ids (defaults, then the metadata's), the add_* flags, the
+ * end-of-generation set and the special-token matcher. */
+static int load_special(cart_tokenizer *t, const cart_gguf *g, const char *path) {
+    int64_t n = t->n_vocab;
+    int rc;
     /* Special ids: a default outside the vocabulary is dropped, then the
      * metadata's value replaces it when it is inside. */
     if (t->bos >= n) t->bos = -1;
@@ -1008,6 +1031,12 @@ static int load(cart_tokenizer *t, const cart_gguf *g) {
     build_eog(t, eot, eom, fim_pad, fim_rep, fim_sep);
     if ((rc = build_special(t))) return rc;
 
+    return CART_OK;
+}
+
+/* The id of each byte: its GPT-2 symbol (BPE), or its <0xNN> piece, else
+ * the byte itself as a piece (SentencePiece). */
+static void load_byte_ids(cart_tokenizer *t) {
     for (int b = 0; b < 256; b++) {
         if (t->kind == CART_TOKENIZER_BPE) {
             uint8_t sym[4];
@@ -1021,6 +1050,17 @@ static int load(cart_tokenizer *t, const cart_gguf *g) {
             if (t->byte_id[b] < 0) t->byte_id[b] = lookup(t, &one, 1);
         }
     }
+}
+
+static int load(cart_tokenizer *t, const cart_gguf *g) {
+    const char *path = cart_gguf_path(g);
+    vocab_arrays va = {0};
+    int rc;
+    if ((rc = load_kind(t, g, path)) || (rc = find_arrays(t, g, path, &va)) || (rc = load_attributes(t, &va)) ||
+        (rc = load_tokens(t, path, va.tokens)) || (va.merges && (rc = load_merges(t, va.merges))) ||
+        (rc = load_special(t, g, path)))
+        return rc;
+    load_byte_ids(t);
     return CART_OK;
 }
 
