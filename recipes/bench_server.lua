@@ -252,15 +252,22 @@ if opts.soak > 0 then
         :format(opts.soak, conns))
     local stats = traffic(conns, opts.soak, pick, function(t)
         if t - last >= 10 then
-            samples[#samples + 1] = ("%.1f MiB/%d fds"):format(proc_status("VmRSS") / 1024, open_fds())
+            samples[#samples + 1] = { proc_status("VmRSS") / 1024, open_fds() }
             last = t
         end
     end)
     for _, kind in ipairs({ "chat", "stream", "bad" }) do report(kind, stats[kind], opts.soak) end
     local lost = busy_after_traffic()
     local rss1, fds1 = proc_status("VmRSS"), open_fds()
-    print(("lost slots: %d; server RSS %.1f -> %.1f MiB, open descriptors %d -> %d; every 10 s: %s"):format(lost,
-        rss0 / 1024, rss1 / 1024, fds0, fds1, table.concat(samples, ", ")))
+    -- the samples after the first (warm-up) one: flat means a narrow range
+    local lo_r, hi_r, lo_f, hi_f = math.huge, 0, math.huge, 0
+    for i = 2, #samples do
+        lo_r, hi_r = math.min(lo_r, samples[i][1]), math.max(hi_r, samples[i][1])
+        lo_f, hi_f = math.min(lo_f, samples[i][2]), math.max(hi_f, samples[i][2])
+    end
+    print(("lost slots: %d; server RSS %.1f -> %.1f MiB, open descriptors %d -> %d; sampled every 10 s after "
+        .. "the first: RSS %.1f..%.1f MiB, descriptors %d..%d (%d samples)"):format(lost, rss0 / 1024, rss1 / 1024,
+        fds0, fds1, lo_r, hi_r, lo_f, hi_f, math.max(0, #samples - 1)))
     for _, s in pairs(stats) do failed = failed or s.unexpected > 0 or s.failed > 0 end
     failed = failed or lost ~= 0
 elseif opts.flood then
