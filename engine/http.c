@@ -63,7 +63,7 @@ enum {
     READ_CHUNK = 65536,   /* most bytes one recv() takes */
     IN_INITIAL = 4096,    /* first input buffer size */
     OUT_KEEP = 65536,     /* an emptied output buffer bigger than this is freed */
-    ACCEPT_BURST = 64,    /* most connections accepted per poll */
+    ACCEPT_BURST = 256,   /* most connections accepted per poll */
     ACCEPT_PAUSE_MS = 100, /* accept() back-off after running out of descriptors */
     SLOW_HEAD_MS = 1000    /* a head still arriving after this may be evicted for a newcomer */
 };
@@ -1453,7 +1453,7 @@ void cart_http_default_options(cart_http_options *o) {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
     o->port = 0;
-    o->backlog = 128;
+    o->backlog = 4096;
     o->max_connections = 256;
     o->max_headers = 100;
     o->max_header_bytes = 16 * 1024;

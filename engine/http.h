@@ -81,7 +81,7 @@ typedef struct cart_http cart_http;
 typedef struct cart_http_options {
     const char *host;          /* address to bind: "127.0.0.1" (default), "0.0.0.0", "localhost" */
     int32_t port;              /* 0: an ephemeral port (see cart_http_port) */
-    int32_t backlog;           /* listen(2) backlog, default 128 */
+    int32_t backlog;           /* listen(2) backlog, default 4096 (the kernel caps it at somaxconn) */
     int32_t max_connections;   /* open client connections, default 256; more get 503 */
     int32_t max_headers;       /* header lines per request, default 100; more get 431 */
     int64_t max_header_bytes;  /* request line + headers, default 16 KiB; more get 431 */
