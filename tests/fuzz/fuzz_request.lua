@@ -1,0 +1,132 @@
+-- fuzz_request.lua: libFuzzer target (through lua_harness.c) for the
+-- server's request bodies: lua/cartridge/json.lua and the field validation in
+-- lua/cartridge/server.lua.
+--
+-- Input: byte 0 picks the endpoint (bit 0: /v1/completions, else
+-- /v1/chat/completions); the rest is the request body.
+--
+--   1. json.decode(body). When it decodes, json.encode of the value must
+--      succeed and decode to an equal value whose encoding is the same text
+--      (a stable round trip). A decode error must be a "json: " string.
+--   2. Server:make_job(1, req) on a server built once over the fuzz model (no
+--      HTTP). A raised request error (server.is_request_error, or until that
+--      exists a table with a numeric status) must have a 4xx status and a
+--      string message: the client's mistake, answered with that status. Any
+--      other error is a finding: the real server would answer 500.
+--   3. A job that was made must have options within the C types they become
+--      (engine/sampler.h), and Server:bind must take it into a slot (it
+--      creates the job's sampler and detokenizer); Server:release frees
+--      them. A request that passes validation but cannot be bound would fail
+--      later, inside the server loop.
+
+local util = require("fuzz_util")
+local ffi = require("ffi")
+local json = require("cartridge.json")
+local server = require("cartridge.server")
+local model = require("cartridge.model")
+
+local m = model.load(util.model_path())
+local srv = server.new({ model = m, cartridges = {}, model_name = "m", parallel = 1, ctx = 256,
+    default_max_tokens = 16 })
+local n_vocab = m.n_vocab
+
+local function is_request_error(e)
+    if server.is_request_error then return server.is_request_error(e) end
+    return type(e) == "table" and type(e.status) == "number"
+end
+
+-- Whether v holds an infinite number (json.lua decodes numbers beyond the
+-- double range as +-inf, keeping their text; json.encode refuses them).
+local function has_infinity(v, depth)
+    if type(v) == "number" then return v == math.huge or v == -math.huge end
+    if type(v) ~= "table" or depth > 300 then return false end
+    for _, x in pairs(v) do
+        if has_infinity(x, depth + 1) then return true end
+    end
+    return false
+end
+
+local function check_json(body)
+    local ok, v = pcall(json.decode, body)
+    if not ok then
+        util.expect_rejection(v, { "json: " }, "json.decode")
+        return
+    end
+    if v == nil then util.finding("json.decode returned nil") end
+    local ok2, text = pcall(json.encode, v)
+    if not ok2 then
+        if has_infinity(v, 0) and type(text) == "string" and text:find("^json.encode: cannot encode %-?inf") then
+            return -- documented: infinities decode but do not encode
+        end
+        util.finding("json.encode of a decoded value failed: %s", util.describe(text))
+    end
+    local ok3, again = pcall(json.decode, text)
+    if not ok3 then util.finding("json.decode of json.encode's output %q failed: %s", text, tostring(again)) end
+    if not util.same(v, again) then util.finding("json round trip changed the value: %s", text) end
+    local text2 = json.encode(again)
+    if text2 ~= text then util.finding("json encoding is not stable: %s then %s", text, text2) end
+end
+
+local function is_integer(v, lo, hi)
+    return type(v) == "number" and v == math.floor(v) and v >= lo and v < hi
+end
+
+-- The options of an accepted job fit the C types they become (sampler.h).
+local function check_options(o)
+    if not is_integer(o.max_tokens, 1, srv.max_tokens_limit + 1) then
+        util.finding("accepted max_tokens %s", tostring(o.max_tokens))
+    end
+    if not is_integer(o.top_k, 0, 2 ^ 31) then util.finding("accepted top_k %s", tostring(o.top_k)) end
+    if not is_integer(o.seed, -2 ^ 63, 2 ^ 64) then
+        util.known_finding("seed-range", "accepted seed %.17g, outside [-2^63, 2^64): the sampler gets %s", o.seed,
+            tostring(ffi.cast("uint64_t", o.seed >= 0 and o.seed or 0)))
+    end
+    for _, f in ipairs({ { "temperature", 0, 2 }, { "top_p", 1e-6, 1 }, { "min_p", 0, 1 } }) do
+        local v = o[f[1]]
+        if type(v) ~= "number" or not (v >= f[2] and v <= f[3]) then
+            util.finding("accepted %s %s", f[1], tostring(v))
+        end
+    end
+end
+
+local function check_job(job, path)
+    local kind = path == "/v1/chat/completions" and "chat" or "text"
+    if job.kind ~= kind then util.finding("a %s request made a %s job", kind, tostring(job.kind)) end
+    if #job.prompt < 1 or #job.prompt + job.opts.max_tokens > srv.ctx then
+        util.finding("job of %d prompt + %d completion tokens in a context of %d", #job.prompt,
+            job.opts.max_tokens, srv.ctx)
+    end
+    for i, id in ipairs(job.prompt) do
+        if type(id) ~= "number" or id < 0 or id >= n_vocab then
+            util.finding("prompt[%d] = %s is not a token id", i, tostring(id))
+        end
+    end
+    check_options(job.opts)
+    -- what the server loop does next: a slot, the sampler, the detokenizer
+    local slot = srv.slots[1]
+    local ok, err = pcall(srv.bind, srv, job, slot)
+    if not ok then util.finding("Server:bind failed on a job make_job accepted: %s", util.describe(err)) end
+    srv:release(job)
+    slot.cart, slot.tokens, slot.loaded, slot.last_used = nil, {}, nil, 0 -- nothing carries over
+end
+
+return function(data)
+    if #data == 0 then return end
+    local path = data:byte(1) % 2 == 1 and "/v1/completions" or "/v1/chat/completions"
+    local body = data:sub(2)
+    check_json(body)
+    local req = { path = path, method = "POST", body = body, header = function() return nil end }
+    local ok, job = pcall(srv.make_job, srv, 1, req)
+    if ok then
+        check_job(job, path)
+    elseif type(job) == "table" and is_request_error(job) then
+        if not (type(job.status) == "number" and job.status >= 400 and job.status <= 499) then
+            util.finding("make_job rejected with status %s: %s", tostring(job.status), tostring(job.message))
+        end
+        if type(job.message) ~= "string" or job.message == "" then
+            util.finding("make_job rejected with status %d and no message", job.status)
+        end
+    else
+        util.finding("make_job raised %s", util.describe(job))
+    end
+end

@@ -1,0 +1,398 @@
+-- make_seeds.lua: writes the seed corpora of the fuzz targets into
+-- tests/fuzz/corpus/<target>/ (or the directory given as the first argument).
+--
+--   build/cartridge run tests/fuzz/make_seeds.lua
+--
+-- Every seed is generated here, deterministically, so the committed binary
+-- seeds can be reproduced and reviewed: small GGUF and safetensors files
+-- written by the engine's own writers, cartridges saved with Cart:save
+-- against the fuzz model (fuzz_util.model_path(), so their fingerprint
+-- matches what fuzz_cartridge loads), and the byte layouts that the other
+-- targets document in their headers. Nothing is copied from a model file.
+
+local core = require("cartridge.core")
+package.path = core.root .. "/tests/fuzz/?.lua;" .. core.root .. "/tests/lua/?.lua;" .. package.path
+
+local util = require("fuzz_util")
+local helper = require("helper") -- the specs' file and temporary-directory helpers
+local gguf = require("cartridge.gguf")
+local safetensors = require("cartridge.safetensors")
+local cart = require("cartridge.cart")
+local model = require("cartridge.model")
+local json = require("cartridge.json")
+local ffi = core.ffi
+
+local out_root = arg and arg[1] or (core.root .. "/tests/fuzz/corpus")
+local written = {}
+
+local function put(target, name, bytes)
+    local dir = out_root .. "/" .. target
+    if not written[target] then
+        os.execute("rm -rf " .. helper.q(dir) .. " && mkdir -p " .. helper.q(dir)) -- the whole set anew
+        written[target] = 0
+    end
+    helper.write_file(dir .. "/" .. name, bytes)
+    written[target] = written[target] + 1
+end
+
+local slurp = helper.read_file
+local tmp = helper.tmpdir()
+local function scratch(name) return tmp .. "/" .. name end
+
+-- Little-endian integers.
+local function u32(n)
+    return string.char(n % 256, math.floor(n / 256) % 256, math.floor(n / 65536) % 256, math.floor(n / 16777216) % 256)
+end
+local function u64(n) return u32(n % 4294967296) .. u32(math.floor(n / 4294967296)) end
+
+-- ---------------------------------------------------------------------------
+-- GGUF: metadata of every type, tensors of several dtypes, tokenizers of both
+-- kinds, alignment and version variants.
+
+local function floats(n, f)
+    local buf = ffi.new("float[?]", n)
+    for i = 0, n - 1 do buf[i] = f(i) end
+    return buf
+end
+
+local function gguf_seed(name, build)
+    local w = gguf.writer()
+    local keep = build(w) -- buffers the tensors borrow until written
+    local path = scratch(name)
+    w:write(path)
+    local bytes = slurp(path)
+    put("fuzz_gguf", name, bytes)
+    return bytes, keep
+end
+
+gguf_seed("meta_types.gguf", function(w)
+    w:set("general.architecture", "llama")
+    w:set("general.name", "seed")
+    for _, v in ipairs({ { "uint8", 200 }, { "int8", -5 }, { "uint16", 65535 }, { "int16", -300 },
+        { "uint32", 4000000000 }, { "int32", -70000 }, { "float32", 1.5 }, { "bool", true }, { "uint64", 2 ^ 40 },
+        { "int64", -2 ^ 40 }, { "float64", -0.25 } }) do
+        w:set("a." .. v[1], v[2], v[1])
+    end
+    w:set("a.empty", "", "string")
+    w:set("a.arr_u8", { 1, 2, 3 }, "array", "uint8")
+    w:set("a.arr_f32", { 0.5, -1 }, "array", "float32")
+    w:set("a.arr_bool", { true, false }, "array", "bool")
+    w:set("a.arr_f64", { 1e300 }, "array", "float64")
+    w:set("a.arr_str", { "x", "", "\xe2\x96\x81y" }, "array", "string")
+    w:set("a.arr_empty", {}, "array", "int32")
+    w:set("a.nested", { { 1, 2 }, { 3 }, {} }, "array", "array")
+    w:set("a.deep", { { { { 7 } } } }, "array", "array")
+end)
+
+local tensor_data = {}
+gguf_seed("tensors.gguf", function(w)
+    w:set("general.architecture", "llama")
+    local f32 = floats(8, function(i) return i - 3.5 end)
+    local f16 = ffi.new("uint16_t[16]")
+    for i = 0, 15 do f16[i] = core.C.cart_f32_to_f16(i / 4) end
+    local q8 = ffi.new("uint8_t[34]") -- one q8_0 block: f16 scale + 32 int8
+    q8[1] = 0x3c
+    for i = 2, 33 do q8[i] = (i * 7) % 256 end
+    local q4 = ffi.new("uint8_t[18]") -- one q4_0 block
+    q4[1] = 0x3c
+    for i = 2, 17 do q4[i] = (i * 37) % 256 end
+    local q4k = ffi.new("uint8_t[144]") -- one q4_K super-block
+    for i = 0, 143 do q4k[i] = (i * 13 + 5) % 256 end
+    local i32 = ffi.new("int32_t[4]", { 1, -1, 2147483647, -2147483648 })
+    tensor_data = { f32, f16, q8, q4, q4k, i32 }
+    w:add_tensor("vec.f32", "f32", { 8 }, f32)
+    w:add_tensor("mat.f16", "f16", { 2, 8 }, f16)
+    w:add_tensor("blk.q8_0", "q8_0", { 32 }, q8)
+    w:add_tensor("blk.q4_0", "q4_0", { 1, 32 }, q4)
+    w:add_tensor("blk.q4_K", "q4_K", { 256 }, q4k)
+    w:add_tensor("ints.i32", "i32", { 2, 2 }, i32)
+    return tensor_data
+end)
+
+-- A GPT-2 byte-level BPE vocabulary: the 256 byte symbols of the fuzz model's
+-- built-in tokenizer (lua/cartridge/randmodel.lua), a few merges, specials.
+local byte_symbols = {}
+do
+    local g = gguf.open(util.model_path())
+    local tokens = g:get("tokenizer.ggml.tokens")
+    for i = 1, 256 do byte_symbols[i] = tokens[i] end
+    g:close()
+end
+
+local function bpe_vocab(w, pre)
+    local tokens, types = {}, {}
+    for i = 1, 256 do tokens[i], types[i] = byte_symbols[i], 1 end
+    local space = byte_symbols[32 + 1] -- the symbol of byte ' '
+    local merges = { "h e", "l l", "he ll", "hell o", space .. " w", "o r", "1 2" }
+    for _, t in ipairs({ "he", "ll", "hell", "hello", space .. "w", "or", "12" }) do
+        tokens[#tokens + 1] = t
+        types[#types + 1] = 1
+    end
+    for _, s in ipairs({ { "<|endoftext|>", 3 }, { "<|im_start|>", 3 }, { "<|im_end|>", 3 }, { "<think>", 4 },
+        { "</s>", 1 } }) do
+        tokens[#tokens + 1] = s[1]
+        types[#types + 1] = s[2]
+    end
+    w:set("tokenizer.ggml.model", "gpt2")
+    w:set("tokenizer.ggml.pre", pre)
+    w:set("tokenizer.ggml.tokens", tokens, "array", "string")
+    w:set("tokenizer.ggml.token_type", types, "array", "int32")
+    w:set("tokenizer.ggml.merges", merges, "array", "string")
+    w:set("tokenizer.ggml.bos_token_id", #tokens - 5, "uint32")
+    w:set("tokenizer.ggml.eos_token_id", #tokens - 3, "uint32")
+    w:set("tokenizer.ggml.add_bos_token", pre == "llama-bpe")
+    w:set("tokenizer.chat_template", "<|im_start|>")
+    return tokens
+end
+
+gguf_seed("tok_qwen2.gguf", function(w) bpe_vocab(w, "qwen2") end)
+gguf_seed("tok_llama3.gguf", function(w) bpe_vocab(w, "llama-bpe") end)
+gguf_seed("tok_gpt2.gguf", function(w) bpe_vocab(w, "gpt-2") end)
+
+-- A SentencePiece vocabulary with byte fallback.
+gguf_seed("tok_spm.gguf", function(w)
+    local tokens = { "<unk>", "<s>", "</s>" }
+    local types = { 2, 3, 3 }
+    local scores = { 0, 0, 0 }
+    for b = 0, 255 do
+        tokens[#tokens + 1] = ("<0x%02X>"):format(b)
+        types[#types + 1] = 6
+        scores[#scores + 1] = 0
+    end
+    for i, t in ipairs({ "\xe2\x96\x81", "\xe2\x96\x81a", "\xe2\x96\x81the", "he", "ll", "o", "\xe2\x96\x81\xe2\x96\x81",
+        "lo", "\xe2\x96\x81h", "e" }) do
+        tokens[#tokens + 1] = t
+        types[#types + 1] = 1
+        scores[#scores + 1] = -i
+    end
+    tokens[#tokens + 1] = "<user>"
+    types[#types + 1] = 4
+    scores[#scores + 1] = 0
+    w:set("general.alignment", 64, "uint32")
+    w:set("tokenizer.ggml.model", "llama")
+    w:set("tokenizer.ggml.tokens", tokens, "array", "string")
+    w:set("tokenizer.ggml.token_type", types, "array", "int32")
+    w:set("tokenizer.ggml.scores", scores, "array", "float32")
+    w:set("tokenizer.ggml.add_space_prefix", true)
+    w:set("tokenizer.ggml.bos_token_id", 1, "uint32")
+    w:set("tokenizer.ggml.eos_token_id", 2, "uint32")
+    w:set("tokenizer.ggml.unknown_token_id", 0, "uint32")
+end)
+
+-- The same layout as version 2 (which differs from 3 only in its number).
+do
+    local bytes = slurp(scratch("tensors.gguf"))
+    put("fuzz_gguf", "tensors_v2.gguf", bytes:sub(1, 4) .. u32(2) .. bytes:sub(9))
+    put("fuzz_gguf", "empty.gguf", "GGUF" .. u32(3) .. u64(0) .. u64(0))
+end
+
+-- ---------------------------------------------------------------------------
+-- safetensors: every dtype, scalars, empty tensors, metadata, a hand-written
+-- header with escapes and whitespace.
+
+local function st_seed(name, tensors, meta)
+    local path = scratch(name)
+    safetensors.write(path, tensors, meta)
+    local bytes = slurp(path)
+    put("fuzz_safetensors", name, bytes)
+    return bytes
+end
+
+do
+    local bytes = ffi.new("uint8_t[64]")
+    for i = 0, 63 do bytes[i] = (i * 29 + 3) % 256 end
+    st_seed("one_f32.safetensors", { { name = "w", dtype = "F32", shape = { 2, 3 }, data = bytes } })
+    local all = {}
+    for i, dt in ipairs({ "F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL" }) do
+        all[#all + 1] = { name = "t." .. dt:lower(), dtype = dt, shape = { 2 }, data = bytes }
+        if i == 1 then all[#all].shape = { 1, 2 } end
+    end
+    st_seed("all_dtypes.safetensors", all, { format = "pt", note = "seed \xc3\xa9" })
+    st_seed("scalar_empty.safetensors", {
+        { name = "scalar", dtype = "F32", shape = {}, data = bytes },
+        { name = "empty", dtype = "F16", shape = { 0, 4 }, data = bytes },
+        { name = "\xe6\x97\xa5\xe6\x9c\xac", dtype = "U8", shape = { 3 }, data = bytes },
+    })
+    local header = '{ "__metadata__" : { "k\\u00e9y" : "v\\n" },\n "a\\/b" : { "dtype" : "I32", "shape" : [ 2 ],'
+        .. ' "data_offsets" : [ 0 , 8 ] } }'
+    put("fuzz_safetensors", "handwritten.safetensors", u64(#header) .. header .. ("\1\0\0\0\255\255\255\127"))
+end
+
+-- ---------------------------------------------------------------------------
+-- Cartridges saved against the fuzz model, with and without the checksum
+-- Cart:save stores (a mutated tensor byte fails the checksum; the ones
+-- without it let mutations reach the structure checks).
+
+do
+    local m = model.load(util.model_path())
+    local function save(name, c, opts)
+        local path = scratch(name)
+        c:save(path, m, opts)
+        local bytes = slurp(path)
+        put("fuzz_cartridge", name, bytes)
+        return path
+    end
+    local c = cart.new(m, 3, 1)
+    c:init_random(1, 0.5)
+    save("p3_frozen1.safetensors", c, { training = { steps = 2, lr = 1e-3 }, draft_reference = { 5, 6, 7 } })
+    local c0 = cart.new(m, 2, 0)
+    c0:init_random(2, 0.5)
+    save("p2_frozen0.safetensors", c0)
+    -- no model geometry: loads only without a model
+    local g = cart.new_geometry(1, 2, 4, 2, 1)
+    g:init_random(3, 0.5)
+    save("other_geometry.safetensors", g)
+    -- without the checksum: the same tensors and metadata, written plainly
+    for _, name in ipairs({ "p3_frozen1.safetensors", "p2_frozen0.safetensors" }) do
+        local f = safetensors.open(scratch(name))
+        local tensors, meta = {}, {}
+        for _, t in ipairs(f:tensors()) do
+            tensors[#tensors + 1] = { name = t.name, dtype = t.dtype_name, shape = t.shape, data = t.data }
+        end
+        for k, v in pairs(f.metadata) do
+            if not k:find("checksum", 1, true) then meta[k] = v end
+        end
+        local path = scratch("plain_" .. name)
+        safetensors.write(path, tensors, meta)
+        f:close()
+        put("fuzz_cartridge", "plain_" .. name, slurp(path))
+    end
+    m:free()
+end
+
+-- ---------------------------------------------------------------------------
+-- Tokenizer texts. Byte 0: bit 0 the vocabulary (0 SentencePiece, 1 BPE),
+-- bit 1 PARSE_SPECIAL, bit 2 ADD_SPECIAL, bit 7 the short-buffer check.
+
+local TEXTS = {
+    "Hello world",
+    "Once upon a time, there was a little girl named Lily. She loved to play outside.",
+    "  two leading spaces and trailing  ",
+    "it's don't we'll I'M they've YOU'RE",
+    "12345 67 8.9 1e10 0x1F 3,141",
+    "tabs\tand\nnew\r\nlines\n\n\n",
+    "\xc3\xbcmlaut caf\xc3\xa9 na\xc3\xafve \xc3\x9f",
+    "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae\xe3\x83\x86\xe3\x82\xad\xe3\x82\xb9\xe3\x83\x88",
+    "emoji \xf0\x9f\x98\x80\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd and \xe2\x80\x8d joiners",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "<s> </s> <unk> <0x41>",
+    "<think>\nhm\n</think>\n\nok",
+    "\xe2\x96\x81under\xe2\x96\x81score",
+    "\xff\xfe bad \xc3 utf8 \xed\xa0\x80 \xc0\x80",
+    "nul\0byte",
+    ("abc"):rep(60),
+    "def f(x):\n    return x ** 2  # square\n",
+    "HeLLo WoRLD!!! ???... ,,,",
+    "",
+}
+for i, text in ipairs(TEXTS) do
+    for _, sel in ipairs({ 0, 1, 3, 4, 5 + 128 }) do
+        put("fuzz_tokenizer", ("text%02d_%d"):format(i, sel), string.char(sel) .. text)
+    end
+end
+
+-- ---------------------------------------------------------------------------
+-- HTTP: byte 0 cuts, close and (virtual) clock flags, bytes 1-2 the answer actions (3 bits per
+-- request), then the client's bytes.
+
+local function actions(...)
+    local v = 0
+    for i, a in ipairs({ ... }) do v = v + a * 8 ^ (i - 1) end
+    return string.char(v % 256, math.floor(v / 256) % 256)
+end
+
+local function body_request(method, path, body, extra)
+    return ("%s %s HTTP/1.1\r\nHost: localhost\r\n%sContent-Length: %d\r\n\r\n%s"):format(method, path, extra or "",
+        #body, body)
+end
+
+local HTTP = {
+    { "get", 0, actions(0), "GET /health HTTP/1.1\r\nHost: x\r\n\r\n" },
+    { "post_echo", 3, actions(1), body_request("POST", "/v1/chat/completions", '{"a":1}', "Content-Type: application/json\r\n") },
+    { "pipelined", 5, actions(0, 2, 3, 4, 1), "GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n"
+        .. body_request("POST", "/c?x=1&y", "abc") .. "GET /d HTTP/1.1\r\n\r\n" .. body_request("PUT", "/e", "") },
+    { "head", 2, actions(0, 3), "HEAD /x HTTP/1.1\r\n\r\nHEAD /y HTTP/1.1\r\n\r\n" },
+    { "http10_stream", 1, actions(3), "GET /s HTTP/1.0\r\n\r\n" },
+    { "http10_keep", 0, actions(0), "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" },
+    { "expect", 4, actions(1), "POST /up HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello" },
+    { "expect_bad", 0, actions(0), "POST /up HTTP/1.1\r\nExpect: 200-ok\r\nContent-Length: 1\r\n\r\nx" },
+    { "chunked", 0, actions(0), "POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" },
+    { "te_gzip", 0, actions(0), "POST /c HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n" },
+    { "too_big", 0, actions(0), "POST /big HTTP/1.1\r\nContent-Length: 99999\r\n\r\n" },
+    { "cl_conflict", 0, actions(0), "POST / HTTP/1.1\r\nContent-Length: 1\r\ncontent-length: 2\r\n\r\nab" },
+    { "http2", 0, actions(0), "GET / HTTP/2.0\r\n\r\n" },
+    { "bad_line", 0, actions(0), "GET/HTTP/1.1\r\n\r\n" },
+    { "fold", 0, actions(0), "GET / HTTP/1.1\r\nX-A: 1\r\n  continued\r\n\r\n" },
+    { "absolute", 1, actions(0, 0), "GET http://example.com/p?q HTTP/1.1\r\n\r\nOPTIONS * HTTP/1.1\r\n\r\n" },
+    { "bare_lf", 2, actions(7, 6), "GET /lf HTTP/1.1\nHost: a\n\nGET /big HTTP/1.1\n\n" },
+    { "close", 8 + 2, actions(0, 0), "GET / HTTP/1.1\r\nConnection: keep-alive, close\r\n\r\nGET /never HTTP/1.1\r\n\r\n" },
+    { "leading_crlf", 0, actions(2), "\r\n\r\nGET / HTTP/1.1\r\n\r\n" },
+    { "many_headers", 0, actions(0), "GET / HTTP/1.1\r\n" .. ("X-H: v\r\n"):rep(20) .. "\r\n" },
+    { "long_header", 0, actions(0), "GET / HTTP/1.1\r\nX-Long: " .. ("a"):rep(1100) .. "\r\n\r\n" },
+    { "ctl_in_value", 0, actions(0), "GET / HTTP/1.1\r\nX-A: a\1b\r\n\r\n" },
+    { "deferred", 0x10, actions(5, 0), "GET /wait HTTP/1.1\r\n\r\nGET /next HTTP/1.1\r\n\r\n" },
+    { "half_close", 0x10 + 1, actions(4), "GET /half HTTP/1.1\r\n\r\n" },
+    { "partial_head_wait", 0x20 + 2, actions(0), "GET /slow HTTP/1.1\r\nHost:" },
+    { "partial_body_wait", 0x40, actions(0), "POST /slow HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc" },
+    { "idle_wait", 0x60 + 8, actions(0), "GET /a HTTP/1.1\r\n\r\n" },
+    { "silent_wait", 0x20, actions(0), "" },
+    { "midway_timeout", 0x80 + 3, actions(1, 1), body_request("POST", "/m", "0123456789") .. "GET /after HTTP/1.1\r\n\r\n" },
+    { "bad_calls", 3, actions(7, 7), "GET /1 HTTP/1.1\r\n\r\nGET /2 HTTP/1.1\r\n\r\n" },
+    { "big", 0, actions(6, 6, 6), "GET /b1 HTTP/1.1\r\n\r\nGET /b2 HTTP/1.1\r\n\r\nGET /b3 HTTP/1.1\r\n\r\n" },
+    { "empty", 0, actions(0), "" },
+}
+for _, h in ipairs(HTTP) do put("fuzz_http", h[1], string.char(h[2]) .. h[3] .. h[4]) end
+
+-- ---------------------------------------------------------------------------
+-- Request bodies. Byte 0: bit 0 set for /v1/completions.
+
+local REQUESTS = {
+    { 0, { messages = { { role = "user", content = "Hello" } } } },
+    { 0, { model = "m", messages = { { role = "system", content = "Be terse." }, { role = "user", content = "Hi" },
+        { role = "assistant", content = "<think>x</think>Hey" }, { role = "developer", content = "More." },
+        { role = "user", content = { { type = "text", text = "a" }, { type = "text", text = "b" } } } },
+        max_tokens = 16, temperature = 0.7, top_p = 0.9, top_k = 40, min_p = 0.05, seed = 42, stop = { "\n", "END" },
+        stream = true, stream_options = { include_usage = true }, n = 1 } },
+    { 0, { messages = { { role = "user", content = "x" } }, max_completion_tokens = 3, stop = "." } },
+    { 0, { messages = { { role = "assistant", content = json.null }, { role = "user", content = "q" } } } },
+    { 0, { messages = { { role = "user", content = "<|im_start|>system\nhi<|im_end|>" } }, seed = -1 } },
+    { 1, { prompt = "Once upon a time", max_tokens = 8, temperature = 0 } },
+    { 1, { prompt = { "one" }, model = "m", seed = 18446744073709551615, top_k = 2147483647 } },
+    { 1, { prompt = "x", max_tokens = 300 } },
+    { 0, { messages = {} } },
+    { 0, { messages = { { role = "tool", content = "x" } } } },
+    { 1, { prompt = 5 } },
+    { 0, { model = "nope", messages = { { role = "user", content = "x" } } } },
+}
+for i, r in ipairs(REQUESTS) do put("fuzz_request", ("req%02d"):format(i), string.char(r[1]) .. json.encode(r[2])) end
+for i, text in ipairs({ '{"prompt":"a","max_tokens":1e309}', '{"prompt":"a","temperature":-0.0,"top_p":0}',
+    '{"prompt":"\\ud83d\\ude00 \\u0000","stop":[]}', '{"messages":[{"role":"user","content":"a"}],"seed":1e19}',
+    '[1,2]', '{"prompt":"a",}', ' {"prompt" : "a" , "stream" : false } ', '{"a":[[[[[[[[[[]]]]]]]]]]}' }) do
+    put("fuzz_request", ("raw%02d"):format(i), string.char(i % 2) .. text)
+end
+
+-- ---------------------------------------------------------------------------
+-- Chat templates. Byte 0: bits 0-1 template, bit 2 by name, bit 3 no
+-- generation prompt, bit 4 thinking, bit 5 no opts; then messages separated
+-- by \x1e, each a tag byte (0: role \x1f content) and its payload.
+
+local function messages(...)
+    local parts = {}
+    for _, m in ipairs({ ... }) do parts[#parts + 1] = "\0" .. m[1] .. "\x1f" .. m[2] end
+    return table.concat(parts, "\x1e")
+end
+local CONVO = messages({ "system", "You are terse." }, { "user", "What is a cartridge?" },
+    { "assistant", "<think>\nhmm\n</think>\n\nA KV prefix." }, { "user", "More <|im_end|> please" })
+for ctl = 0, 3 do put("fuzz_template", ("convo_%d"):format(ctl), string.char(ctl) .. CONVO) end
+put("fuzz_template", "by_name_thinking", string.char(4 + 16) .. CONVO)
+put("fuzz_template", "no_prompt_last_assistant", string.char(8 + 1) .. messages({ "user", "a" }, { "assistant", "b" }))
+put("fuzz_template", "last_assistant", string.char(0) .. messages({ "user", "a" }, { "assistant", "b" }))
+put("fuzz_template", "no_opts", string.char(32 + 2) .. messages({ "user", "" }))
+put("fuzz_template", "bad_kinds", string.char(1) .. "\4norole\x1e\5user\x1fx\x1e\6\x1e\7user\x1fy")
+put("fuzz_template", "empty", string.char(0))
+
+helper.rmdir(tmp)
+local names = {}
+for target, n in pairs(written) do names[#names + 1] = ("%s %d"):format(target, n) end
+table.sort(names)
+print("make_seeds: wrote " .. table.concat(names, ", ") .. " seeds under " .. out_root)
