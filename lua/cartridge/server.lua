@@ -78,14 +78,16 @@ local function int_text(v) return ("%.0f"):format(v) end
 local INT32_MAX = 2 ^ 31 - 1
 local INT64_MIN, UINT64_END = -2 ^ 63, 2 ^ 64
 
--- body[name] as an integer in [lo, hi] (default when absent or null). The
--- range check comes before any conversion, so nothing wraps.
-local function integer_field(body, name, lo, hi, default, why)
+-- body[name] as an integer in [lo, hi] (default when absent or null); with
+-- open_hi, in [lo, hi) -- for a bound such as 2^64 whose predecessor a
+-- double cannot hold. The range check comes before any conversion, so
+-- nothing wraps.
+local function integer_field(body, name, lo, hi, default, why, open_hi)
     local v = body[name]
     if v == nil or v == json.null then return default end
-    if type(v) ~= "number" or not (v >= lo and v <= hi) or v ~= math.floor(v) then
-        reject(400, ("%s must be an integer in [%s, %s]%s; got %s"):format(name, int_text(lo), int_text(hi), why or "",
-            shown(v, body, name)), name)
+    if type(v) ~= "number" or not (v >= lo and (v < hi or not open_hi and v == hi)) or v ~= math.floor(v) then
+        reject(400, ("%s must be an integer in [%s, %s%s%s; got %s"):format(name, int_text(lo), int_text(hi),
+            open_hi and ")" or "]", why or "", shown(v, body, name)), name)
     end
     return v
 end
@@ -214,7 +216,7 @@ function Server:common_options(body)
     o.top_k = integer_field(body, "top_k", 0, INT32_MAX, 0)
     o.min_p = number_field(body, "min_p", 0, 1, 0)
     -- a negative seed is taken as its two's complement, as a C cast would
-    o.seed = integer_field(body, "seed", INT64_MIN, UINT64_END - 1, 0)
+    o.seed = integer_field(body, "seed", INT64_MIN, UINT64_END, 0, nil, true)
     if body.n ~= nil and body.n ~= json.null and body.n ~= 1 then
         reject(400, ("only n = 1 is supported; got %s"):format(shown(body.n, body, "n")), "n")
     end

@@ -257,13 +257,16 @@ describe("serve.lua", function()
         local function int_in(lo, hi)
             return function(v) return v == json.null or type(v) == "number" and v >= lo and v <= hi and v == math.floor(v) end
         end
+        local function int_below(lo, hi) -- [lo, hi)
+            return function(v) return v == json.null or type(v) == "number" and v >= lo and v < hi and v == math.floor(v) end
+        end
         local function num_in(lo, hi)
             return function(v) return v == json.null or type(v) == "number" and v >= lo and v <= hi end
         end
         local fields = {
             max_tokens = int_in(1, 4096), max_completion_tokens = int_in(1, 4096),
             temperature = num_in(0, 2), top_p = num_in(0, 1), min_p = num_in(0, 1),
-            top_k = int_in(0, 2 ^ 31 - 1), seed = int_in(-2 ^ 63, 2 ^ 64 - 1),
+            top_k = int_in(0, 2 ^ 31 - 1), seed = int_below(-2 ^ 63, 2 ^ 64), -- 2^64 - 1 is 2^64 as a double
             n = function(v) return v == json.null or v == 1 end,
             stop = function(v) return v == json.null or type(v) == "string" or v == EMPTY end,
             stream = function(v) return v == json.null or v == true end,
@@ -324,6 +327,9 @@ describe("serve.lua", function()
         assert.truthy(resp:find("got 1e309", 1, true), resp)
         resp = expect("/v1/chat/completions", "{" .. msgs .. ',"top_k":2147483648}', 400, "top_k", "2^31")
         assert.truthy(resp:find("got 2147483648", 1, true), resp)
+        -- 18446744073709551615 (2^64 - 1) reads as 2^64 in a double: refused, not wrapped to 0
+        resp = expect("/v1/chat/completions", "{" .. msgs .. ',"seed":18446744073709551615}', 400, "seed", "2^64-1")
+        assert.truthy(resp:find("got 18446744073709551615", 1, true), resp)
         resp = expect("/v1/chat/completions", "{" .. msgs .. ',"stream_options":5}', 400, "stream_options", "5")
         assert.truthy(resp:find("got 5", 1, true), resp)
         expect("/v1/chat/completions", "{" .. msgs .. ',"stream":true,"stream_options":{"include_usage":1}}', 400,
