@@ -107,6 +107,31 @@ typedef struct cart_distill_targets {
 int cart_topk_targets(int32_t *ids, float *logprobs, int32_t *n_out, const float *logits,
                       int64_t n_vocab, int32_t k, float mass);
 
+/* A growable list of distillation targets held in C: a decode appends each
+ * scored row's entries as it goes, a packed step appends whole lists at an
+ * offset, and the trainer reads it as cart_distill_targets without a copy. */
+typedef struct cart_target_list cart_target_list;
+
+int cart_target_list_new(cart_target_list **out);
+void cart_target_list_free(cart_target_list *l);
+int64_t cart_target_list_count(const cart_target_list *l);
+/* Keeps the first n entries (n <= count). */
+int cart_target_list_truncate(cart_target_list *l, int64_t n);
+/* Appends the top-k entries of one row of logits (as cart_topk_targets), each
+ * at `position`. Writes the number appended to *n_out when n_out is not NULL. */
+int cart_target_list_append_topk(cart_target_list *l, int64_t position, const float *logits,
+                                 int64_t n_vocab, int32_t k, float mass, int32_t *n_out);
+/* Appends one entry. */
+int cart_target_list_push(cart_target_list *l, int64_t position, int32_t token, float logprob);
+/* Appends every entry of src (which may be l itself) with its position
+ * shifted by `offset`. */
+int cart_target_list_append(cart_target_list *l, const cart_target_list *src, int64_t offset);
+/* Entry i (0-based, below count): any output pointer may be NULL. */
+int cart_target_list_get(const cart_target_list *l, int64_t i, int64_t *position, int32_t *token,
+                         float *logprob);
+/* The list as the trainer reads it; valid until the list next changes. */
+void cart_target_list_view(const cart_target_list *l, cart_distill_targets *out);
+
 typedef struct cart_trainer_options {
     int32_t recompute; /* 1: keep only each layer's input; recompute the layer in the backward */
     int32_t reserved;  /* 0 */

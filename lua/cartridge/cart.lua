@@ -20,6 +20,7 @@
 local core = require("cartridge.core")
 local safetensors = require("cartridge.safetensors")
 local json = require("cartridge.json")
+local ids_mod = require("cartridge.ids")
 local ffi = core.ffi
 local C = core.C
 
@@ -65,9 +66,7 @@ function Cart:trainable_count() return tonumber(C.cart_cartridge_trainable_count
 -- Fills the rows with the model's own K/V of ids (#ids == p), computed
 -- through a cache of kv_dtype ("f32", the default, or "f16").
 function Cart:capture(m, ids, kv_dtype)
-    local n = #ids
-    local buf = ffi.new("int32_t[?]", math.max(n, 1))
-    for i = 1, n do buf[i - 1] = ids[i] end
+    local buf, n = ids_mod.view(ids)
     if kv_dtype and kv_dtype ~= "f16" and kv_dtype ~= "f32" then
         error("cart:capture: the cache dtype must be f16 or f32, not " .. tostring(kv_dtype), 0)
     end
@@ -98,7 +97,8 @@ function cart.fingerprint(m)
 end
 
 -- Saves the cartridge atomically. opts: training (a table, stored as JSON),
--- draft_reference (a Lua list of corpus token ids), extra_meta (string map).
+-- draft_reference (corpus token ids: a cartridge.ids sequence or a Lua list),
+-- extra_meta (string map).
 function Cart:save(path, m, opts)
     opts = opts or {}
     local tensors, keep = {}, {}
@@ -115,9 +115,9 @@ function Cart:save(path, m, opts)
         end
     end
     if opts.draft_reference and #opts.draft_reference > 0 then
-        local n = #opts.draft_reference
+        local src, n = ids_mod.view(opts.draft_reference)
         local ids = ffi.new("int64_t[?]", n)
-        for i = 1, n do ids[i - 1] = opts.draft_reference[i] end
+        for i = 0, n - 1 do ids[i] = src[i] end
         keep[#keep + 1] = ids
         tensors[#tensors + 1] = { name = "draft_reference", dtype = "I64", shape = { n }, data = ids }
     end
@@ -141,8 +141,8 @@ end
 
 -- Loads a cartridge artifact. The geometry comes from the tensors; with a
 -- model m, a different geometry or model fingerprint is refused, naming both.
--- Returns the cartridge and a table { metadata, draft_reference (Lua list or
--- nil), training (decoded table or nil) }.
+-- Returns the cartridge and a table { metadata, draft_reference (a
+-- cartridge.ids sequence or nil), training (decoded table or nil) }.
 function cart.load(path, m)
     require("cartridge.fs").sweep_temps(path)
     local f = safetensors.open(path)
@@ -176,9 +176,15 @@ function cart.load(path, m)
             if t.dtype_name ~= "I64" or #t.shape ~= 1 or t.shape[1] < 1 then
                 fail("'draft_reference' must be a non-empty 1-D I64 tensor")
             end
-            draft = {}
             local p64 = ffi.cast("const int64_t *", t.data)
-            for i = 0, t.shape[1] - 1 do draft[i + 1] = tonumber(p64[i]) end
+            draft = ids_mod.new(t.shape[1])
+            for i = 0, t.shape[1] - 1 do
+                local id = p64[i]
+                if id < 0 or id > 0x7fffffff then
+                    fail(("'draft_reference' entry %d is %s, not a token id"):format(i, tostring(id):gsub("LL$", "")))
+                end
+                draft:push(id)
+            end
         else
             local want = expected[t.name]
             if not want then fail("unexpected tensor '" .. t.name .. "'") end

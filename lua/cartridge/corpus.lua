@@ -2,7 +2,7 @@
 --
 --   local corpus = require("cartridge.corpus")
 --   local c = corpus.load({ "README.md", "docs/" }, tok)
---   c.text, c.ids (Lua list), c.n_tokens, c.files ({ path, start, bytes, tokens })
+--   c.text, c.ids (a cartridge.ids sequence), c.n_tokens, c.files ({ path, start, bytes, tokens })
 --   c.text_tokens                -- tokens of the documents' own text (no headers)
 --   c:file_of(token_index)      -- the path of the document a token belongs to
 --
@@ -18,6 +18,7 @@
 
 local core = require("cartridge.core")
 local fs = require("cartridge.fs")
+local ids_mod = require("cartridge.ids")
 local C = core.C
 
 local corpus = {}
@@ -90,11 +91,12 @@ function Corpus:add(path, text, tok)
     local header = "\n\n# Document: " .. path .. "\n\n"
     local block = header .. text
     self.parts[#self.parts + 1] = block
-    local ids = tok:encode(block, { special = true })
-    local own = math.max(0, #ids - #tok:encode(header, { special = true }))
-    self.files[#self.files + 1] = { path = path, start = #self.ids, bytes = #text, tokens = own }
+    local start = #self.ids
+    tok:encode_ids(block, { special = true }, self.ids)
+    local _, header_tokens = tok:encode_buffer(header, { special = true })
+    local own = math.max(0, #self.ids - start - header_tokens)
+    self.files[#self.files + 1] = { path = path, start = start, bytes = #text, tokens = own }
     self.text_tokens = self.text_tokens + own
-    for i = 1, #ids do self.ids[#self.ids + 1] = ids[i] end
 end
 
 -- Loads and tokenizes the corpus. paths: a list of files and directories.
@@ -105,7 +107,7 @@ function corpus.load(paths, tok)
         error("corpus: no documents found in " .. table.concat(paths, ", ") ..
             " (a directory contributes its top-level .md files)", 0)
     end
-    local self = setmetatable({ files = {}, ids = {}, parts = {}, text_tokens = 0 }, Corpus)
+    local self = setmetatable({ files = {}, ids = ids_mod.new(), parts = {}, text_tokens = 0 }, Corpus)
     local skipped = {}
     for _, path in ipairs(files) do
         local text = read_text(path)

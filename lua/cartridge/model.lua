@@ -14,6 +14,7 @@
 
 local core = require("cartridge.core")
 local gguf = require("cartridge.gguf")
+local ids_mod = require("cartridge.ids")
 local ffi = core.ffi
 local C = core.C
 
@@ -117,7 +118,8 @@ local function ensure(self, field, ctype, n)
     return self[field]
 end
 
--- Runs one stream's tokens (a Lua list of ids, or a cdata int32_t* with n).
+-- Runs one stream's tokens (a Lua list of ids, a cartridge.ids sequence, or a
+-- cdata int32_t* with n).
 -- logits: "last" (default), "all", "none", or a list of 0-based indices into
 -- the tokens. Returns a float* to [rows, n_vocab] logits (nil for "none").
 function Model:forward(kv, ids, logits, n)
@@ -133,7 +135,7 @@ function Model:forward_batch(kvs, ids, logits, counts)
     local total = 0
     local n_tokens = ensure(self, "_counts", "int64_t[?]", B)
     for b = 1, B do
-        local n = counts and counts[b] or #ids[b]
+        local n = counts and counts[b] or #ids[b] -- # of a cartridge.ids sequence is its length
         n_tokens[b - 1] = n
         total = total + n
     end
@@ -141,7 +143,9 @@ function Model:forward_batch(kvs, ids, logits, counts)
     local at = 0
     for b = 1, B do
         local list, n = ids[b], tonumber(n_tokens[b - 1])
-        if type(list) == "cdata" then
+        if ids_mod.is(list) then
+            ffi.copy(tokens + at, list.data, n * 4)
+        elseif type(list) == "cdata" then
             ffi.copy(tokens + at, list, n * 4)
         else
             for i = 1, n do tokens[at + i - 1] = list[i] end

@@ -22,6 +22,7 @@ local core = require("cartridge.core")
 local chat = require("cartridge.chat")
 local trainer_mod = require("cartridge.trainer")
 local sampler_mod = require("cartridge.sampler")
+local ids_mod = require("cartridge.ids")
 local ffi = core.ffi
 local C = core.C
 
@@ -34,17 +35,30 @@ function selfstudy.system_text(body)
         .. body .. "\n</info>"
 end
 
--- The whole system block in a template: opener, message, turn close. A base
--- model without a chat template (the plain template) gets the text alone: an
--- instruction wrapper would only be text it never saw in training.
-function selfstudy.system_block(template, body)
-    if template.name == "plain" then return body .. template.close end
-    return template.system_open .. selfstudy.system_text(body) .. template.close
+-- The text before and after the body in a template's system block: opener,
+-- message, turn close. A base model without a chat template (the plain
+-- template) gets the body alone: an instruction wrapper would only be text it
+-- never saw in training.
+function selfstudy.system_parts(template)
+    if template.name == "plain" then return "", template.close end
+    local head, tail = selfstudy.system_text("\0"):match("^(.*)%z(.*)$")
+    return template.system_open .. head, tail .. template.close
 end
 
--- The chunk body: a provenance line, a blank line, the decoded chunk.
+-- The whole system block of a body, as text.
+function selfstudy.system_block(template, body)
+    local head, tail = selfstudy.system_parts(template)
+    return head .. body .. tail
+end
+
+-- The line a chunk's body follows: its provenance, then a blank line.
+function selfstudy.chunk_header(path)
+    return ("The text below is an excerpt from %s, one document of a larger collection.\n\n"):format(path)
+end
+
+-- The chunk body as text: the provenance line, a blank line, the chunk.
 function selfstudy.chunk_text(path, body)
-    return ("The text below is an excerpt from %s, one document of a larger collection.\n\n%s"):format(path, body)
+    return selfstudy.chunk_header(path) .. body
 end
 
 -- The seven seed instructions: they fix the FORM of bot A's message, never
@@ -84,22 +98,20 @@ function selfstudy.clean(text)
     return (text:gsub("^%s+", ""):gsub("%s+$", ""))
 end
 
--- The token ids a cartridge is initialized from: the whole corpus as a system
--- message; when longer than p, its first p - #close tokens and the closing
--- tokens of the turn, so the cartridge is exactly p rows.
+-- The token ids a cartridge is initialized from (a cartridge.ids sequence):
+-- the whole corpus as a system message; when longer than p, its first
+-- p - #close tokens and the closing tokens of the turn, so the cartridge is
+-- exactly p rows.
 function selfstudy.init_ids(tok, template, corpus_text, p)
-    local close = tok:encode(template.close, { special = true })
+    local close = tok:encode_ids(template.close, { special = true })
     if p < #close + 8 then
         error(("CartridgeTooSmall: p = %d leaves no room for the corpus: the turn close alone is %d tokens; "
             .. "use --p %d or more"):format(p, #close, #close + 8), 0)
     end
-    local ids = tok:encode(selfstudy.system_block(template, corpus_text),
-        { special = true, add_special = true })
+    local ids = tok:encode_ids(selfstudy.system_block(template, corpus_text), { special = true, add_special = true })
     if #ids <= p then return ids end
-    local out = {}
-    for i = 1, p - #close do out[i] = ids[i] end
-    for i = 1, #close do out[#out + 1] = close[i] end
-    return out
+    ids:truncate(p - #close)
+    return ids:extend(close)
 end
 
 -- A Lua-side view of a seeded cart_rng.
@@ -115,17 +127,9 @@ function Rng:int(lo, hi) return lo + tonumber(C.cart_rng_below(self.r, hi - lo +
 function Rng:below(n) return tonumber(C.cart_rng_below(self.r, n)) end
 function Rng:u64() return C.cart_rng_next(self.r) end
 
-local function copy_list(t, i, j)
-    local out = {}
-    for k = i, j do out[#out + 1] = t[k] end
-    return out
-end
-
+-- A new sequence: a followed by b.
 local function concat(a, b)
-    local out = {}
-    for i = 1, #a do out[i] = a[i] end
-    for i = 1, #b do out[#out + 1] = b[i] end
-    return out
+    return ids_mod.from(a):extend(b)
 end
 
 -- The synthesizer: holds the model, tokenizer, corpus and settings.
@@ -140,7 +144,29 @@ function selfstudy.synthesizer(m, tok, corpus, opts)
     self.stop_id = self.template.stop and tok:find(self.template.stop) or nil
     self.stats = { empty_questions = 0, stopped = 0, conversations = 0,
         time = { a = 0, b = 0, teacher = 0 } }
+    -- the constant pieces of every prompt, encoded once: the system block
+    -- around a chunk, and bot A's turn for each seed instruction
+    local T = self.template
+    local head, tail = selfstudy.system_parts(T)
+    self.sys_head, self.sys_tail = head, tok:encode_ids(tail, { special = true })
+    if tok.adds_eos and tok.eos then self.sys_tail:push(tok.eos) end
+    self.bos = tok.adds_bos and tok.bos or nil
+    self.a_turns = {}
+    for i, seed in ipairs(selfstudy.SEEDS) do
+        self.a_turns[i] = tok:encode_ids(T.user_open .. seed.text .. T.close .. T.opener(false), { special = true })
+    end
     return self
+end
+
+-- A chunk's system block as ids: the encoded head with the chunk's provenance
+-- line, the corpus's own ids of the chunk (never decoded and encoded again),
+-- the encoded tail. BOS and EOS as the model adds them to a text.
+function Synth:chunk_block(c)
+    local out = ids_mod.new(c.chunk_len + 96)
+    if self.bos then out:push(self.bos) end
+    self.tok:encode_ids(self.sys_head .. selfstudy.chunk_header(c.path), { special = true }, out)
+    out:extend(self.corpus.ids.data + c.chunk_start, c.chunk_len)
+    return out:extend(self.sys_tail)
 end
 
 -- The random draws of one conversation, in the order they are made: chunk
@@ -162,20 +188,20 @@ end
 
 -- Runs lockstep generation over streams. Each stream: { kv, ids (prompt
 -- continuation to prefill), sampler or nil (greedy), max, on_row(stream,
--- logits) optional }. Fills stream.out (generated ids, stop token excluded)
--- and stream.stopped.
+-- logits) optional }. Fills stream.out (a cartridge.ids sequence of the
+-- generated ids, stop token excluded) and stream.stopped.
 function Synth:generate(streams)
     local m, tok = self.m, self.tok
     local kvs, ids = {}, {}
     for i, s in ipairs(streams) do
         kvs[i], ids[i] = s.kv, s.ids
-        s.out, s.stopped = {}, false
+        s.out, s.stopped = ids_mod.new(s.max), false
     end
     local logits = m:forward_batch(kvs, ids, "last")
     local active = {}
     for i = 1, #streams do active[i] = i end
     while #active > 0 do
-        local next_kvs, next_ids, still = {}, {}, {}
+        local next_kvs, next_ids, counts, still = {}, {}, {}, {}
         for row, i in ipairs(active) do
             local s = streams[i]
             local l = logits + (row - 1) * m.n_vocab
@@ -185,17 +211,18 @@ function Synth:generate(streams)
                 s.stopped = true
             else
                 if s.sampler then s.sampler:accept(id) end
-                s.out[#s.out + 1] = id
+                s.out:push(id)
                 if #s.out < s.max then
                     still[#still + 1] = i
                     next_kvs[#next_kvs + 1] = s.kv
-                    next_ids[#next_ids + 1] = { id }
+                    -- the id just pushed, read in place by the next forward
+                    next_ids[#next_ids + 1], counts[#counts + 1] = s.out.data + (#s.out - 1), 1
                 end
             end
         end
         active = still
         if #active == 0 then break end
-        logits = m:forward_batch(next_kvs, next_ids, "last")
+        logits = m:forward_batch(next_kvs, next_ids, "last", counts)
     end
 end
 
@@ -203,25 +230,24 @@ local function now() return C.cart_now_seconds() end
 
 -- Synthesizes n conversations as one lockstep group. Returns a list of
 -- conversations: { question, seed_name, chunk_start, chunk_len, path,
--- student (ids), first_answer, answer_len, stopped, targets = { {pos, tok, lp}, ... } }.
+-- sys_ids, prefix, answer, student (cartridge.ids sequences), first_answer,
+-- answer_len, stopped, targets (a trainer.targets list held in C: entries
+-- { position in student, token, logprob }) }.
 function Synth:group(n)
     local o, tok, m, T = self.o, self.tok, self.m, self.template
     local convos = {}
     for i = 1, n do convos[i] = self:draw() end -- all draws before any generation
     local streams_a = {}
     for i, c in ipairs(convos) do
-        local body = decode(tok, copy_list(self.corpus.ids, c.chunk_start + 1, c.chunk_start + c.chunk_len))
         c.path = self.corpus:file_of(c.chunk_start)
         c.seed_name = selfstudy.SEEDS[c.seed].name
-        local system = selfstudy.system_block(T, selfstudy.chunk_text(c.path, body))
-        c.sys_ids = tok:encode(system, { special = true, add_special = true })
-        local a_rest = tok:encode(T.user_open .. selfstudy.SEEDS[c.seed].text .. T.close .. T.opener(false),
-            { special = true })
+        c.sys_ids = self:chunk_block(c)
+        local a_turn = self.a_turns[c.seed]
         -- room for bot A, and usually for bot B too (its turn is the question
         -- plus a few template tokens); B grows the cache when it is not
-        local cap = #c.sys_ids + math.max(#a_rest + o.max_q, o.max_q + 128 + o.max_a) + 16
+        local cap = #c.sys_ids + math.max(#a_turn + o.max_q, o.max_q + 128 + o.max_a) + 16
         c.kv = m:new_kv(cap, "f16")
-        streams_a[i] = { kv = c.kv, ids = concat(c.sys_ids, a_rest), max = o.max_q,
+        streams_a[i] = { kv = c.kv, ids = concat(c.sys_ids, a_turn), max = o.max_q,
             -- temperature 0.6 over the 256 most likely tokens (the reference's
             -- window; the rest of a 150k vocabulary carries no mass at 0.6, and
             -- sorting all of it per token would cost more than the forward)
@@ -242,16 +268,20 @@ function Synth:group(n)
         end
     end
     local t1 = now()
-    -- bot B: the answers, behind the same system block rows
+    -- bot B: the answers, behind the same system block rows; each scored row
+    -- appends its teacher entries to the conversation's C-side target list
     local streams_b = {}
     for i, c in ipairs(convos) do
         c.kv:truncate(#c.sys_ids)
-        c.prefix = tok:encode(T.user_open .. c.question .. T.close .. T.opener(false), { special = true })
-        local rows = {}
-        c.rows = rows
-        streams_b[i] = { kv = c.kv, ids = c.prefix, max = o.max_a, on_row = function(_, l)
-            rows[#rows + 1] = trainer_mod.topk(l, m.n_vocab, o.top_k, 0.99)
-        end }
+        c.prefix = tok:encode_ids(T.user_open .. c.question .. T.close .. T.opener(false), { special = true })
+        local targets = trainer_mod.targets()
+        c.targets = targets
+        streams_b[i] = { kv = c.kv, ids = c.prefix, max = o.max_a, rows = 0, last_start = 0,
+            on_row = function(st, l)
+                st.last_start = targets:count()
+                targets:append_topk(#st.ids + st.rows, l, m.n_vocab, o.top_k, 0.99)
+                st.rows = st.rows + 1
+            end }
         local need = #c.sys_ids + #c.prefix + o.max_a + 1
         if need > c.kv:capacity() then
             local kv = m:new_kv(need, "f16")
@@ -283,18 +313,15 @@ function Synth:group(n)
         c.stopped = s.stopped and self.stop_id ~= nil
         -- the stop token is supervised too, so the cartridge learns when to end
         c.student = concat(c.prefix, c.answer)
-        if c.stopped then c.student[#c.student + 1] = self.stop_id end
+        if c.stopped then c.student:push(self.stop_id) end
         c.first_answer = #c.prefix
         c.answer_len = #c.student - c.first_answer
-        c.targets = {}
-        for j = 0, c.answer_len - 1 do
-            for _, e in ipairs(c.rows[j + 1]) do
-                c.targets[#c.targets + 1] = { c.first_answer + j, e[1], e[2] }
-            end
-        end
+        -- an end-of-generation row the template names no stop token for is
+        -- scored but not supervised
+        if s.rows > c.answer_len then c.targets:truncate(s.last_start) end
         if c.stopped then self.stats.stopped = self.stats.stopped + 1 end
         c.kv:free()
-        c.kv, c.rows = nil, nil
+        c.kv = nil
     end
     if o.teacher_pass then self:teacher_pass(convos) end
     self.stats.time.a = self.stats.time.a + (t1 - t0)
@@ -318,23 +345,22 @@ function Synth:teacher_pass(convos)
     local logits = self.o.trainer:logits(nil, segments, rows)
     local r = 0
     for _, c in ipairs(convos) do
-        c.targets = {}
+        c.targets = trainer_mod.targets()
         for j = 0, c.answer_len - 1 do
-            for _, e in ipairs(trainer_mod.topk(logits + r * self.m.n_vocab, self.m.n_vocab, self.o.top_k, 0.99)) do
-                c.targets[#c.targets + 1] = { c.first_answer + j, e[1], e[2] }
-            end
+            c.targets:append_topk(c.first_answer + j, logits + r * self.m.n_vocab, self.m.n_vocab, self.o.top_k, 0.99)
             r = r + 1
         end
     end
     self.stats.time.teacher = self.stats.time.teacher + (now() - t0)
 end
 
--- Packs conversations into one training pass: segments and shifted targets.
+-- Packs conversations into one training pass: the segments and one target
+-- list with each conversation's entries shifted to its place in the pack.
 function selfstudy.pack(convos)
-    local segments, targets, base = {}, {}, 0
+    local segments, targets, base = {}, trainer_mod.targets(), 0
     for i, c in ipairs(convos) do
         segments[i] = c.student
-        for _, e in ipairs(c.targets) do targets[#targets + 1] = { base + e[1], e[2], e[3] } end
+        targets:append(c.targets, base)
         base = base + #c.student
     end
     return segments, targets
@@ -353,7 +379,7 @@ function selfstudy.train_step(tr, cart, convos, pack)
         return tr:distill(cart, segments, targets, { backward = true }), tokens
     end
     local total = 0
-    for _, c in ipairs(convos) do total = total + #c.targets end
+    for _, c in ipairs(convos) do total = total + c.targets:count() end
     local loss = 0
     for _, c in ipairs(convos) do
         loss = loss + tr:distill(cart, { c.student }, c.targets, { backward = true, mean = false, scale = 1 / total })

@@ -68,9 +68,7 @@ end
 -- icl_max tokens. Returns text, rows it will take, truncated (bool).
 function serve.icl_text(corpus, tok, icl_max)
     if corpus.n_tokens <= icl_max then return corpus.text, corpus.n_tokens, false end
-    local ids = {}
-    for i = 1, icl_max do ids[i] = corpus.ids[i] end
-    return tok:decode(ids, { special = true }), icl_max, true
+    return tok:decode(corpus.ids:sub(0, icl_max), { special = true }), icl_max, true
 end
 
 -- Prints the three answers one under the other: the cartridge's, the bare

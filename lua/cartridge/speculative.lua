@@ -21,6 +21,7 @@
 -- drafted tokens a pass has at most 9.
 
 local core = require("cartridge.core")
+local ids_mod = require("cartridge.ids")
 local ffi = core.ffi
 local C = core.C
 
@@ -34,14 +35,11 @@ speculative.PROBE_AFTER = 32
 local Drafter = {}
 Drafter.__index = Drafter
 
--- A drafter over a reference: a Lua list or an int32_t* with n.
+-- A drafter over a reference: a Lua list, a cartridge.ids sequence, or an
+-- int32_t* with n.
 function speculative.new(reference, n)
-    n = n or #reference
-    local buf = reference
-    if type(reference) == "table" then
-        buf = ffi.new("int32_t[?]", math.max(n, 1))
-        for i = 1, n do buf[i - 1] = reference[i] end
-    end
+    local buf
+    buf, n = ids_mod.view(reference, n)
     local t0 = C.cart_now_seconds()
     local self = setmetatable({
         sam = core.new("cart_sam", C.cart_sam_build, C.cart_sam_free, "speculative.new", buf, n),
@@ -67,9 +65,7 @@ function Drafter:stream(history)
 end
 
 function Drafter:observe(st, ids)
-    local n = #ids
-    local buf = ffi.new("int32_t[?]", math.max(n, 1))
-    for i = 1, n do buf[i - 1] = ids[i] end
+    local buf, n = ids_mod.view(ids)
     C.cart_sam_feed(self.sam, st.cursor, buf, n)
 end
 
@@ -144,7 +140,8 @@ end
 -- pass per step. streams: list of { kv, ids (the prompt continuation to
 -- prefill), max, drafter (each stream its own), on_row = function(stream,
 -- logits_row, id) (optional: called for every committed position, the stop
--- row included) }. Fills stream.out and stream.stopped. With several streams
+-- row included) }. Fills stream.out (a cartridge.ids sequence) and
+-- stream.stopped. With several streams
 -- a pass can exceed 16 tokens, where the matmul kernels differ from the
 -- one-token ones in the last bits: on a near-tie such a stream may pick
 -- another token than a plain batched decode would (a single stream never).
@@ -153,7 +150,7 @@ function speculative.decode_batch(m, streams)
     local kvs, prompts = {}, {}
     for i, st in ipairs(streams) do
         kvs[i], prompts[i] = st.kv, st.ids
-        st.out, st.stopped = {}, false
+        st.out, st.stopped = ids_mod.new(st.max), false
         st.state = st.drafter:stream(st.ids)
     end
     local logits = m:forward_batch(kvs, prompts, "last")
@@ -165,7 +162,8 @@ function speculative.decode_batch(m, streams)
         if tok:is_eog(id) then
             st.stopped = true
         elseif st.max > 0 then
-            st.out[1], st.carry = id, id
+            st.out:push(id)
+            st.carry = id
             st.state.emitted = 1
             st.drafter:observe(st.state, { id })
             if st.max > 1 then active[#active + 1] = st end
@@ -201,7 +199,7 @@ function speculative.decode_batch(m, streams)
             st.state.accepted = st.state.accepted + accepted
             st.drafter.stats.drafted = st.drafter.stats.drafted + #draft
             st.drafter.stats.accepted = st.drafter.stats.accepted + accepted
-            for _, id in ipairs(committed) do st.out[#st.out + 1] = id end
+            st.out:extend(committed)
             st.state.emitted = #st.out
             if #committed > 0 then st.drafter:observe(st.state, committed) end
             if stop then st.stopped = true end

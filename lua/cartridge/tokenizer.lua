@@ -4,6 +4,7 @@
 --   local tokenizer = require("cartridge.tokenizer")
 --   local tok = tokenizer.load("model.gguf")    -- or a gguf File (gguf.open, model.file)
 --   local ids = tok:encode("Hello", { special = true, add_special = true })
+--   local seq = tok:encode_ids("Hello", opts, seq)  -- onto a cartridge.ids sequence
 --   tok:decode(ids, { special = true })          -- the text back
 --   tok:piece(ids[1], true)                       -- one token's bytes
 --   tok:find("<|im_end|>")                        -- 151645 (nil when no token has that text)
@@ -19,6 +20,7 @@
 --           remove_special = drop a leading BOS / trailing EOS the model adds (false)
 
 local core = require("cartridge.core")
+local ids_mod = require("cartridge.ids")
 local ffi = core.ffi
 local C = core.C
 
@@ -104,6 +106,27 @@ function Tokenizer:encode_buffer(text, opts)
     return buf, n
 end
 
+-- Encodes text onto the end of a cartridge.ids sequence (a new one when
+-- `into` is nil); returns the sequence.
+function Tokenizer:encode_ids(text, opts, into)
+    local h = live(self, "tokenizer:encode")
+    if type(text) ~= "string" then
+        error("tokenizer:encode: expected a string, got " .. type(text), 0)
+    end
+    opts = opts or {}
+    into = into or ids_mod.new()
+    local flags = (opts.special and PARSE_SPECIAL or 0) + (opts.add_special and ADD_SPECIAL or 0)
+    local cap = #text + 16
+    core.check(C.cart_tokenizer_encode(h, text, #text, flags, into:tail(cap), cap, n_out), "tokenizer:encode")
+    local n = tonumber(n_out[0])
+    if n > cap then -- invalid bytes can take up to three tokens each
+        cap = n
+        core.check(C.cart_tokenizer_encode(h, text, #text, flags, into:tail(cap), cap, n_out), "tokenizer:encode")
+    end
+    into:grow(tonumber(n_out[0]))
+    return into
+end
+
 -- Encodes text into a Lua list of ids.
 function Tokenizer:encode(text, opts)
     local buf, n = self:encode_buffer(text, opts)
@@ -125,7 +148,8 @@ local function read_string(fill, guess, what)
     error(what .. ": the output kept growing", 0)
 end
 
--- The text of a list of ids (or an int32_t cdata array with its count n).
+-- The text of a list of ids (a Lua list, a cartridge.ids sequence, or an
+-- int32_t cdata array with its count n).
 function Tokenizer:decode(ids, opts, n)
     local h = live(self, "tokenizer:decode")
     opts = opts or {}
@@ -136,6 +160,8 @@ function Tokenizer:decode(ids, opts, n)
         n = #ids
         arr = ffi.new("int32_t[?]", math.max(n, 1))
         for i = 1, n do arr[i - 1] = ids[i] end
+    elseif ids_mod.is(ids) then
+        arr, n = ids_mod.view(ids)
     else
         arr = ids
         n = n or 0

@@ -5,15 +5,20 @@
 --   local t = trainer.new(m, { recompute = false })
 --   local loss = t:distill(c, segments, targets, { backward = true })
 --   local logits = t:logits(nil, segments, rows)       -- the packed teacher pass (no prefix)
+--   local tg = trainer.targets()                       -- targets held in C
+--   tg:append_topk(pos, logits, m.n_vocab, 20, 0.99)  -- one row's teacher entries at pos
 --
--- segments: a list of token-id lists packed into one pass (each at positions
--- p, p+1, ... behind the cartridge, seeing the prefix and itself only).
--- targets: a list of { position, token, logprob } where position is the index
--- of the predicted token in the concatenation of the segments (0-based).
+-- segments: a list of token-id sequences (cartridge.ids or Lua lists) packed
+-- into one pass (each at positions p, p+1, ... behind the cartridge, seeing
+-- the prefix and itself only).
+-- targets: a trainer.targets() list held in C, or a Lua list of { position,
+-- token, logprob }; position is the index of the predicted token in the
+-- concatenation of the segments (0-based).
 -- distill options: mean (true: average over entries; false: sum), scale (1),
 -- backward (false). Gradients are added into the cartridge's buffers.
 
 local core = require("cartridge.core")
+local ids_mod = require("cartridge.ids")
 local ffi = core.ffi
 local C = core.C
 
@@ -37,6 +42,7 @@ function Trainer:peak_bytes()
     return tonumber(C.cart_trainer_peak_bytes(self.handle))
 end
 
+-- Segments (Lua lists or cartridge.ids sequences) into one int32 buffer.
 local function pack(segments)
     local n_seg, total = #segments, 0
     for _, s in ipairs(segments) do total = total + #s end
@@ -44,16 +50,72 @@ local function pack(segments)
     local lens = ffi.new("int64_t[?]", math.max(n_seg, 1))
     local at = 0
     for i, s in ipairs(segments) do
-        lens[i - 1] = #s
-        for j = 1, #s do tokens[at + j - 1] = s[j] end
-        at = at + #s
+        local ptr, n = ids_mod.view(s)
+        lens[i - 1] = n
+        if n > 0 then ffi.copy(tokens + at, ptr, n * 4) end
+        at = at + n
     end
     return tokens, total, lens, n_seg
 end
 trainer.pack = pack
 
--- Packs a targets list into C arrays.
+-- A list of distillation targets held in C (engine/train.h
+-- cart_target_list): the decode appends each scored row's top-k entries, a
+-- packed step appends whole lists at an offset, and distill reads it in place.
+local Targets = {}
+Targets.__index = Targets
+
+function trainer.targets()
+    return setmetatable({ handle = core.new("cart_target_list", C.cart_target_list_new, C.cart_target_list_free,
+        "trainer.targets") }, Targets)
+end
+
+function Targets:count() return tonumber(C.cart_target_list_count(self.handle)) end
+
+-- Appends one row's teacher entries (top-k, cut at `mass`) at `position`;
+-- returns how many.
+local got = ffi.new("int32_t[1]")
+function Targets:append_topk(position, logits, n_vocab, k, mass)
+    core.check(C.cart_target_list_append_topk(self.handle, position, logits, n_vocab, k, mass or 0.99, got),
+        "targets:append_topk")
+    return got[0]
+end
+
+function Targets:push(position, token, logprob)
+    core.check(C.cart_target_list_push(self.handle, position, token, logprob), "targets:push")
+end
+
+-- Appends every entry of another list, positions shifted by offset.
+function Targets:append(other, offset)
+    core.check(C.cart_target_list_append(self.handle, other.handle, offset or 0), "targets:append")
+end
+
+function Targets:truncate(n) core.check(C.cart_target_list_truncate(self.handle, n), "targets:truncate") end
+
+-- Entry i (0-based): position, token, logprob.
+local e_pos, e_tok, e_lp = ffi.new("int64_t[1]"), ffi.new("int32_t[1]"), ffi.new("float[1]")
+function Targets:get(i)
+    core.check(C.cart_target_list_get(self.handle, i, e_pos, e_tok, e_lp), "targets:get")
+    return tonumber(e_pos[0]), e_tok[0], e_lp[0]
+end
+
+-- The entries as a Lua list of { position, token, logprob }.
+function Targets:list()
+    local out = {}
+    for i = 0, self:count() - 1 do out[i + 1] = { self:get(i) } end
+    return out
+end
+
+function Targets:free() core.free(self, C.cart_target_list_free) end
+
+-- The cart_distill_targets view distill reads: a C list in place, or a Lua
+-- list of { position, token, logprob } packed into C arrays.
 function trainer.pack_targets(targets)
+    if getmetatable(targets) == Targets then
+        local tg = ffi.new("cart_distill_targets")
+        C.cart_target_list_view(targets.handle, tg)
+        return { tg = tg, keep = targets }
+    end
     local n = #targets
     local pos = ffi.new("int64_t[?]", math.max(n, 1))
     local tok = ffi.new("int32_t[?]", math.max(n, 1))

@@ -482,6 +482,52 @@ static void test_topk_targets_keep_entries_up_to_the_mass(void) {
     CHECK(n == 3 && ids[0] == 1 && ids[1] == 2 && ids[2] == 0); /* ties to the lower id */
 }
 
+static void test_target_lists_append_shift_and_view(void) {
+    float logits[6] = {logf(0.15f), logf(0.5f), -30.0f, logf(0.3f), logf(0.05f), -30.0f};
+    cart_target_list *a = NULL, *b = NULL;
+    CHECK_OK(cart_target_list_new(&a));
+    CHECK_OK(cart_target_list_new(&b));
+    int32_t got = -1;
+    CHECK_OK(cart_target_list_append_topk(a, 3, logits, 6, 6, 0.99f, &got));
+    CHECK(got == 4 && cart_target_list_count(a) == 4);
+    CHECK_OK(cart_target_list_append_topk(a, 4, logits, 6, 1, 0.99f, NULL));
+    CHECK(cart_target_list_count(a) == 5);
+    int64_t pos = 0;
+    int32_t tok = 0;
+    float lp = 0;
+    CHECK_OK(cart_target_list_get(a, 4, &pos, &tok, &lp));
+    CHECK(pos == 4 && tok == 1);
+    CHECK_NEAR("entry logprob", lp, log(0.5), 1e-6);
+    /* the same entries as cart_topk_targets writes */
+    int32_t ids[6], n = 0;
+    float lps[6];
+    CHECK_OK(cart_topk_targets(ids, lps, &n, logits, 6, 6, 0.99f));
+    for (int32_t i = 0; i < n; i++) {
+        CHECK_OK(cart_target_list_get(a, i, &pos, &tok, &lp));
+        CHECK(pos == 3 && tok == ids[i] && lp == lps[i]);
+    }
+    /* appending shifts positions; a list can append itself; growth past the first block */
+    CHECK_OK(cart_target_list_push(b, 0, 7, -0.25f));
+    CHECK_OK(cart_target_list_append(b, a, 10));
+    CHECK_OK(cart_target_list_append(b, b, 100));
+    CHECK(cart_target_list_count(b) == 12);
+    CHECK_OK(cart_target_list_get(b, 6, &pos, &tok, NULL));
+    CHECK(pos == 100 && tok == 7);
+    CHECK_OK(cart_target_list_get(b, 11, &pos, NULL, NULL));
+    CHECK(pos == 114);
+    for (int i = 0; i < 1000; i++) CHECK_OK(cart_target_list_push(b, i, i % 5, -1.0f));
+    cart_distill_targets view;
+    cart_target_list_view(b, &view);
+    CHECK(view.n == 1012 && view.position[1011] == 999 && view.token[1011] == 4);
+    CHECK_OK(cart_target_list_truncate(b, 6));
+    CHECK(cart_target_list_count(b) == 6);
+    CHECK_ERR(cart_target_list_truncate(b, 7), CART_E_ARG);
+    CHECK_ERR(cart_target_list_get(b, 6, NULL, NULL, NULL), CART_E_ARG);
+    CHECK_ERR(cart_target_list_append_topk(b, 0, logits, 6, 0, 0.99f, NULL), CART_E_ARG);
+    cart_target_list_free(a);
+    cart_target_list_free(b);
+}
+
 static void test_bad_targets_and_segments_are_refused(void) {
     problem pb;
     const int64_t lens[2] = {4, 4};
@@ -538,6 +584,7 @@ int main(void) {
     RUN(test_a_captured_cartridge_continues_like_the_full_sequence);
     RUN(test_adam_follows_torch_and_lowers_the_loss);
     RUN(test_topk_targets_keep_entries_up_to_the_mass);
+    RUN(test_target_lists_append_shift_and_view);
     RUN(test_bad_targets_and_segments_are_refused);
     remove(QWEN_PATH);
     remove(LLAMA_PATH);

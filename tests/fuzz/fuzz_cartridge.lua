@@ -32,8 +32,13 @@ local function check_loaded(c, info, with_model)
         util.finding("cart.load returned no metadata table")
     end
     if info.draft_reference ~= nil then
-        for i, id in ipairs(info.draft_reference) do
-            if type(id) ~= "number" then util.finding("draft_reference[%d] is a %s", i, type(id)) end
+        local ids = require("cartridge.ids")
+        if not ids.is(info.draft_reference) then
+            util.finding("draft_reference is a %s, not a cartridge.ids sequence", type(info.draft_reference))
+        end
+        for i = 0, #info.draft_reference - 1 do
+            local id = info.draft_reference:get(i)
+            if id < 0 then util.finding("draft_reference[%d] is %d, not a token id", i, id) end
         end
     end
     if with_model then

@@ -1,0 +1,160 @@
+-- Token ids and distillation targets held in C: cartridge.ids sequences, the
+-- trainer's target lists, and self-study's data kept in them end to end.
+
+local cartridge = require("cartridge")
+local helper = require("helper")
+local ids = require("cartridge.ids")
+local trainer = require("cartridge.trainer")
+local selfstudy = require("cartridge.selfstudy")
+local chat = require("cartridge.chat")
+local ffi = cartridge.ffi
+
+local tmp, model_path
+setup(function()
+    tmp = helper.tmpdir()
+    model_path = tmp .. "/q.gguf"
+    require("cartridge.randmodel").write({ out = model_path, preset = "qwen3-tiny", dtype = "f32", quiet = true })
+end)
+teardown(function() helper.rmdir(tmp) end)
+
+describe("cartridge.ids", function()
+    it("pushes, extends, slices and truncates in C memory", function()
+        local s = ids.new()
+        assert.are.equal(0, #s)
+        for i = 1, 1000 do s:push(i * 3) end -- grows past its first blocks
+        assert.are.equal(1000, #s)
+        assert.are.equal(3, s:get(0))
+        assert.are.equal(3000, s:last())
+        assert.are.equal(30, s.data[9])
+        s:extend({ 7, 8 })
+        s:extend(ids.from({ 9 }))
+        s:extend(s.data, 2) -- its own first two ids, through a pointer
+        assert.are.same({ 2997, 3000, 7, 8, 9, 3, 6 }, s:sub(998, 7):list())
+        s:truncate(2)
+        assert.are.same({ 3, 6 }, s:list())
+        assert.is_true(ids.equal(s, { 3, 6 }))
+        assert.is_true(ids.equal(s, ids.from({ 3, 6 })))
+        assert.is_false(ids.equal(s, { 3, 6, 9 }))
+        assert.has_error(function() s:get(2) end, "ids:get(2) of a sequence of 2")
+        assert.has_error(function() s:sub(1, 2) end, "ids:sub(1, 2) of a sequence of 2")
+        assert.has_error(function() s:truncate(3) end, "ids:truncate(3) of a sequence of 2")
+        assert.has_error(function() ids.view("abc") end)
+        local ptr, n = ids.view({ 4, 5 })
+        assert.are.equal(2, n)
+        assert.are.equal(5, ptr[1])
+    end)
+
+    it("goes through the tokenizer, the forward pass and capture as a Lua list does", function()
+        local m = cartridge.model.load(model_path)
+        local tok = m:tokenizer()
+        local text = "Hello world, <|im_end|> and more text"
+        local list = tok:encode(text, { special = true, add_special = true })
+        local seq = tok:encode_ids(text, { special = true, add_special = true })
+        assert.is_true(ids.equal(seq, list))
+        -- appending onto a sequence continues it
+        local both = tok:encode_ids(" again", { special = true }, ids.from(seq))
+        assert.are.equal(#list + #tok:encode(" again", { special = true }), #both)
+        assert.are.equal(tok:decode(list, { special = true }), tok:decode(seq, { special = true }))
+        local function logits(x)
+            local kv = m:new_kv(64, "f32")
+            local out = ffi.new("float[?]", m.n_vocab)
+            ffi.copy(out, m:forward(kv, x), m.n_vocab * 4)
+            kv:free()
+            return out
+        end
+        local a, b = logits(list), logits(seq)
+        local worst = 0
+        for i = 0, m.n_vocab - 1 do worst = math.max(worst, math.abs(a[i] - b[i])) end
+        print(("  list vs ids forward: max |dlogit| %g (tolerance 0)"):format(worst))
+        assert.are.equal(0, worst)
+        local c1, c2 = cartridge.cart.new(m, #list, 1), cartridge.cart.new(m, #list, 1)
+        c1:capture(m, list)
+        c2:capture(m, seq)
+        assert.are.equal(0, ffi.C.memcmp(c1:rows(1, 0), c2:rows(1, 0), c1.p * c1.row * 4))
+        m:free()
+    end)
+end)
+
+describe("trainer target lists", function()
+    it("append a row's top-k, shift when packed, and feed distill like the Lua triples", function()
+        local m = cartridge.model.load(model_path)
+        local V = m.n_vocab
+        local logits = ffi.new("float[?]", V)
+        for i = 0, V - 1 do logits[i] = math.sin(i * 0.37) * 4 end
+        local tg = trainer.targets()
+        local got = tg:append_topk(2, logits, V, 5, 0.99)
+        assert.is_true(got >= 1 and got <= 5)
+        -- the same entries as trainer.topk gives
+        local want = trainer.topk(logits, V, 5, 0.99)
+        assert.are.equal(#want, tg:count())
+        for i, e in ipairs(want) do
+            local pos, id, lp = tg:get(i - 1)
+            assert.are.same({ 2, e[1], e[2] }, { pos, id, lp })
+        end
+        tg:push(3, 11, -0.75)
+        local packed = trainer.targets()
+        packed:append(tg, 0)
+        packed:append(tg, 6)
+        assert.are.equal(2 * tg:count(), packed:count())
+        local last = packed:list()[packed:count()]
+        assert.are.same({ 9, 11, -0.75 }, last)
+        -- distill reads the C list and the equivalent Lua triples the same
+        local c = cartridge.cart.new(m, 4, 1)
+        c:init_random(3, 0.5)
+        local tr = trainer.new(m)
+        local segs = { ids.from({ 5, 6, 7, 8, 9, 10 }), { 5, 6, 7, 8, 9, 10 } }
+        local from_c = tr:distill(c, segs, packed, { backward = false })
+        local from_lua = tr:distill(c, segs, packed:list(), { backward = false })
+        print(("  C list vs Lua triples: loss %.9f vs %.9f (tolerance 0)"):format(from_c, from_lua))
+        assert.are.equal(from_lua, from_c)
+        tg:truncate(1)
+        assert.are.equal(1, tg:count())
+        assert.has_error(function() tg:truncate(5) end)
+        tr:free()
+        m:free()
+    end)
+end)
+
+describe("self-study data", function()
+    it("keeps the chunk as the corpus's own ids and the targets in C, positioned on the answer", function()
+        local m = cartridge.model.load(model_path)
+        local tok = m:tokenizer()
+        local path = tmp .. "/doc.md"
+        local words = {}
+        for i = 1, 400 do words[i] = ("word%d"):format(i % 37) end
+        helper.write_file(path, table.concat(words, " ") .. "\n")
+        local corpus = require("cartridge.corpus").load({ path }, tok)
+        assert.is_true(ids.is(corpus.ids))
+        local synth = selfstudy.synthesizer(m, tok, corpus, { chunk_min = 32, chunk_max = 64, max_q = 6, max_a = 9,
+            top_k = 4, rng = selfstudy.rng(5), template = chat.for_model(m) })
+        local group = synth:group(2)
+        for _, c in ipairs(group) do
+            -- the system block holds the chunk's corpus ids verbatim
+            local chunk = corpus.ids:sub(c.chunk_start, c.chunk_len)
+            local found = false
+            for at = 0, #c.sys_ids - #chunk do
+                if ffi.C.memcmp(c.sys_ids.data + at, chunk.data, #chunk * 4) == 0 then found = true break end
+            end
+            assert.is_true(found, "the chunk's ids are in the system block")
+            assert.is_true(ids.is(c.student) and ids.is(c.prefix) and ids.is(c.answer))
+            assert.are.equal(#c.prefix + #c.answer + (c.stopped and 1 or 0), #c.student)
+            assert.are.equal(#c.prefix, c.first_answer)
+            -- every answer token has its entries, at its own position, in order
+            local n, prev = c.targets:count(), c.first_answer
+            assert.is_true(n >= c.answer_len)
+            local seen = {}
+            for i = 0, n - 1 do
+                local pos = c.targets:get(i)
+                assert.is_true(pos >= prev and pos < #c.student, "position in the answer, ascending")
+                seen[pos], prev = true, pos
+            end
+            for j = 0, c.answer_len - 1 do assert.is_true(seen[c.first_answer + j]) end
+        end
+        local segments, packed = selfstudy.pack(group)
+        assert.are.equal(group[1].targets:count() + group[2].targets:count(), packed:count())
+        local pos = packed:get(group[1].targets:count())
+        assert.are.equal(#group[1].student + group[2].targets:get(0), pos)
+        assert.are.equal(2, #segments)
+        m:free()
+    end)
+end)
