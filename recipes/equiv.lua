@@ -44,11 +44,8 @@ corpus:require_tokens(opts.p + 2, ("lower --p (at most %d for this corpus) or ad
 
 local p = opts.p
 local s = math.min(opts.suffix_max, corpus.n_tokens - p)
-local full = {}
-for i = 1, p + s do full[i] = corpus.ids[i] end
-local prefix, suffix = {}, {}
-for i = 1, p do prefix[i] = full[i] end
-for i = 1, s do suffix[i] = full[p + i] end
+local full = corpus.ids:sub(0, p + s)
+local prefix, suffix = full:sub(0, p), full:sub(p, s)
 local V = m.n_vocab
 local now = C.cart_now_seconds
 
