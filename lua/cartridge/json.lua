@@ -10,7 +10,7 @@
 -- decimal point; other numbers in the shortest of 15-17 digits that reads back exactly; nan/inf raise.
 --
 -- Decoding (RFC 8259): raises "json: <what> at byte N" on anything malformed,
--- including trailing garbage, invalid escapes, unpaired surrogates, depth
+-- including ill-formed UTF-8, trailing garbage, invalid escapes, unpaired surrogates, depth
 -- beyond 200 and duplicate keys are kept last-wins. null decodes to json.null
 -- (a unique value) so that arrays keep their length. json.kind(v) tells a
 -- decoded [] from {} ("array", "object", "string", "number", "boolean",
@@ -18,6 +18,13 @@
 -- (beyond 2^53 in magnitude, or so large it reads as infinity) keeps its
 -- source text, which json.number_text(container, key) returns, so that an
 -- error message can quote what the client sent.
+--
+-- Why not cJSON, which the engine links for safetensors headers: cJSON 1.7
+-- accepts what RFC 8259 forbids (01, 1., raw bytes that are not UTF-8) and
+-- keeps only a double of each number (1e400 reads as inf, 2^53 + 1 as 2^53),
+-- so a request parsed by it could not be refused, or quoted, as this parser
+-- does. tests/lua/json_spec.lua holds the cases; tests/fuzz/fuzz_request
+-- fuzzes it through the server's request path.
 
 local json = {}
 
@@ -234,10 +241,11 @@ local function decode_number(s, pos)
     return v, pos + #num, num
 end
 
+-- depth: the containers around this value; at most 200 may be open at once
 function decode_value(s, pos, depth)
-    if depth > 200 then fail("nesting deeper than 200", pos) end
     pos = skip_ws(s, pos)
     local c = s:sub(pos, pos)
+    if (c == "{" or c == "[") and depth >= 200 then fail("nesting deeper than 200", pos) end
     if c == "{" then
         local obj = json.object({})
         pos = skip_ws(s, pos + 1)
@@ -289,8 +297,14 @@ function decode_value(s, pos, depth)
     fail("unexpected character '" .. c .. "'", pos)
 end
 
+local utf8_invalid_offset
 function json.decode(s)
     if type(s) ~= "string" then error("json.decode: expected a string, got " .. type(s), 0) end
+    -- JSON text is UTF-8 (RFC 8259 section 8.1): refuse ill-formed bytes
+    -- anywhere, as strict parsers do, rather than pass them into strings
+    utf8_invalid_offset = utf8_invalid_offset or require("cartridge.core").C.cart_utf8_invalid_offset
+    local bad = tonumber(utf8_invalid_offset(s, #s))
+    if bad >= 0 then fail(("invalid UTF-8 (byte 0x%02x)"):format(s:byte(bad + 1)), bad + 1) end
     local value, pos = decode_value(s, 1, 0)
     pos = skip_ws(s, pos)
     if pos <= #s then fail("trailing characters", pos) end
