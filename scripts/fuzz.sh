@@ -23,7 +23,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-TARGETS="fuzz_gguf fuzz_safetensors fuzz_cartridge fuzz_tokenizer fuzz_http fuzz_request fuzz_template"
+TARGETS="fuzz_gguf fuzz_safetensors fuzz_cartridge fuzz_tokenizer fuzz_http fuzz_request fuzz_template fuzz_json"
 BUILD=build-fuzz
 
 usage() {

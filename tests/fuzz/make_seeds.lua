@@ -391,6 +391,14 @@ put("fuzz_template", "no_opts", string.char(32 + 2) .. messages({ "user", "" }))
 put("fuzz_template", "bad_kinds", string.char(1) .. "\4norole\x1e\5user\x1fx\x1e\6\x1e\7user\x1fy")
 put("fuzz_template", "empty", string.char(0))
 
+-- ---------------------------------------------------------------------------
+-- JSON texts: one of each form, and the edges the parser draws.
+for i, text in ipairs({ '{"a":[1,-2.5e-3,true,false,null],"b":{"":"x"}}', '"\\u00e9\\ud83d\\ude00\\n\\"\\\\\\/"',
+    "[9007199254740993,1e400,-0,0.1]", ' \t\r\n[ ]', "{}", ("["):rep(200) .. ("]"):rep(200), '{"a":1,"a":2}',
+    '"\xc3\xa9\xe2\x82\xac"', "01", '"\\ud800"', '{"a":1,}', '"\xff"' }) do
+    put("fuzz_json", ("doc%02d"):format(i), text)
+end
+
 helper.rmdir(tmp)
 local names = {}
 for target, n in pairs(written) do names[#names + 1] = ("%s %d"):format(target, n) end
