@@ -424,15 +424,34 @@ typedef struct pass {
     float *delta;       /* [T, H] dout . out per token and head */
 } pass;
 
+/* What both attention passes read of a layer: its head geometry and the
+ * cartridge's rows (NULL without a prefix). */
+typedef struct att_geom {
+    int32_t D, G, rep;  /* head_dim, KV heads, query heads per KV head */
+    int64_t KD, HD;     /* floats per token of K/V and of Q */
+    float scale;        /* 1 / sqrt(head_dim) */
+    const float *pk, *pv;
+} att_geom;
+
+static att_geom att_geometry(const pass *s) {
+    const cart_model_config *c = s->c;
+    att_geom a;
+    a.D = c->head_dim, a.G = c->n_head_kv, a.rep = c->n_head / c->n_head_kv;
+    a.KD = (int64_t)a.G * a.D, a.HD = (int64_t)c->n_head * a.D;
+    a.scale = 1.0f / sqrtf((float)a.D);
+    a.pk = s->cart ? rows_of(s->cart, s->layer, 0) : NULL;
+    a.pv = s->cart ? rows_of(s->cart, s->layer, 1) : NULL;
+    return a;
+}
+
 /* Forward attention for items [begin, end): item = token * G + kv head. */
 static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
     const cart_model_config *c = s->c;
-    int32_t D = c->head_dim, G = c->n_head_kv, rep = c->n_head / c->n_head_kv;
-    int64_t KD = (int64_t)G * D, HD = (int64_t)c->n_head * D;
-    float scale = 1.0f / sqrtf((float)D);
-    const float *pk = s->cart ? rows_of(s->cart, s->layer, 0) : NULL;
-    const float *pv = s->cart ? rows_of(s->cart, s->layer, 1) : NULL;
+    const att_geom ag = att_geometry(s);
+    const int32_t D = ag.D, G = ag.G, rep = ag.rep;
+    const int64_t KD = ag.KD, HD = ag.HD;
+    const float scale = ag.scale, *pk = ag.pk, *pv = ag.pv;
     for (int64_t item = begin; item < end; item++) {
         int64_t t = item / G, g = item % G;
         int64_t s0 = s->seg_start[t];
@@ -456,11 +475,10 @@ enum { BTILE = 64 };
 static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
     const cart_model_config *c = s->c;
-    int32_t D = c->head_dim, G = c->n_head_kv, rep = c->n_head / c->n_head_kv;
-    int64_t KD = (int64_t)G * D, HD = (int64_t)c->n_head * D;
-    float scale = 1.0f / sqrtf((float)D);
-    const float *pk = s->cart ? rows_of(s->cart, s->layer, 0) : NULL;
-    const float *pv = s->cart ? rows_of(s->cart, s->layer, 1) : NULL;
+    const att_geom ag = att_geometry(s);
+    const int32_t D = ag.D, rep = ag.rep;
+    const int64_t KD = ag.KD, HD = ag.HD;
+    const float scale = ag.scale, *pk = ag.pk, *pv = ag.pv;
     float *gk = s->grad_cart ? cart_cartridge_grad(s->grad_cart, s->layer, 0) : NULL;
     float *gv = s->grad_cart ? cart_cartridge_grad(s->grad_cart, s->layer, 1) : NULL;
     int64_t frozen = s->cart ? s->cart->frozen : 0;

@@ -75,10 +75,7 @@ elseif not model then
     randmodel.write({ out = model, preset = "default", dtype = "f16", quiet = true })
 end
 local m = cartridge.model.load(model)
-local ids = m:tokenizer():encode("The cartridge holds what the corpus says.", { add_special = true })
-local cart = cartridge.cart.new(m, #ids, 1)
-cart:capture(m, ids)
-cart:save(dir .. "/c.safetensors", m)
+cartridge.cart.from_text(m, "The cartridge holds what the corpus says."):save(dir .. "/c.safetensors", m)
 m:free()
 
 local exe = package.loaded["cartridge.host"] and package.loaded["cartridge.host"].executable or "build/cartridge"

@@ -4,6 +4,7 @@
 --   local cart = require("cartridge.cart")
 --   local c = cart.new(m, 256, 1)          -- model, p, frozen rows
 --   c:capture(m, ids)                      -- the model's own K/V of #ids == p tokens (f32 cache)
+--   local t = cart.from_text(m, "Some text.")  -- new + capture of the text's tokens
 --   c:append_to(kv)                        -- into a cache (serving), len += p
 --   c:save("out.safetensors", m, { training = {...}, draft_reference = ids })
 --   local d = cart.load("out.safetensors", m)   -- geometry from the header, checked against m
@@ -72,6 +73,16 @@ function Cart:capture(m, ids, kv_dtype)
     end
     local dtype = kv_dtype == "f16" and C.CART_F16 or C.CART_F32
     core.check(C.cart_cartridge_capture(self.handle, m.handle, buf, n, dtype), "cartridge capture")
+end
+
+-- An untrained cartridge of the model's own K/V rows for a text: the text
+-- is encoded (BOS as the model adds it), p is its token count, and `frozen`
+-- (default 1) leading rows are sinks.
+function cart.from_text(m, text, frozen)
+    local ids = m:tokenizer():encode_ids(text, { add_special = true })
+    local c = cart.new(m, #ids, frozen or 1)
+    c:capture(m, ids)
+    return c
 end
 
 function Cart:init_random(seed, std)

@@ -35,38 +35,6 @@ local function is_request_error(e)
     return type(e) == "table" and type(e.status) == "number"
 end
 
--- Whether v holds an infinite number (json.lua decodes numbers beyond the
--- double range as +-inf, keeping their text; json.encode refuses them).
-local function has_infinity(v, depth)
-    if type(v) == "number" then return v == math.huge or v == -math.huge end
-    if type(v) ~= "table" or depth > 300 then return false end
-    for _, x in pairs(v) do
-        if has_infinity(x, depth + 1) then return true end
-    end
-    return false
-end
-
-local function check_json(body)
-    local ok, v = pcall(json.decode, body)
-    if not ok then
-        util.expect_rejection(v, { "json: " }, "json.decode")
-        return
-    end
-    if v == nil then util.finding("json.decode returned nil") end
-    local ok2, text = pcall(json.encode, v)
-    if not ok2 then
-        if has_infinity(v, 0) and type(text) == "string" and text:find("^json.encode: cannot encode %-?inf") then
-            return -- documented: infinities decode but do not encode
-        end
-        util.finding("json.encode of a decoded value failed: %s", util.describe(text))
-    end
-    local ok3, again = pcall(json.decode, text)
-    if not ok3 then util.finding("json.decode of json.encode's output %q failed: %s", text, tostring(again)) end
-    if not util.same(v, again) then util.finding("json round trip changed the value: %s", text) end
-    local text2 = json.encode(again)
-    if text2 ~= text then util.finding("json encoding is not stable: %s then %s", text, text2) end
-end
-
 local function is_integer(v, lo, hi)
     return type(v) == "number" and v == math.floor(v) and v >= lo and v < hi
 end
@@ -114,7 +82,7 @@ return function(data)
     if #data == 0 then return end
     local path = data:byte(1) % 2 == 1 and "/v1/completions" or "/v1/chat/completions"
     local body = data:sub(2)
-    check_json(body)
+    util.check_json(body)
     local req = { path = path, method = "POST", body = body, header = function() return nil end }
     local ok, job = pcall(srv.make_job, srv, 1, req)
     if ok then

@@ -16,6 +16,8 @@
 --                                 (/proc/self/fd/N) for loaders that take paths
 --   util.same(a, b)               deep equality of decoded JSON values
 --   util.reader(s)                a cursor over the input's bytes
+--   util.check_json(text)         json.decode's contract on any bytes (see
+--                                 fuzz_json.lua); the decoded value or nil
 
 local ffi = require("ffi")
 
@@ -115,6 +117,52 @@ local function same(a, b, depth)
     return true
 end
 function util.same(a, b) return same(a, b, 0) end
+
+-- Whether v holds an infinite number (json.lua decodes numbers beyond the
+-- double range as +-inf, keeping their text; json.encode refuses them).
+local function has_infinity(v, depth)
+    if type(v) == "number" then return v == math.huge or v == -math.huge end
+    if type(v) ~= "table" or depth > 300 then return false end
+    for _, x in pairs(v) do
+        if has_infinity(x, depth + 1) then return true end
+    end
+    return false
+end
+
+-- json.decode on any bytes: a refusal is "json: <what> at byte N" with N in
+-- the input (or just past it), and anything that is not UTF-8 is refused;
+-- an accepted value encodes (unless it holds an infinity, which encode
+-- refuses as documented) into UTF-8 that decodes back to the same value and
+-- encodes again to the same text. Returns the value, or nil when refused.
+function util.check_json(text)
+    local json = require("cartridge.json")
+    local C = require("cartridge.core").C
+    local ok, v = pcall(json.decode, text)
+    if not ok then
+        util.expect_rejection(v, { "json: " }, "json.decode")
+        local at = tonumber(tostring(v):match(" at byte (%d+)$"))
+        if not at or at < 1 or at > #text + 1 then util.finding("json.decode: no byte position in range: %s", v) end
+        return nil
+    end
+    if v == nil then util.finding("json.decode returned nil") end
+    if C.cart_utf8_invalid_offset(text, #text) >= 0 then
+        util.finding("json.decode accepted %d bytes that are not UTF-8", #text)
+    end
+    local ok2, out = pcall(json.encode, v)
+    if not ok2 then
+        if has_infinity(v, 0) and type(out) == "string" and out:find("^json.encode: cannot encode %-?inf") then
+            return v -- documented: infinities decode but do not encode
+        end
+        util.finding("json.encode of a decoded value failed: %s", describe(out))
+    end
+    if C.cart_utf8_invalid_offset(out, #out) >= 0 then util.finding("json.encode wrote bytes that are not UTF-8") end
+    local ok3, again = pcall(json.decode, out)
+    if not ok3 then util.finding("json.decode of json.encode's output %q failed: %s", out, tostring(again)) end
+    if not util.same(v, again) then util.finding("json round trip changed the value: %s", out) end
+    local out2 = json.encode(again)
+    if out2 ~= out then util.finding("json encoding is not stable: %s then %s", out, out2) end
+    return v
+end
 
 -- A cursor over s: byte() gives the next byte (0 past the end), take(n) the
 -- next n bytes, upto(c) the bytes before the next c (skipping it), rest().

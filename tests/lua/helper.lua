@@ -9,11 +9,7 @@ helper.root = core.root
 helper.shared = os.getenv("CARTRIDGE_SHARED") or (helper.root .. "/../shared")
 helper.bin = os.getenv("CARTRIDGE_BIN") or (helper.root .. "/build/cartridge")
 
-local function exists(path)
-    local f = io.open(path, "rb")
-    if f then f:close() end
-    return f ~= nil
-end
+local exists = require("cartridge.defaults").exists
 helper.exists = exists
 
 -- The path of a shared fixture, or nil (and a printed skip reason) when
@@ -22,6 +18,14 @@ function helper.fixture(relative)
     local path = helper.shared .. "/" .. relative
     if exists(path) then return path end
     return nil, ("skipped: %s not found (the ../shared fixtures are absent)"):format(path)
+end
+
+-- The independent float64 reference (tests/reference/forward.lua).
+function helper.reference()
+    if not package.path:find("tests/?.lua", 1, true) then
+        package.path = helper.root .. "/tests/?.lua;" .. package.path
+    end
+    return require("reference.forward")
 end
 
 -- Runs a shell command; returns exit code, stdout, stderr.

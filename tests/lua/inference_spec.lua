@@ -6,10 +6,7 @@ local cartridge = require("cartridge")
 local helper = require("helper")
 local ffi = cartridge.ffi
 
-if not package.path:find("tests/?.lua", 1, true) then
-    package.path = helper.root .. "/tests/?.lua;" .. package.path
-end
-local ref = require("reference.forward")
+local ref = helper.reference()
 
 local tmp
 setup(function() tmp = helper.tmpdir() end)

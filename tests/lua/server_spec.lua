@@ -69,11 +69,8 @@ setup(function()
     model = helper.fixture("models/stories260K.gguf")
     if not model or not helper.exists(helper.bin) or not have("curl") then return end
     local m = cartridge.model.load(model)
-    local tok = m:tokenizer()
     for i, text in ipairs({ "Lily and Tom played with a red ball in the park.", "The little dog ran to the big tree." }) do
-        local ids = tok:encode(text, { add_special = true })
-        local c = cartridge.cart.new(m, #ids, 1)
-        c:capture(m, ids)
+        local c = cartridge.cart.from_text(m, text)
         local path = tmp .. "/c" .. i .. ".safetensors"
         c:save(path, m)
         if i == 1 then cart_a = path else cart_b = path end
