@@ -59,6 +59,7 @@ void cart_adam_free(cart_adam *a) {
 int64_t cart_adam_size(const cart_adam *a) { return a->n; }
 int64_t cart_adam_steps(const cart_adam *a) { return a->steps; }
 void cart_adam_set_lr(cart_adam *a, float lr) { a->p.lr = lr; }
+float cart_adam_weight_decay(const cart_adam *a) { return a->p.weight_decay; }
 
 /* As torch computes them: Python floats (double), turned into f32 scalars
  * where they meet the f32 tensors. */
@@ -76,14 +77,26 @@ void cart_adam_begin_step(cart_adam *a) {
 }
 
 int cart_adam_update(cart_adam *a, float *param, const float *grad, int64_t offset, int64_t n) {
+    return cart_adam_update_decay(a, param, grad, offset, n, a->p.weight_decay);
+}
+
+int cart_adam_update_decay(cart_adam *a, float *param, const float *grad, int64_t offset, int64_t n,
+                           float weight_decay) {
+    if (!(weight_decay >= 0.0f))
+        return cart_fail(CART_E_ARG, "cart_adam_update: weight decay %g must be >= 0", weight_decay);
     if (offset < 0 || n < 0 || offset > a->n - n)
         return cart_fail(CART_E_ARG, "cart_adam_update: elements [%lld, %lld) outside the %lld the "
                          "optimizer holds", (long long)offset, (long long)(offset + n),
                          (long long)a->n);
     if (a->steps == 0) return cart_fail(CART_E_STATE, "cart_adam_update: call cart_adam_begin_step first");
     float *m = a->m + offset, *v = a->v + offset;
-    const float b1 = a->p.beta1, b2 = a->p.beta2, eps = a->p.eps, wd = a->p.weight_decay;
+    const float b1 = a->p.beta1, b2 = a->p.beta2, eps = a->p.eps;
+    const float wd = a->p.decoupled ? 0.0f : weight_decay;
     const float step_size = a->step_size, bc2_sqrt = a->bc2_sqrt;
+    if (a->p.decoupled && weight_decay != 0.0f) {
+        const float keep = (float)(1.0 - (double)a->p.lr * (double)weight_decay);
+        for (int64_t i = 0; i < n; i++) param[i] *= keep;
+    }
     for (int64_t i = 0; i < n; i++) {
         float g = grad[i];
         if (wd != 0.0f) g += wd * param[i];

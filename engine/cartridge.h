@@ -27,6 +27,7 @@
 #include "sampler.h"
 #include "adam.h"
 #include "train.h"
+#include "params.h"
 #include "spec.h"
 #include "http.h"
 #include "abi.h"

@@ -8,6 +8,7 @@
 #include "gguf.h"
 #include "matmul.h"
 #include "model.h"
+#include "params.h"
 
 #pragma GCC visibility push(hidden)
 
@@ -36,6 +37,23 @@ struct cart_model {
     uint64_t widened_bytes;
     int widened;           /* matrices point at malloc'ed f32 copies */
 };
+
+/* The gradient buffers a parameter set (params.h) gives the trainer: NULL
+ * for a tensor that does not train. */
+typedef struct layer_grads {
+    float *attn_norm, *ffn_norm, *q_norm, *k_norm;
+    float *wq, *wk, *wv, *wo, *wgate, *wup, *wdown;
+} layer_grads;
+
+typedef struct model_grads {
+    float *tok_embd;    /* also the tied head's */
+    float *output;      /* NULL when tied */
+    float *output_norm;
+    layer_grads *layers; /* [n_layer] */
+} model_grads;
+
+const model_grads *cart_params_grads(const cart_params *p);
+const cart_model *cart_params_model(const cart_params *p);
 
 /* Takes the next n floats of an arena being laid out: the forward pass and
  * the trainer carve their activations out of one allocation each. */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "adam.h"
+#include "blas.h"
 #include "dtype.h"
 #include "internal.h"
 #include "model_internal.h"
@@ -374,6 +375,7 @@ typedef struct acts {
 
 struct cart_trainer {
     cart_model *m;
+    cart_params *params; /* attached weights to train, or NULL */
     cart_trainer_options opts;
     uint64_t peak_bytes;
     /* the activations and backward scratch of the last pass, kept for the
@@ -399,6 +401,13 @@ void cart_trainer_free(cart_trainer *t) {
     free(t);
 }
 
+int cart_trainer_set_params(cart_trainer *t, cart_params *p) {
+    if (p && cart_params_model(p) != t->m)
+        return cart_fail(CART_E_ARG, "cart_trainer_set_params: the parameter set belongs to another model");
+    t->params = p;
+    return CART_OK;
+}
+
 uint64_t cart_trainer_peak_bytes(const cart_trainer *t) {
     return t->peak_bytes;
 }
@@ -410,6 +419,8 @@ typedef struct pass {
     const layer_weights *L; /* the current layer's weights */
     const cart_cartridge *cart; /* may be NULL */
     cart_cartridge *grad_cart;  /* receives prefix gradients; NULL in a forward-only pass */
+    const model_grads *wg;      /* receives weight gradients; NULL unless weights train */
+    const int32_t *tokens;      /* [T] */
     int32_t layer;
     int64_t p;          /* prefix rows (0 without a cartridge) */
     int64_t T;
@@ -422,7 +433,26 @@ typedef struct pass {
     float *dk;          /* [T, KD] */
     float *dv;          /* [T, KD] */
     float *delta;       /* [T, H] dout . out per token and head */
+    float *dqn_w;       /* [T, D] per token: the q-norm weight's gradient (weights training) */
+    float *dkn_w;       /* [T, D] the same for the k-norm */
 } pass;
+
+/* dw[rows, cols] += dy[T, rows]^T x[T, cols]: a linear layer's weight
+ * gradient over T tokens (nothing when dw is NULL). */
+static int weight_grad(float *dw, const float *dy, int64_t ldy, const float *x, int64_t ldx,
+                       int64_t rows, int64_t cols, int64_t T) {
+    if (!dw) return CART_OK;
+    return cart_gemm(dw, cols, dy, ldy, 1, x, ldx, 0, rows, cols, T, 1.0f, 1.0f);
+}
+
+/* dw[i] += sum over rows r of dy[r, i] * x[r, i] * rstd[r]: an RMSNorm
+ * weight's gradient (y = x * rstd * w), rows in order. */
+static void norm_weight_grad(float *dw, const float *dy, const float *x, const float *rstd, int64_t rows,
+                             int64_t dim) {
+    if (!dw) return;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < dim; i++) dw[i] += dy[r * dim + i] * x[r * dim + i] * rstd[r];
+}
 
 /* What both attention passes read of a layer: its head geometry and the
  * cartridge's rows (NULL without a prefix). */
@@ -579,6 +609,15 @@ static void qk_backward_range(void *ctx, int64_t begin, int64_t end, int32_t thr
         rope_backward(dq, cs, c->n_head, (int32_t)D, c->n_rot, c->rope_neox);
         rope_backward(dk, cs, c->n_head_kv, (int32_t)D, c->n_rot, c->rope_neox);
         if (!c->qk_norm) continue;
+        if (s->dqn_w) { /* this token's share of the norm weights' gradients, heads in order */
+            float *wq = s->dqn_w + t * D, *wk = s->dkn_w + t * D;
+            memset(wq, 0, sizeof(float) * (size_t)D);
+            memset(wk, 0, sizeof(float) * (size_t)D);
+            for (int32_t h = 0; h < c->n_head; h++)
+                norm_weight_grad(wq, dq + h * D, a->q_raw + t * HD + h * D, a->q_rstd + t * c->n_head + h, 1, D);
+            for (int32_t g = 0; g < c->n_head_kv; g++)
+                norm_weight_grad(wk, dk + g * D, a->k_raw + t * KD + g * D, a->k_rstd + t * c->n_head_kv + g, 1, D);
+        }
         for (int32_t h = 0; h < c->n_head; h++) {
             memset(tmp, 0, sizeof(float) * (size_t)D);
             rmsnorm_backward(tmp, dq + h * D, a->q_raw + t * HD + h * D,
@@ -667,6 +706,8 @@ typedef struct back_scratch {
 static int layer_backward(pass *s, float *dx, back_scratch *b) {
     const cart_model_config *c = s->c;
     const layer_weights *L = &s->m->layers[s->layer];
+    static const layer_grads none;
+    const layer_grads *G = s->wg ? &s->wg->layers[s->layer] : &none;
     s->L = L;
     const acts *a = s->a;
     int64_t T = s->T, E = c->n_embd, F = c->n_ff;
@@ -676,26 +717,41 @@ static int layer_backward(pass *s, float *dx, back_scratch *b) {
     /* feed-forward: x_out = x_mid + down(silu(gate) * up) */
     memset(b->dh, 0, sizeof(float) * (size_t)(T * F));
     if ((rc = cart_matmul_backward(b->dh, F, dx, E, &L->wdown, T, pool))) return rc;
+    if ((rc = weight_grad(G->wdown, dx, E, a->h, F, E, F, T))) return rc;
     memset(b->dgate, 0, sizeof(float) * (size_t)(T * F));
     memset(b->dup, 0, sizeof(float) * (size_t)(T * F));
     swiglu_backward(b->dgate, b->dup, b->dh, a->gate, a->up, T * F);
     memset(b->dxn, 0, sizeof(float) * (size_t)(T * E));
     if ((rc = cart_matmul_backward(b->dxn, E, b->dgate, F, &L->wgate, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, b->dup, F, &L->wup, T, pool))) return rc;
+    if ((rc = weight_grad(G->wgate, b->dgate, F, a->xn2, E, F, E, T))) return rc;
+    if ((rc = weight_grad(G->wup, b->dup, F, a->xn2, E, F, E, T))) return rc;
+    norm_weight_grad(G->ffn_norm, b->dxn, a->x_mid, a->rstd2, T, E);
     rmsnorm_backward(dx, b->dxn, a->x_mid, a->rstd2, L->ffn_norm, T, E); /* dx: now d x_mid */
     /* attention: x_mid = x_in + o(att) */
     memset(s->datt, 0, sizeof(float) * (size_t)(T * HD));
     if ((rc = cart_matmul_backward(s->datt, HD, dx, E, &L->wo, T, pool))) return rc;
+    if ((rc = weight_grad(G->wo, dx, E, a->att, HD, E, HD, T))) return rc;
     memset(s->dq, 0, sizeof(float) * (size_t)(T * HD));
     memset(s->dk, 0, sizeof(float) * (size_t)(T * KD));
     memset(s->dv, 0, sizeof(float) * (size_t)(T * KD));
     cart_pool_for(pool, T * c->n_head, 64, delta_range, s);
     cart_pool_for(pool, c->n_head_kv, 1, attention_backward_range, s);
     cart_pool_for(pool, T, 16, qk_backward_range, s);
+    if (s->dqn_w && c->qk_norm) /* the tokens' shares, in token order */
+        for (int64_t t = 0; t < T; t++)
+            for (int32_t d = 0; d < c->head_dim; d++) {
+                if (G->q_norm) G->q_norm[d] += s->dqn_w[t * c->head_dim + d];
+                if (G->k_norm) G->k_norm[d] += s->dkn_w[t * c->head_dim + d];
+            }
     memset(b->dxn, 0, sizeof(float) * (size_t)(T * E));
     if ((rc = cart_matmul_backward(b->dxn, E, s->dq, HD, &L->wq, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, s->dk, KD, &L->wk, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, s->dv, KD, &L->wv, T, pool))) return rc;
+    if ((rc = weight_grad(G->wq, s->dq, HD, a->xn1, E, HD, E, T))) return rc;
+    if ((rc = weight_grad(G->wk, s->dk, KD, a->xn1, E, KD, E, T))) return rc;
+    if ((rc = weight_grad(G->wv, s->dv, KD, a->xn1, E, KD, E, T))) return rc;
+    norm_weight_grad(G->attn_norm, b->dxn, a->x_in, a->rstd1, T, E);
     rmsnorm_backward(dx, b->dxn, a->x_in, a->rstd1, L->attn_norm, T, E);
     return CART_OK;
 }
@@ -979,6 +1035,13 @@ static int head_pass(pass *s, head_work *w, const trunk *tr, const cart_distill_
         memset(w->dxn, 0, sizeof(float) * (size_t)(chunk * E));
         if ((rc = cart_matmul_backward(w->dxn, E, w->logits, V, &s->m->output, chunk, cart_default_pool())))
             break;
+        if (s->wg) { /* the head's weight (token_embd's when tied) and the final norm's */
+            float *dout = s->c->tied_output ? s->wg->tok_embd : s->wg->output;
+            if ((rc = weight_grad(dout, w->logits, V, w->xn, E, V, E, chunk))) break;
+            for (int64_t r = 0; s->wg->output_norm && r < chunk; r++)
+                norm_weight_grad(s->wg->output_norm, w->dxn + r * E, tr->x_final + w->rows[j + r] * E,
+                                 w->rstd + r, 1, E);
+        }
         for (int64_t r = 0; r < chunk; r++)
             rmsnorm_backward(dx + w->rows[j + r] * E, w->dxn + r * E, tr->x_final + w->rows[j + r] * E,
                              w->rstd + r, s->m->output_norm, 1, E);
@@ -994,7 +1057,8 @@ static int layers_backward(cart_trainer *t, pass *s, trunk *tr, acts *scratch, f
     const cart_model_config *cfg = s->c;
     const int64_t T = s->T, E = cfg->n_embd, F = cfg->n_ff;
     const int64_t HD = (int64_t)cfg->n_head * cfg->head_dim, KD = (int64_t)cfg->n_head_kv * cfg->head_dim;
-    size_t floats = (size_t)(T * (3 * F + E + 2 * HD + 2 * KD + cfg->n_head));
+    const int weights = s->wg != NULL;
+    size_t floats = (size_t)(T * (3 * F + E + 2 * HD + 2 * KD + cfg->n_head + (weights ? 2 * cfg->head_dim : 0)));
     float *p = trainer_block(t, 1, floats * sizeof(float));
     if (!p) return CART_E_NOMEM;
     back_scratch b = {0};
@@ -1007,6 +1071,10 @@ static int layers_backward(cart_trainer *t, pass *s, trunk *tr, acts *scratch, f
     s->dk = cart_carve(&p, T * KD);
     s->dv = cart_carve(&p, T * KD);
     s->delta = cart_carve(&p, T * cfg->n_head);
+    if (weights) {
+        s->dqn_w = cart_carve(&p, T * cfg->head_dim);
+        s->dkn_w = cart_carve(&p, T * cfg->head_dim);
+    }
     s->grad_cart = c;
     uint64_t bytes = tr->bytes + floats * sizeof(float) + (size_t)(T * E) * sizeof(float);
     if (bytes > t->peak_bytes) t->peak_bytes = bytes;
@@ -1023,6 +1091,12 @@ static int layers_backward(cart_trainer *t, pass *s, trunk *tr, acts *scratch, f
         }
         rc = layer_backward(s, dx, &b);
     }
+    /* dx is now the gradient of the embedded tokens: rows of token_embd, in token order */
+    if (!rc && weights && s->wg->tok_embd)
+        for (int64_t i = 0; i < T; i++) {
+            float *row = s->wg->tok_embd + (int64_t)s->tokens[i] * E;
+            for (int64_t e = 0; e < E; e++) row[e] += dx[i * E + e];
+        }
     return rc;
 }
 
@@ -1030,7 +1104,8 @@ int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *toke
                          const int64_t *seg_len, int32_t n_seg, const cart_distill_targets *tg,
                          int32_t mean, float loss_scale, int32_t backward, double *loss_out) {
     const char *fn = "cart_trainer_distill";
-    if (!c) return cart_fail(CART_E_ARG, "%s: no cartridge", fn);
+    if (!c && !t->params)
+        return cart_fail(CART_E_ARG, "%s: no cartridge, and no parameter set attached: nothing to train", fn);
     int rc = check_pass_args(t, c, tokens, n, fn);
     if (rc) return rc;
     if (tg->n < 1) return cart_fail(CART_E_ARG, "%s: no targets", fn);
@@ -1041,6 +1116,8 @@ int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *toke
         return rc;
     }
     const int64_t E = s.c->n_embd;
+    s.tokens = tokens;
+    if (backward && t->params) s.wg = cart_params_grads(t->params);
     head_work w;
     trunk tr = {0};
     acts scratch;

@@ -26,6 +26,7 @@
 #include "adam.h"
 #include "kv.h"
 #include "model.h"
+#include "params.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -147,8 +148,18 @@ void cart_trainer_free(cart_trainer *t);
  * the recompute option). */
 uint64_t cart_trainer_peak_bytes(const cart_trainer *t);
 
+/* Attaches a parameter set of t's model (params.h), or detaches with NULL.
+ * While one is attached, every backward pass of cart_trainer_distill also
+ * adds the loss's gradient with respect to the set's tensors into the set's
+ * buffers, and the cartridge may be NULL (the weights alone train). */
+int cart_trainer_set_params(cart_trainer *t, cart_params *p);
+
 /* The distillation loss of packed segments behind cartridge c and,
- * when backward != 0, its gradient added into c's gradient buffers.
+ * when backward != 0, its gradient added into c's gradient buffers (and into
+ * the attached parameter set's). c may be NULL while a parameter set is
+ * attached: the segments then start at position 0. Targets with logprob 0
+ * (one per position, the next token) make the loss the language-model
+ * cross-entropy.
  *   tokens[0..n)  n_seg segments of seg_len[] tokens (sum = n), each at
  *                 positions p, p+1, ...
  *   targets       entries as above
