@@ -17,18 +17,23 @@ local adam = {}
 local Adam = {}
 Adam.__index = Adam
 
-function adam.new(c, params)
+-- An optimizer over what `target` trains: a cartridge's rows, or a
+-- parameter set's tensors (cartridge.params). params: lr, beta1, beta2, eps,
+-- weight_decay, decoupled (true: AdamW's decay of the weights).
+function adam.new(target, params)
     params = params or {}
     local p = ffi.new("cart_adam_params")
     C.cart_adam_default_params(p)
     for _, k in ipairs({ "lr", "beta1", "beta2", "eps", "weight_decay" }) do
         if params[k] ~= nil then p[k] = params[k] end
     end
-    return setmetatable({ handle = core.new("cart_adam", C.cart_adam_new, C.cart_adam_free, "adam.new", p, c:trainable_count()), cart = c }, Adam)
+    p.decoupled = params.decoupled and 1 or 0
+    return setmetatable({ handle = core.new("cart_adam", C.cart_adam_new, C.cart_adam_free, "adam.new", p,
+        target:optimizer_size()), cart = target }, Adam)
 end
 
 function Adam:step()
-    core.check(C.cart_cartridge_adam_step(self.cart.handle, self.handle), "adam:step")
+    core.check(self.cart:adam_step(self.handle), "adam:step")
 end
 
 function Adam:steps() return tonumber(C.cart_adam_steps(self.handle)) end

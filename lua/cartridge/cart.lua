@@ -63,6 +63,9 @@ function Cart:rows(layer, which) return C.cart_cartridge_rows(self.handle, layer
 function Cart:grad(layer, which) return C.cart_cartridge_grad(self.handle, layer, which) end
 function Cart:zero_grad() C.cart_cartridge_zero_grad(self.handle) end
 function Cart:trainable_count() return tonumber(C.cart_cartridge_trainable_count(self.handle)) end
+-- what cartridge.adam asks of what it optimizes
+function Cart:optimizer_size() return self:trainable_count() end
+function Cart:adam_step(opt) return C.cart_cartridge_adam_step(self.handle, opt) end
 
 -- Fills the rows with the model's own K/V of ids (#ids == p), computed
 -- through a cache of kv_dtype ("f32", the default, or "f16").

@@ -6,7 +6,8 @@
 -- Fields: out (required), preset ("default", "qwen3-0.6b", "qwen3-tiny",
 -- "llama-tiny"), arch, layers, embd, ff, heads, kv_heads, head_dim, vocab,
 -- ctx, rope_theta, eps (1e-6), dtype ("f16"), tied (true), seed (1),
--- std_scale (1), out_scale (4), tokenizer_from (a GGUF path), name, quiet.
+-- std_scale (1), out_scale (4), tokenizer_from (a GGUF path), tokenizer (a
+-- learned vocabulary, cartridge.bpe), name, quiet.
 -- The same fields give the same bytes. Weights are normal with std
 -- 1/sqrt(fan_in) (embeddings too, since they double as the tied head), norm
 -- weights 1 + N(0, 0.1) and the final norm scaled by out_scale, so a random
@@ -60,26 +61,6 @@ function randmodel.write(opts)
     -- ---------------------------------------------------------------------------
     -- Tokenizer metadata
 
-    -- GPT-2's byte -> printable-unicode mapping (bytes that are not printable
-    -- Latin-1 characters are shifted to U+0100 and up).
-    local function byte_symbols()
-        local printable, symbols = {}, {}
-        for b = 33, 126 do printable[b] = true end
-        for b = 161, 172 do printable[b] = true end
-        for b = 174, 255 do printable[b] = true end
-        local extra = 0
-        for b = 0, 255 do
-            local cp = b
-            if not printable[b] then
-                cp = 256 + extra
-                extra = extra + 1
-            end
-            if cp < 0x80 then symbols[b + 1] = string.char(cp)
-            else symbols[b + 1] = string.char(0xc0 + math.floor(cp / 64), 0x80 + cp % 64) end
-        end
-        return symbols
-    end
-
     local CHATML_TEMPLATE = table.concat({
         "{%- for message in messages %}",
         "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}",
@@ -88,7 +69,7 @@ function randmodel.write(opts)
     })
 
     local function builtin_tokenizer(w)
-        local tokens, types = byte_symbols(), {}
+        local tokens, types = require("cartridge.bpe").byte_symbols(), {}
         for i = 1, 256 do types[i] = 1 end -- NORMAL
         local specials = {
             { "<|endoftext|>", 3 }, { "<|im_start|>", 3 }, { "<|im_end|>", 3 }, { "<think>", 4 }, { "</think>", 4 },
@@ -106,6 +87,27 @@ function randmodel.write(opts)
         w:set("tokenizer.ggml.add_bos_token", false)
         w:set("tokenizer.chat_template", CHATML_TEMPLATE)
         return tokens, types, n
+    end
+
+    -- a learned vocabulary: opts.tokenizer = { tokens (byte symbols and
+    -- merged tokens, cartridge.bpe), merges }; the ChatML specials follow
+    local function learned_tokenizer(w, v)
+        local tokens, types = {}, {}
+        for i, t in ipairs(v.tokens) do tokens[i], types[i] = t, 1 end
+        local first = #tokens
+        for _, sp in ipairs({ { "<|endoftext|>", 3 }, { "<|im_start|>", 3 }, { "<|im_end|>", 3 }, { "<think>", 4 },
+            { "</think>", 4 } }) do
+            tokens[#tokens + 1], types[#types + 1] = sp[1], sp[2]
+        end
+        w:set("tokenizer.ggml.model", "gpt2")
+        w:set("tokenizer.ggml.pre", "qwen2")
+        w:set("tokenizer.ggml.bos_token_id", first, "uint32")     -- <|endoftext|>
+        w:set("tokenizer.ggml.eos_token_id", first + 2, "uint32") -- <|im_end|>
+        w:set("tokenizer.ggml.padding_token_id", first, "uint32")
+        w:set("tokenizer.ggml.add_bos_token", false)
+        w:set("tokenizer.chat_template", CHATML_TEMPLATE)
+        w:set("tokenizer.ggml.merges", v.merges, "array", "string")
+        return tokens, types, #tokens
     end
 
     local function pad_vocab(tokens, types, vocab)
@@ -139,7 +141,8 @@ function randmodel.write(opts)
         end
         src:close()
     else
-        tokens, types, n_tok = builtin_tokenizer(w)
+        if opts.tokenizer then tokens, types, n_tok = learned_tokenizer(w, opts.tokenizer)
+        else tokens, types, n_tok = builtin_tokenizer(w) end
         shape.vocab = shape.vocab or n_tok
         if shape.vocab < n_tok then
             error(("make_model: --vocab %d is smaller than the built-in tokenizer's %d tokens"):format(shape.vocab, n_tok), 0)
@@ -147,7 +150,7 @@ function randmodel.write(opts)
         pad_vocab(tokens, types, shape.vocab)
         w:set("tokenizer.ggml.tokens", tokens, "array", "string")
         w:set("tokenizer.ggml.token_type", types, "array", "int32")
-        w:set("tokenizer.ggml.merges", {}, "array", "string")
+        if not opts.tokenizer then w:set("tokenizer.ggml.merges", {}, "array", "string") end
     end
 
     local arch = shape.arch

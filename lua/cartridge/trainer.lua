@@ -38,6 +38,13 @@ function Trainer:free()
     core.free(self, C.cart_trainer_free)
 end
 
+-- Attaches a parameter set (cartridge.params; nil detaches): backward passes
+-- then also add the weights' gradients, and distill takes c = nil.
+function Trainer:set_params(p)
+    core.check(C.cart_trainer_set_params(self.handle, p and p.handle or nil), "trainer:set_params")
+    self.params = p
+end
+
 function Trainer:peak_bytes()
     return tonumber(C.cart_trainer_peak_bytes(self.handle))
 end
@@ -79,6 +86,13 @@ function Targets:append_topk(position, logits, n_vocab, k, mass)
     core.check(C.cart_target_list_append_topk(self.handle, position, logits, n_vocab, k, mass or 0.99, got),
         "targets:append_topk")
     return got[0]
+end
+
+-- Language-model targets: for i in [from, to) (0-based indices into the
+-- sequence `ids`), the entry (offset + i, ids[i], logprob 0), i >= 1.
+function Targets:append_labels(ids, from, to, offset)
+    local ptr, n = ids_mod.view(ids)
+    core.check(C.cart_target_list_append_labels(self.handle, ptr, n, from, to, offset or 0), "targets:append_labels")
 end
 
 function Targets:push(position, token, logprob)
@@ -133,7 +147,7 @@ function Trainer:distill(c, segments, targets, opts)
     local tokens, n, lens, n_seg = pack(segments)
     local packed = targets.tg and targets or trainer.pack_targets(targets)
     local loss = ffi.new("double[1]")
-    core.check(C.cart_trainer_distill(self.handle, c.handle, tokens, n, lens, n_seg, packed.tg,
+    core.check(C.cart_trainer_distill(self.handle, c and c.handle or nil, tokens, n, lens, n_seg, packed.tg,
         opts.mean == false and 0 or 1, opts.scale or 1.0, opts.backward and 1 or 0, loss), "trainer:distill")
     return loss[0]
 end

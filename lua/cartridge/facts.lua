@@ -1,0 +1,235 @@
+-- cartridge.facts: a synthetic reading task. Documents state facts about
+-- fictional people in plain sentences; each fact has a question whose answer
+-- is a short exact string. Names, places and numbers are drawn fresh for
+-- every document from a seeded generator, so no model can know a document's
+-- facts before reading it.
+--
+--   local facts = require("cartridge.facts")
+--   local d = facts.document(seed, 40)       -- 40 facts
+--   d.text                                   -- the document, Markdown
+--   d.facts[i] = { sentence, question, answer, relation, person, chance }
+--   facts.chance(d)                          -- expected accuracy of guessing
+--
+-- `chance` of a fact is the accuracy a reader without the document reaches
+-- by guessing the most likely answer: 1 / (the size of the answer's list)
+-- for listed values (jobs, colors, months, ...), about 0 for invented names
+-- and numbers that it would have to guess digit by digit.
+
+local core = require("cartridge.core")
+local ffi = core.ffi
+local C = core.C
+
+local facts = {}
+
+-- ---------------------------------------------------------------------------
+-- A seeded generator (cart_rng, so the documents are the same on every
+-- machine).
+
+local Gen = {}
+Gen.__index = Gen
+
+function facts.rng(seed)
+    local r = ffi.new("cart_rng")
+    C.cart_rng_seed(r, seed)
+    return setmetatable({ r = r }, Gen)
+end
+
+function Gen:below(n) return tonumber(C.cart_rng_below(self.r, n)) end
+function Gen:int(lo, hi) return lo + self:below(hi - lo + 1) end
+function Gen:pick(list) return list[self:below(#list) + 1] end
+
+function Gen:shuffle(t)
+    for i = #t, 2, -1 do
+        local j = self:below(i) + 1
+        t[i], t[j] = t[j], t[i]
+    end
+    return t
+end
+
+-- ---------------------------------------------------------------------------
+-- Invented words: syllables of an onset, a vowel and sometimes a coda.
+
+local ONSETS = { "b", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr",
+    "st", "tr", "sh", "th", "gr", "pl" }
+local VOWELS = { "a", "e", "i", "o", "u", "ai", "ou", "ea" }
+local CODAS = { "", "", "", "n", "r", "l", "s", "m", "th" }
+
+local function syllable(g)
+    return g:pick(ONSETS) .. g:pick(VOWELS) .. g:pick(CODAS)
+end
+
+local function word(g, lo, hi)
+    local parts = {}
+    for i = 1, g:int(lo, hi) do parts[i] = syllable(g) end
+    local w = table.concat(parts)
+    return w:sub(1, 1):upper() .. w:sub(2)
+end
+
+-- ---------------------------------------------------------------------------
+-- The relations: what a sentence states and what its question asks.
+
+local JOBS = { "baker", "carpenter", "nurse", "teacher", "pilot", "farmer", "painter", "tailor", "miner",
+    "sailor", "chemist", "librarian", "potter", "glassblower", "clockmaker", "gardener", "weaver", "mason",
+    "fisher", "brewer", "jeweler", "cartographer", "beekeeper", "locksmith" }
+local COLORS = { "red", "blue", "green", "yellow", "purple", "orange", "silver", "gold", "black", "white",
+    "brown", "teal" }
+local MONTHS = { "January", "February", "March", "April", "May", "June", "July", "August", "September",
+    "October", "November", "December" }
+local ANIMALS = { "cat", "dog", "parrot", "horse", "goat", "rabbit", "owl", "tortoise", "ferret", "donkey" }
+local INSTRUMENTS = { "violin", "flute", "drum", "harp", "trumpet", "cello", "guitar", "piano", "oboe",
+    "banjo", "accordion", "clarinet" }
+
+-- Each: a value drawn from g, the sentence, the question, the answer's chance.
+local RELATIONS = {
+    { name = "home", value = function(g) return word(g, 2, 3) end,
+        sentence = function(p, v) return ("%s lives in %s."):format(p, v) end,
+        question = function(p) return ("Where does %s live?"):format(p) end, chance = 0 },
+    { name = "job", value = function(g) return g:pick(JOBS) end,
+        sentence = function(p, v) return ("%s works as a %s."):format(p, v) end,
+        question = function(p) return ("What is the job of %s?"):format(p) end, chance = 1 / #JOBS },
+    { name = "age", value = function(g) return tostring(g:int(18, 89)) end,
+        sentence = function(p, v) return ("%s is %s years old."):format(p, v) end,
+        question = function(p) return ("How old is %s?"):format(p) end, chance = 1 / 72 },
+    { name = "pet", value = function(g) return { g:pick(ANIMALS), word(g, 1, 2) } end,
+        sentence = function(p, v)
+            return ("%s has %s %s named %s."):format(p, v[1]:match("^[aeiou]") and "an" or "a", v[1], v[2])
+        end,
+        question = function(p, v) return ("What is the name of the %s of %s?"):format(v[1], p) end,
+        answer = function(v) return v[2] end, chance = 0 },
+    { name = "color", value = function(g) return g:pick(COLORS) end,
+        sentence = function(p, v) return ("The favorite color of %s is %s."):format(p, v) end,
+        question = function(p) return ("What is the favorite color of %s?"):format(p) end, chance = 1 / #COLORS },
+    { name = "code", value = function(g) return ("%04d"):format(g:int(0, 9999)) end,
+        sentence = function(p, v) return ("The door code of %s is %s."):format(p, v) end,
+        question = function(p) return ("What is the door code of %s?"):format(p) end, chance = 0 },
+    { name = "month", value = function(g) return g:pick(MONTHS) end,
+        sentence = function(p, v) return ("%s was born in %s."):format(p, v) end,
+        question = function(p) return ("In which month was %s born?"):format(p) end, chance = 1 / #MONTHS },
+    { name = "instrument", value = function(g) return g:pick(INSTRUMENTS) end,
+        sentence = function(p, v) return ("%s plays the %s."):format(p, v) end,
+        question = function(p) return ("Which instrument does %s play?"):format(p) end,
+        chance = 1 / #INSTRUMENTS },
+}
+facts.RELATIONS = RELATIONS
+
+local TITLES = { "Notes on the people of %s", "Who is who in %s", "A register of %s", "The families of %s" }
+
+-- A document of n facts (n >= 1): ceil(n / 4) people with up to 4
+-- relations each (no two of a person's facts share a relation), the
+-- sentences shuffled into paragraphs of 3 to 6 under a title.
+function facts.document(seed, n)
+    if type(n) ~= "number" or n < 1 or n ~= math.floor(n) then
+        error("facts.document: the number of facts must be a positive integer, got " .. tostring(n), 0)
+    end
+    local g = facts.rng(seed)
+    local people, used = {}, {}
+    local n_people = math.ceil(n / 4)
+    while #people < n_people do
+        local name = word(g, 1, 2) .. " " .. word(g, 2, 3)
+        local first = name:match("^(%S+)")
+        if not used[name] and not used[first] then -- first names unique too: a question is never ambiguous
+            used[name], used[first] = true, true
+            people[#people + 1] = name
+        end
+    end
+    local list = {}
+    local per = {}
+    for i = 1, n do
+        local who = ((i - 1) % n_people) + 1
+        per[who] = per[who] or g:shuffle({ 1, 2, 3, 4, 5, 6, 7, 8 })
+        local rel = RELATIONS[per[who][math.floor((i - 1) / n_people) % #RELATIONS + 1]]
+        local v = rel.value(g)
+        local p = people[who]
+        list[#list + 1] = { sentence = rel.sentence(p, v), question = rel.question(p, v),
+            answer = rel.answer and rel.answer(v) or v, relation = rel.name, person = p, chance = rel.chance }
+    end
+    local order = {}
+    for i = 1, #list do order[i] = list[i] end
+    g:shuffle(order)
+    local town = word(g, 2, 3)
+    local parts = { "# " .. g:pick(TITLES):format(town), "" }
+    local i = 1
+    while i <= #order do
+        local k = math.min(#order - i + 1, g:int(3, 6))
+        local sentences = {}
+        for j = i, i + k - 1 do sentences[#sentences + 1] = order[j].sentence end
+        parts[#parts + 1] = table.concat(sentences, " ")
+        parts[#parts + 1] = ""
+        i = i + k
+    end
+    return { text = table.concat(parts, "\n"), facts = list, people = people, seed = seed }
+end
+
+-- The expected exact-match accuracy of answering d's questions without it.
+function facts.chance(d)
+    local s = 0
+    for _, f in ipairs(d.facts) do s = s + f.chance end
+    return s / #d.facts
+end
+
+-- ---------------------------------------------------------------------------
+-- Training conversations for a reader model, in a chat template, in the
+-- forms the engine's recipes put documents in front of a model: the whole
+-- document as the corpus of a system message (what ICL and the cartridge's
+-- initialization see), an excerpt of it under self-study's provenance line
+-- (what bot B sees), and an excerpt with a seed instruction that asks for a
+-- question (what bot A sees).
+
+local function contained(d, text)
+    local inside = {}
+    for _, f in ipairs(d.facts) do
+        if text:find(f.sentence, 1, true) then inside[#inside + 1] = f end
+    end
+    return inside
+end
+
+-- One conversation from document d, drawn with g: returns a list of pieces
+-- { text, supervised } in order. The supervised pieces are the assistant's
+-- replies with the end of turn; a conversation's text is the concatenation.
+-- opts.path: the document's path in its header (default: an invented
+-- docs/<word>.md).
+function facts.conversation(g, d, T, opts)
+    local selfstudy = require("cartridge.selfstudy")
+    opts = opts or {}
+    local path = opts.path or ("docs/" .. word(g, 2, 3):lower() .. ".md")
+    local body = "\n\n# Document: " .. path .. "\n\n" .. d.text
+    local kind = g:below(10)
+    local pieces = {}
+    local function reply(text) pieces[#pieces + 1] = { text = text .. T.close, supervised = true } end
+    local function ask(q) pieces[#pieces + 1] = { text = T.user_open .. q .. T.close .. T.opener(false) } end
+    local pool
+    if kind < 4 then
+        pieces[1] = { text = selfstudy.system_block(T, body) }
+        pool = {}
+        for i, f in ipairs(d.facts) do pool[i] = f end
+        g:shuffle(pool)
+    else
+        -- an excerpt of a quarter to a half of the document, cut anywhere
+        local n = #body
+        local len = g:int(math.floor(n / 4), math.floor(n / 2))
+        local start = g:int(1, n - len + 1)
+        local excerpt = body:sub(start, start + len - 1)
+        pool = g:shuffle(contained(d, excerpt))
+        if #pool == 0 then return facts.conversation(g, d, T, opts) end
+        pieces[1] = { text = selfstudy.system_block(T, selfstudy.chunk_text(path, excerpt)) }
+        if kind >= 7 then -- bot A: a seed instruction, answered with a question about the excerpt
+            ask(selfstudy.SEEDS[g:below(#selfstudy.SEEDS) + 1].text)
+            reply(pool[1].question)
+            return pieces
+        end
+    end
+    for i = 1, math.min(#pool, kind < 4 and g:int(4, 16) or g:int(1, 6)) do
+        ask(pool[i].question)
+        reply(pool[i].answer)
+    end
+    return pieces
+end
+
+-- Whether a reply answers a fact: its first line, trimmed, contains the
+-- expected string, case-insensitively.
+function facts.correct(reply, expected)
+    local first = (reply:match("^[^\n]*") or ""):gsub("^%s+", ""):gsub("%s+$", "")
+    return first:lower():find(expected:lower(), 1, true) ~= nil
+end
+
+return facts

@@ -1,0 +1,224 @@
+-- pretrain.lua: train a model's weights -- from random initialization or
+-- continuing a GGUF -- and write the result as a GGUF.
+--
+--   cartridge run recipes/pretrain.lua --preset reader            # models/reader.gguf
+--   cartridge run recipes/pretrain.lua --from models/reader.gguf --steps 200 --out models/reader2.gguf
+--   cartridge run recipes/pretrain.lua --preset reader --resume   # continue from out's .state file
+--
+-- The data is the synthetic reading task of lua/cartridge/facts.lua:
+-- documents of invented facts (seeds below 1000; make_facts.lua's held-out
+-- seeds start at 1000) in the chat template, with the forms the recipes
+-- show a model -- the whole document in the system message, an excerpt under
+-- self-study's provenance line, an excerpt with a seed instruction answered
+-- by a question -- and question/answer turns. The loss is the next-token
+-- cross-entropy of every token: the documents teach the model to copy (each
+-- name recurs), the replies to answer. AdamW (decay 0.1 on the matrices), gradient clipping at 1.0, a
+-- linear warm-up and a cosine decay to a tenth of --lr.
+--
+-- Deterministic for a seed and a thread count: step s draws its
+-- conversations from (seed, s) alone, so --resume continues the same run.
+-- Every --save-every steps the weights, the optimizer state and the step go
+-- to OUT.state.safetensors (atomically); at the end the GGUF is written
+-- (atomically) and, with --eval N, scored on N held-out documents with the
+-- document in context and without it.
+
+local cartridge = require("cartridge")
+local options = require("cartridge.options")
+local randmodel = require("cartridge.randmodel")
+local facts = require("cartridge.facts")
+local bpe = require("cartridge.bpe")
+local chat = require("cartridge.chat")
+local ids = require("cartridge.ids")
+local trainer = require("cartridge.trainer")
+local progress = require("cartridge.progress")
+local fs = require("cartridge.fs")
+local json = require("cartridge.json")
+local C = cartridge.C
+
+local PRESETS = {
+    -- the reader: a small synthetic-task model that learns to answer from its context
+    reader = { layers = 4, embd = 256, ff = 768, heads = 4, kv_heads = 4, head_dim = 64, ctx = 4096, merges = 1500,
+        steps = 1000, batch = 8, lr = 3e-3, out = "models/reader.gguf" },
+    -- a few steps of a tiny one, for the tests
+    tiny = { layers = 2, embd = 64, ff = 128, heads = 4, kv_heads = 2, head_dim = 16, ctx = 2048, merges = 200,
+        steps = 20, batch = 2, lr = 3e-3, out = "out/tiny-reader.gguf" },
+}
+
+local opts = options.parse(arg, {
+    summary = "Train a model's weights on the synthetic reading task and write it as a GGUF.",
+    flags = {
+        { "preset", choices = { "reader", "tiny" }, help = "shape, vocabulary and budget of a new model" },
+        { "from", help = "continue this GGUF instead of a new model" },
+        { "out", help = "the GGUF to write (default: the preset's, e.g. models/reader.gguf)" },
+        { "steps", type = "int", help = "optimizer steps (default: the preset's)" },
+        { "batch", type = "int", help = "conversations per step (default: the preset's)" },
+        { "lr", type = "number", help = "peak learning rate (default: the preset's)" },
+        { "warmup", type = "int", default = 50, help = "linear warm-up steps" },
+        { "min-facts", type = "int", default = 4, help = "fewest facts in a training document" },
+        { "max-facts", type = "int", default = 48, help = "most facts in a training document" },
+        { "seed", type = "int", default = 1, help = "initialization and data" },
+        { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
+        { "save-every", type = "int", default = 100, help = "write the training state every N steps (0: never)" },
+        { "resume", type = "boolean", help = "continue from OUT.state.safetensors" },
+        { "eval", type = "int", default = 20, help = "held-out documents to score at the end (0: none)" },
+        { "dtype", default = "f32", choices = { "f32", "f16" }, help = "matrices of the written GGUF" },
+    },
+})
+
+local function fail(msg) error("pretrain: " .. msg, 0) end
+if not opts.preset and not opts.from then fail("pass --preset reader (a new model) or --from GGUF (continue one)") end
+local preset = PRESETS[opts.preset or "reader"]
+local steps = opts.steps or preset.steps
+local batch = opts.batch or preset.batch
+local peak_lr = opts.lr or preset.lr
+local out = opts.out or (opts.from and error("pretrain: --from needs --out", 0)) or preset.out
+if steps < 1 or batch < 1 then fail("--steps and --batch must be at least 1") end
+if opts.min_facts < 1 or opts.min_facts > opts.max_facts then fail("need 1 <= --min-facts <= --max-facts") end
+local state_path = out:gsub("%.gguf$", "") .. ".state.safetensors"
+local metrics_path = out:gsub("%.gguf$", "") .. ".metrics.jsonl"
+cartridge.set_threads(opts.threads)
+fs.mkdirs(fs.parent(out))
+
+-- ---------------------------------------------------------------------------
+-- The model: a new one (a vocabulary learned from the task's own text,
+-- random weights) or the one to continue
+
+local init_path = opts.from
+if not init_path then
+    init_path = out:gsub("%.gguf$", "") .. ".init.gguf"
+    local t0 = C.cart_now_seconds()
+    local texts = {}
+    for s = 0, 199 do
+        local d = facts.document(1000000 + s, 40) -- vocabulary text: seeds outside both ranges
+        texts[#texts + 1] = d.text
+        for _, f in ipairs(d.facts) do texts[#texts + 1] = f.question .. "\n" .. f.answer end
+    end
+    for _, seed in ipairs(require("cartridge.selfstudy").SEEDS) do texts[#texts + 1] = seed.text end
+    local vocab = bpe.train(texts, preset.merges)
+    randmodel.write({ out = init_path, arch = "qwen3", layers = preset.layers, embd = preset.embd, ff = preset.ff,
+        heads = preset.heads, kv_heads = preset.kv_heads, head_dim = preset.head_dim, ctx = preset.ctx,
+        dtype = "f32", tokenizer = vocab, seed = opts.seed, out_scale = 1, quiet = true,
+        name = "cartridge-reader-" .. (opts.preset or "reader") })
+    print(("new model: qwen3 %d layers, hidden %d, %d heads of %d, ff %d; vocabulary of %d tokens (%d merges "
+        .. "learned in %.1f s)"):format(preset.layers, preset.embd, preset.heads, preset.head_dim, preset.ff,
+        #vocab.tokens + 5, #vocab.merges, C.cart_now_seconds() - t0))
+end
+local m = cartridge.model.load(init_path, { widen = true })
+local tok = m:tokenizer()
+local T = chat.for_model(m)
+local params = cartridge.params.new(m)
+local tr = trainer.new(m)
+tr:set_params(params)
+local opt = cartridge.adam.new(params, { lr = peak_lr, weight_decay = 0.1, decoupled = true, beta2 = 0.99 })
+print(("training %s parameters in %d tensors; %d steps of %d conversations; lr %g; %d threads")
+    :format(require("cartridge.fmt").int(params:total()), params:count(), steps, batch, peak_lr, cartridge.threads()))
+
+local first_step = 1
+if opts.resume then
+    if fs.kind(state_path) ~= "file" then fail("--resume: no training state at " .. state_path) end
+    local meta = params:load_state(state_path, opt)
+    first_step = tonumber(meta["pretrain.step"]) + 1
+    print(("resumed from %s at step %d"):format(state_path, first_step - 1))
+end
+
+-- ---------------------------------------------------------------------------
+-- Data: step s, conversation i is drawn from (seed, s, i) alone
+
+local function lr_at(step)
+    if step <= opts.warmup then return peak_lr * step / opts.warmup end
+    local t = (step - opts.warmup) / math.max(1, steps - opts.warmup)
+    return peak_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * math.min(t, 1))))
+end
+
+local function conversation(step, i)
+    local g = facts.rng(opts.seed * 1000003 + step * 1009 + i)
+    local d = facts.document(g:below(1000), g:int(opts.min_facts, opts.max_facts))
+    local seq, replies = ids.new(), 0
+    for k, piece in ipairs(facts.conversation(g, d, T)) do
+        local from = #seq
+        tok:encode_ids(piece.text, { special = true, add_special = k == 1 }, seq)
+        if piece.supervised then replies = replies + #seq - from end
+    end
+    return seq, replies
+end
+
+local metrics = assert(io.open(metrics_path, opts.resume and "a" or "w"))
+local function record(t)
+    metrics:write(json.encode(t), "\n")
+    metrics:flush()
+end
+if not opts.resume then
+    record({ event = "start", settings = { preset = opts.preset, from = opts.from, steps = steps, batch = batch,
+        lr = peak_lr, warmup = opts.warmup, seed = opts.seed, params = params:total() } })
+end
+
+local bar = progress.new(steps, "pretrain")
+local started, tokens_seen = C.cart_now_seconds(), 0
+local window_tokens, window_t = 0, C.cart_now_seconds()
+for step = first_step, steps do
+    local segments, targets, base, supervised = {}, trainer.targets(), 0, 0
+    for i = 1, batch do
+        local seq, replies = conversation(step, i)
+        segments[i] = seq
+        targets:append_labels(seq, 1, #seq, base)
+        supervised = supervised + replies
+        base = base + #seq
+    end
+    opt:set_lr(lr_at(step))
+    params:zero_grad()
+    local loss = tr:distill(nil, segments, targets, { backward = true })
+    if loss ~= loss or loss == math.huge then
+        bar:clear()
+        fail(("step %d: the loss is not finite (%s); lower --lr. The last state written is %s"):format(step,
+            tostring(loss), state_path))
+    end
+    local norm = params:clip(1.0)
+    opt:step()
+    tokens_seen, window_tokens = tokens_seen + base, window_tokens + base
+    if step % 10 == 0 or step == steps then
+        local now = C.cart_now_seconds()
+        local rate = window_tokens / math.max(now - window_t, 1e-9)
+        bar:clear()
+        print(("step %5d/%d: loss %.4f (%d reply tokens), grad norm %.2f, lr %.2e, %.0f tokens/s"):format(step,
+            steps, loss, supervised, norm, lr_at(step), rate))
+        io.stdout:flush()
+        window_tokens, window_t = 0, now
+    end
+    record({ step = step, steps = steps, loss = loss, lr = lr_at(step), grad_norm = norm, tokens = tokens_seen,
+        seconds = C.cart_now_seconds() - started })
+    if opts.save_every > 0 and step % opts.save_every == 0 and step < steps then
+        params:save_state(state_path, opt, { ["pretrain.step"] = step, ["pretrain.seed"] = opts.seed })
+    end
+    bar:update(step)
+end
+bar:finish()
+local elapsed = C.cart_now_seconds() - started
+params:write_gguf(out, opts.dtype, "cartridge-reader-" .. (opts.preset or "continued"))
+print(("trained %d steps in %.1f min (%.0f tokens/s); wrote %s"):format(steps - first_step + 1, elapsed / 60,
+    tokens_seen / math.max(elapsed, 1e-9), out))
+if not opts.from then os.remove(init_path) end
+
+-- ---------------------------------------------------------------------------
+-- Held-out documents: with the document in context, and without
+
+if opts.eval > 0 then
+    local serve = require("cartridge.serve")
+    local right = { icl = 0, bare = 0 }
+    local n, chance = 0, 0
+    for k = 1, opts.eval do
+        local d = facts.document(1000 + k, 40)
+        chance = chance + facts.chance(d) * #d.facts
+        local system = "\n\n# Document: heldout/doc" .. k .. ".md\n\n" .. d.text
+        for _, f in ipairs(d.facts) do
+            local icl = serve.answer({ model = m, question = f.question, max_a = 16, system = system })
+            local bare = serve.answer({ model = m, question = f.question, max_a = 16 })
+            if facts.correct(icl.text, f.answer) then right.icl = right.icl + 1 end
+            if facts.correct(bare.text, f.answer) then right.bare = right.bare + 1 end
+            n = n + 1
+        end
+    end
+    print(("held-out (%d documents of 40 facts, seeds 1001-%d): with the document %d/%d = %.1f%%, "
+        .. "bare %d/%d = %.1f%% (chance %.1f%%)"):format(opts.eval, 1000 + opts.eval, right.icl, n,
+        100 * right.icl / n, right.bare, n, 100 * right.bare / n, 100 * chance / n))
+    record({ event = "eval", icl = right.icl, bare = right.bare, n = n, chance = chance / n })
+end
