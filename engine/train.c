@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "adam.h"
-#include "blas.h"
 #include "dtype.h"
 #include "internal.h"
 #include "model_internal.h"
@@ -308,6 +307,22 @@ int cart_target_list_append_topk(cart_target_list *l, int64_t position, const fl
     return CART_OK;
 }
 
+int cart_target_list_append_labels(cart_target_list *l, const int32_t *tokens, int64_t n, int64_t from,
+                                   int64_t to, int64_t offset) {
+    if (!l || !tokens || from < 1 || to > n || from > to)
+        return cart_fail(CART_E_ARG, "target list append_labels: positions [%lld, %lld) of %lld tokens; "
+                         "the first must be at least 1", (long long)from, (long long)to, (long long)n);
+    int rc = target_list_reserve(l, to - from);
+    if (rc != CART_OK) return rc;
+    for (int64_t i = from; i < to; i++) {
+        l->position[l->n] = offset + i;
+        l->token[l->n] = tokens[i];
+        l->logprob[l->n] = 0.0f;
+        l->n++;
+    }
+    return CART_OK;
+}
+
 int cart_target_list_push(cart_target_list *l, int64_t position, int32_t token, float logprob) {
     if (!l) return cart_fail(CART_E_ARG, "target list push: NULL list");
     int rc = target_list_reserve(l, 1);
@@ -380,9 +395,10 @@ struct cart_trainer {
     uint64_t peak_bytes;
     /* the activations and backward scratch of the last pass, kept for the
      * next one: a training step needs gigabytes, and fresh pages cost their
-     * zeroing (slot 0: activations, 1: backward scratch, 2: trunk gradient) */
-    float *cache[3];
-    size_t cache_bytes[3];
+     * zeroing (slot 0: activations, 1: backward scratch, 2: trunk gradient,
+     * 3: weight-gradient scratch) */
+    float *cache[4];
+    size_t cache_bytes[4];
 };
 
 int cart_trainer_new(cart_trainer **out, cart_model *m, const cart_trainer_options *opts) {
@@ -397,7 +413,7 @@ int cart_trainer_new(cart_trainer **out, cart_model *m, const cart_trainer_optio
 
 void cart_trainer_free(cart_trainer *t) {
     if (!t) return;
-    for (int i = 0; i < 3; i++) free(t->cache[i]);
+    for (int i = 0; i < 4; i++) free(t->cache[i]);
     free(t);
 }
 
@@ -411,6 +427,12 @@ int cart_trainer_set_params(cart_trainer *t, cart_params *p) {
 uint64_t cart_trainer_peak_bytes(const cart_trainer *t) {
     return t->peak_bytes;
 }
+
+/* The working memory of weight gradients: the transposed input and output
+ * gradient of a linear layer, and its gradient before it is added. */
+typedef struct wgrad_scratch {
+    float *xt, *dyt, *g; /* [cols, T], [rows, T], [rows, cols] for the largest layer */
+} wgrad_scratch;
 
 /* Everything one pass needs. */
 typedef struct pass {
@@ -435,14 +457,34 @@ typedef struct pass {
     float *delta;       /* [T, H] dout . out per token and head */
     float *dqn_w;       /* [T, D] per token: the q-norm weight's gradient (weights training) */
     float *dkn_w;       /* [T, D] the same for the k-norm */
+    wgrad_scratch ws;   /* weights training only */
 } pass;
 
+/* dst[c, r] = src[r, c] for src [rows, cols] with row pitch ld. */
+static void transpose(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols) {
+    enum { B = 32 };
+    for (int64_t r0 = 0; r0 < rows; r0 += B)
+        for (int64_t c0 = 0; c0 < cols; c0 += B)
+            for (int64_t r = r0; r < rows && r < r0 + B; r++)
+                for (int64_t c = c0; c < cols && c < c0 + B; c++) dst[c * rows + r] = src[r * ld + c];
+}
+
 /* dw[rows, cols] += dy[T, rows]^T x[T, cols]: a linear layer's weight
- * gradient over T tokens (nothing when dw is NULL). */
-static int weight_grad(float *dw, const float *dy, int64_t ldy, const float *x, int64_t ldx,
-                       int64_t rows, int64_t cols, int64_t T) {
-    if (!dw) return CART_OK;
-    return cart_gemm(dw, cols, dy, ldy, 1, x, ldx, 0, rows, cols, T, 1.0f, 1.0f);
+ * gradient over T tokens (nothing when dw is NULL). It runs through the
+ * engine's own f32 matmul kernels -- x^T as the weight, the columns of dy as
+ * the inputs -- whose results are the same bits at every ISA level, so that
+ * a training run gives the same model on any CPU. */
+static int weight_grad(const wgrad_scratch *ws, float *dw, const float *dy, int64_t ldy, const float *x,
+                       int64_t ldx, int64_t rows, int64_t cols, int64_t T) {
+    if (!dw || T == 0) return CART_OK;
+    cart_weight w;
+    transpose(ws->xt, x, ldx, T, cols);
+    transpose(ws->dyt, dy, ldy, T, rows);
+    int rc = cart_weight_init(&w, CART_F32, ws->xt, cols, T);
+    if (!rc) rc = cart_matmul_forward(ws->g, cols, ws->dyt, T, &w, rows, cart_default_pool());
+    if (!rc)
+        for (int64_t i = 0; i < rows * cols; i++) dw[i] += ws->g[i];
+    return rc;
 }
 
 /* dw[i] += sum over rows r of dy[r, i] * x[r, i] * rstd[r]: an RMSNorm
@@ -717,21 +759,21 @@ static int layer_backward(pass *s, float *dx, back_scratch *b) {
     /* feed-forward: x_out = x_mid + down(silu(gate) * up) */
     memset(b->dh, 0, sizeof(float) * (size_t)(T * F));
     if ((rc = cart_matmul_backward(b->dh, F, dx, E, &L->wdown, T, pool))) return rc;
-    if ((rc = weight_grad(G->wdown, dx, E, a->h, F, E, F, T))) return rc;
+    if ((rc = weight_grad(&s->ws, G->wdown, dx, E, a->h, F, E, F, T))) return rc;
     memset(b->dgate, 0, sizeof(float) * (size_t)(T * F));
     memset(b->dup, 0, sizeof(float) * (size_t)(T * F));
     swiglu_backward(b->dgate, b->dup, b->dh, a->gate, a->up, T * F);
     memset(b->dxn, 0, sizeof(float) * (size_t)(T * E));
     if ((rc = cart_matmul_backward(b->dxn, E, b->dgate, F, &L->wgate, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, b->dup, F, &L->wup, T, pool))) return rc;
-    if ((rc = weight_grad(G->wgate, b->dgate, F, a->xn2, E, F, E, T))) return rc;
-    if ((rc = weight_grad(G->wup, b->dup, F, a->xn2, E, F, E, T))) return rc;
+    if ((rc = weight_grad(&s->ws, G->wgate, b->dgate, F, a->xn2, E, F, E, T))) return rc;
+    if ((rc = weight_grad(&s->ws, G->wup, b->dup, F, a->xn2, E, F, E, T))) return rc;
     norm_weight_grad(G->ffn_norm, b->dxn, a->x_mid, a->rstd2, T, E);
     rmsnorm_backward(dx, b->dxn, a->x_mid, a->rstd2, L->ffn_norm, T, E); /* dx: now d x_mid */
     /* attention: x_mid = x_in + o(att) */
     memset(s->datt, 0, sizeof(float) * (size_t)(T * HD));
     if ((rc = cart_matmul_backward(s->datt, HD, dx, E, &L->wo, T, pool))) return rc;
-    if ((rc = weight_grad(G->wo, dx, E, a->att, HD, E, HD, T))) return rc;
+    if ((rc = weight_grad(&s->ws, G->wo, dx, E, a->att, HD, E, HD, T))) return rc;
     memset(s->dq, 0, sizeof(float) * (size_t)(T * HD));
     memset(s->dk, 0, sizeof(float) * (size_t)(T * KD));
     memset(s->dv, 0, sizeof(float) * (size_t)(T * KD));
@@ -748,9 +790,9 @@ static int layer_backward(pass *s, float *dx, back_scratch *b) {
     if ((rc = cart_matmul_backward(b->dxn, E, s->dq, HD, &L->wq, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, s->dk, KD, &L->wk, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, s->dv, KD, &L->wv, T, pool))) return rc;
-    if ((rc = weight_grad(G->wq, s->dq, HD, a->xn1, E, HD, E, T))) return rc;
-    if ((rc = weight_grad(G->wk, s->dk, KD, a->xn1, E, KD, E, T))) return rc;
-    if ((rc = weight_grad(G->wv, s->dv, KD, a->xn1, E, KD, E, T))) return rc;
+    if ((rc = weight_grad(&s->ws, G->wq, s->dq, HD, a->xn1, E, HD, E, T))) return rc;
+    if ((rc = weight_grad(&s->ws, G->wk, s->dk, KD, a->xn1, E, KD, E, T))) return rc;
+    if ((rc = weight_grad(&s->ws, G->wv, s->dv, KD, a->xn1, E, KD, E, T))) return rc;
     norm_weight_grad(G->attn_norm, b->dxn, a->x_in, a->rstd1, T, E);
     rmsnorm_backward(dx, b->dxn, a->x_in, a->rstd1, L->attn_norm, T, E);
     return CART_OK;
@@ -847,6 +889,15 @@ static int trunk_forward(cart_trainer *t, pass *s, const int32_t *tokens, int ke
 }
 
 enum { HEAD_CHUNK = 32 }; /* rows through the output head at a time */
+
+/* Rows through the head at a time when its weights train too: as many as
+ * fit 4 Mi logits (between 32 and 1024), so that the head's weight gradient
+ * sums over many rows per product. */
+static int64_t head_chunk(int64_t V, int weights) {
+    if (!weights) return HEAD_CHUNK;
+    int64_t n = ((int64_t)1 << 22) / V;
+    return n < HEAD_CHUNK ? HEAD_CHUNK : n > 1024 ? 1024 : n;
+}
 
 /* The output head over a list of rows of x_final: norm, logits into `logits`
  * ([n, V]); xn and rstd receive the normed rows (for the backward). */
@@ -959,7 +1010,8 @@ typedef struct head_work {
     entry_ref *refs; /* [n targets] sorted by row */
     int64_t *rows;   /* [n_rows] distinct rows, ascending */
     int64_t n_rows;
-    float *xn, *rstd, *dxn, *logits; /* HEAD_CHUNK rows */
+    int64_t chunk;                   /* rows per pass through the head */
+    float *xn, *rstd, *dxn, *logits; /* chunk rows */
 } head_work;
 
 static void head_work_free(head_work *w) {
@@ -971,14 +1023,16 @@ static void head_work_free(head_work *w) {
     free(w->logits);
 }
 
-static int head_work_init(head_work *w, const cart_distill_targets *tg, int64_t E, int64_t V) {
+static int head_work_init(head_work *w, const cart_distill_targets *tg, int64_t E, int64_t V, int64_t chunk) {
     memset(w, 0, sizeof *w);
+    w->chunk = chunk;
     w->refs = cart_malloc(sizeof(entry_ref) * (size_t)tg->n, "target order");
     w->rows = cart_malloc(sizeof(int64_t) * (size_t)tg->n, "target rows");
-    w->xn = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)E, "head rows");
-    w->rstd = cart_malloc(sizeof(float) * HEAD_CHUNK, "head rows");
-    w->dxn = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)E, "head gradient");
-    w->logits = cart_malloc(sizeof(float) * HEAD_CHUNK * (size_t)V, "head logits");
+    size_t R = (size_t)w->chunk;
+    w->xn = cart_malloc(sizeof(float) * R * (size_t)E, "head rows");
+    w->rstd = cart_malloc(sizeof(float) * R, "head rows");
+    w->dxn = cart_malloc(sizeof(float) * R * (size_t)E, "head gradient");
+    w->logits = cart_malloc(sizeof(float) * R * (size_t)V, "head logits");
     if (!w->refs || !w->rows || !w->xn || !w->rstd || !w->dxn || !w->logits) return CART_E_NOMEM;
     for (int64_t e = 0; e < tg->n; e++) w->refs[e] = (entry_ref){tg->position[e] - 1, e};
     qsort(w->refs, (size_t)tg->n, sizeof *w->refs, compare_refs);
@@ -1018,7 +1072,7 @@ static double row_loss(float *lr, int64_t V, int64_t row, const cart_distill_tar
     return loss;
 }
 
-/* The head over every target row, HEAD_CHUNK rows at a time: the scaled
+/* The head over every target row, w->chunk rows at a time: the scaled
  * loss, and with dx the gradient of the final hidden rows added into dx. */
 static int head_pass(pass *s, head_work *w, const trunk *tr, const cart_distill_targets *tg, double scale,
                      float *dx, double *loss_out) {
@@ -1026,8 +1080,8 @@ static int head_pass(pass *s, head_work *w, const trunk *tr, const cart_distill_
     double loss = 0.0;
     int64_t e0 = 0; /* first target (in refs order) of the current row */
     int rc = CART_OK;
-    for (int64_t j = 0; !rc && j < w->n_rows; j += HEAD_CHUNK) {
-        int64_t chunk = w->n_rows - j < HEAD_CHUNK ? w->n_rows - j : HEAD_CHUNK;
+    for (int64_t j = 0; !rc && j < w->n_rows; j += w->chunk) {
+        int64_t chunk = w->n_rows - j < w->chunk ? w->n_rows - j : w->chunk;
         if ((rc = head_forward(s, tr->x_final, w->rows + j, chunk, w->xn, w->rstd, w->logits))) break;
         for (int64_t r = 0; r < chunk; r++)
             loss += row_loss(w->logits + r * V, V, w->rows[j + r], tg, w->refs, &e0, scale, dx != NULL);
@@ -1037,7 +1091,7 @@ static int head_pass(pass *s, head_work *w, const trunk *tr, const cart_distill_
             break;
         if (s->wg) { /* the head's weight (token_embd's when tied) and the final norm's */
             float *dout = s->c->tied_output ? s->wg->tok_embd : s->wg->output;
-            if ((rc = weight_grad(dout, w->logits, V, w->xn, E, V, E, chunk))) break;
+            if ((rc = weight_grad(&s->ws, dout, w->logits, V, w->xn, E, V, E, chunk))) break;
             for (int64_t r = 0; s->wg->output_norm && r < chunk; r++)
                 norm_weight_grad(s->wg->output_norm, w->dxn + r * E, tr->x_final + w->rows[j + r] * E,
                                  w->rstd + r, 1, E);
@@ -1100,6 +1154,27 @@ static int layers_backward(cart_trainer *t, pass *s, trunk *tr, acts *scratch, f
     return rc;
 }
 
+/* The weight-gradient scratch for a pass of s->T tokens, from the trainer's
+ * cache (slot 3): room for the largest linear layer, the head's chunks
+ * included. */
+static int wgrad_scratch_init(pass *s, cart_trainer *t, int64_t head_rows) {
+    const cart_model_config *c = s->c;
+    int64_t E = c->n_embd, F = c->n_ff, V = c->n_vocab, T = s->T;
+    int64_t HD = (int64_t)c->n_head * c->head_dim;
+    int64_t widest = E > F ? E : F;
+    if (HD > widest) widest = HD;
+    int64_t xt = widest * T, dyt = widest * T, g = F * E;
+    if (HD * E > g) g = HD * E;
+    if (V * E > g) g = V * E;
+    if (head_rows * V > dyt) dyt = head_rows * V;
+    float *p = trainer_block(t, 3, sizeof(float) * (size_t)(xt + dyt + g));
+    if (!p) return CART_E_NOMEM;
+    s->ws.xt = cart_carve(&p, xt);
+    s->ws.dyt = cart_carve(&p, dyt);
+    s->ws.g = cart_carve(&p, g);
+    return CART_OK;
+}
+
 int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *tokens, int64_t n,
                          const int64_t *seg_len, int32_t n_seg, const cart_distill_targets *tg,
                          int32_t mean, float loss_scale, int32_t backward, double *loss_out) {
@@ -1122,7 +1197,8 @@ int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *toke
     trunk tr = {0};
     acts scratch;
     float *dx = NULL;
-    rc = head_work_init(&w, tg, E, s.c->n_vocab);
+    rc = head_work_init(&w, tg, E, s.c->n_vocab, head_chunk(s.c->n_vocab, s.wg != NULL));
+    if (!rc && s.wg) rc = wgrad_scratch_init(&s, t, w.chunk);
     if (!rc) rc = trunk_forward(t, &s, tokens, !t->opts.recompute, &scratch, &tr);
     if (!rc && backward) {
         dx = trainer_block(t, 2, (size_t)(n * E) * sizeof(float));

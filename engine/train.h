@@ -122,6 +122,11 @@ int cart_target_list_truncate(cart_target_list *l, int64_t n);
  * at `position`. Writes the number appended to *n_out when n_out is not NULL. */
 int cart_target_list_append_topk(cart_target_list *l, int64_t position, const float *logits,
                                  int64_t n_vocab, int32_t k, float mass, int32_t *n_out);
+/* Language-model targets: for i in [from, to) of tokens[0..n), the entry
+ * (offset + i, tokens[i], logprob 0), the next token as a hard label. from
+ * must be at least 1 (token 0 has no row before it). */
+int cart_target_list_append_labels(cart_target_list *l, const int32_t *tokens, int64_t n, int64_t from,
+                                   int64_t to, int64_t offset);
 /* Appends one entry. */
 int cart_target_list_push(cart_target_list *l, int64_t position, int32_t token, float logprob);
 /* Appends every entry of src (which may be l itself) with its position

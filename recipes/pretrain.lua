@@ -60,7 +60,9 @@ local opts = options.parse(arg, {
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
         { "save-every", type = "int", default = 100, help = "write the training state every N steps (0: never)" },
         { "resume", type = "boolean", help = "continue from OUT.state.safetensors" },
+        { "stop-after", type = "int", help = "stop after this step, saving the state (--resume continues)" },
         { "eval", type = "int", default = 20, help = "held-out documents to score at the end (0: none)" },
+        { "eval-every", type = "int", default = 0, help = "also score one held-out document every N steps (0: never)" },
         { "dtype", default = "f32", choices = { "f32", "f16" }, help = "matrices of the written GGUF" },
     },
 })
@@ -152,6 +154,23 @@ if not opts.resume then
         lr = peak_lr, warmup = opts.warmup, seed = opts.seed, params = params:total() } })
 end
 
+-- ---------------------------------------------------------------------------
+-- Held-out documents (seeds 1001 and up, never trained on): exact-match
+-- accuracy with the document in context, and without it
+
+local function evaluate(n_docs)
+    local icl, bare, n, chance = 0, 0, 0, 0
+    for k = 1, n_docs do
+        local d = facts.document(1000 + k, 40)
+        chance = chance + facts.chance(d) * #d.facts
+        local system = "\n\n# Document: heldout/doc" .. k .. ".md\n\n" .. d.text
+        icl = icl + facts.accuracy(m, d.facts, { system = system, max_a = 16 })
+        bare = bare + facts.accuracy(m, d.facts, { max_a = 16 })
+        n = n + #d.facts
+    end
+    return icl, bare, n, chance / n
+end
+
 local bar = progress.new(steps, "pretrain")
 local started, tokens_seen = C.cart_now_seconds(), 0
 local window_tokens, window_t = 0, C.cart_now_seconds()
@@ -186,10 +205,22 @@ for step = first_step, steps do
     end
     record({ step = step, steps = steps, loss = loss, lr = lr_at(step), grad_norm = norm, tokens = tokens_seen,
         seconds = C.cart_now_seconds() - started })
-    if opts.save_every > 0 and step % opts.save_every == 0 and step < steps then
+    if opts.eval_every > 0 and step % opts.eval_every == 0 then
+        local icl, bare, n = evaluate(1)
+        bar:clear()
+        print(("step %5d: held-out document: with it %d/%d, bare %d/%d"):format(step, icl, n, bare, n))
+        record({ event = "eval", step = step, icl = icl, bare = bare, n = n })
+    end
+    if (opts.save_every > 0 and step % opts.save_every == 0 and step < steps) or step == opts.stop_after then
         params:save_state(state_path, opt, { ["pretrain.step"] = step, ["pretrain.seed"] = opts.seed })
     end
     bar:update(step)
+    if step == opts.stop_after then
+        bar:finish()
+        print(("stopped after step %d; the state is in %s (--resume continues)"):format(step, state_path))
+        if not opts.from then os.remove(init_path) end
+        return
+    end
 end
 bar:finish()
 local elapsed = C.cart_now_seconds() - started
@@ -198,27 +229,10 @@ print(("trained %d steps in %.1f min (%.0f tokens/s); wrote %s"):format(steps - 
     tokens_seen / math.max(elapsed, 1e-9), out))
 if not opts.from then os.remove(init_path) end
 
--- ---------------------------------------------------------------------------
--- Held-out documents: with the document in context, and without
-
 if opts.eval > 0 then
-    local serve = require("cartridge.serve")
-    local right = { icl = 0, bare = 0 }
-    local n, chance = 0, 0
-    for k = 1, opts.eval do
-        local d = facts.document(1000 + k, 40)
-        chance = chance + facts.chance(d) * #d.facts
-        local system = "\n\n# Document: heldout/doc" .. k .. ".md\n\n" .. d.text
-        for _, f in ipairs(d.facts) do
-            local icl = serve.answer({ model = m, question = f.question, max_a = 16, system = system })
-            local bare = serve.answer({ model = m, question = f.question, max_a = 16 })
-            if facts.correct(icl.text, f.answer) then right.icl = right.icl + 1 end
-            if facts.correct(bare.text, f.answer) then right.bare = right.bare + 1 end
-            n = n + 1
-        end
-    end
+    local icl, bare, n, chance = evaluate(opts.eval)
     print(("held-out (%d documents of 40 facts, seeds 1001-%d): with the document %d/%d = %.1f%%, "
-        .. "bare %d/%d = %.1f%% (chance %.1f%%)"):format(opts.eval, 1000 + opts.eval, right.icl, n,
-        100 * right.icl / n, right.bare, n, 100 * right.bare / n, 100 * chance / n))
-    record({ event = "eval", icl = right.icl, bare = right.bare, n = n, chance = chance / n })
+        .. "bare %d/%d = %.1f%% (chance %.1f%%)"):format(opts.eval, 1000 + opts.eval, icl, n, 100 * icl / n, bare, n,
+        100 * bare / n, 100 * chance))
+    record({ event = "eval", step = steps, icl = icl, bare = bare, n = n, chance = chance })
 end

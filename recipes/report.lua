@@ -21,6 +21,13 @@
 -- endings of the stories with the 16 tokens before each ending as context:
 -- the rest of each story -- its names, objects and events -- is only in the
 -- corpus.
+--
+-- --qa FILE instead answers the questions of a JSONL file (make_facts.lua
+-- writes one) in each arm, greedily, and counts an answer when the reply's
+-- first line contains the expected string, case-insensitive and trimmed:
+--
+--   cartridge run recipes/report.lua --model models/reader.gguf --qa out/facts/qa.jsonl \
+--       --corpus out/facts/doc.md --load out/facts/c.safetensors
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
@@ -39,6 +46,8 @@ local opts = options.parse(arg, {
         { "model", help = "GGUF model (default: " .. defaults.user_model .. ", else the embedded demo model)" },
         { "corpus", repeatable = true, help = "the corpus the cartridges were trained on (for the ICL arm)" },
         { "heldout", help = "a JSON array of held-out texts to score" },
+        { "qa", help = "instead: a JSONL file of {\"question\", \"answer\"} lines to answer (exact match)" },
+        { "max-a", type = "int", default = 24, help = "--qa: answer budget, tokens" },
         { "load", repeatable = true, help = "a cartridge to score (repeatable)" },
         { "icl-max", type = "int", default = 4096, help = "corpus tokens in the ICL context at most" },
         { "make-stories", help = "instead: write a story corpus (corpus.md) and held-out endings (heldout.json) here" },
@@ -100,6 +109,45 @@ if opts.make_stories then
     write_file(opts.make_stories .. "/heldout.json", json.encode(json.array(heldout)) .. "\n")
     print(("wrote %s/corpus.md (%d stories) and %s/heldout.json (%d held-out endings)"):format(opts.make_stories,
         #parts, opts.make_stories, #heldout))
+    return
+end
+
+-- ---------------------------------------------------------------------------
+-- Question answering: exact-match accuracy of greedy answers
+
+-- bytes of K and V rows per position at f16, as a serving cache holds them
+local row_bytes = 2 * m.config.n_layer * m.config.n_head_kv * m.config.head_dim * 2
+
+if opts.qa then
+    local facts = require("cartridge.facts")
+    local qa = facts.read_qa(opts.qa)
+    local arms = { { name = "bare model" } }
+    for _, path in ipairs(opts.load) do
+        local c, info = cartridge.cart.load(path, m)
+        local training = info.training or {}
+        arms[#arms + 1] = { name = ("cartridge %s (p=%d, %s steps)"):format(path:match("[^/]+$"), c.p,
+            tostring(training.steps or "?")), cartridge = c }
+    end
+    if #opts.corpus > 0 then
+        local corpus = corpus_mod.load(opts.corpus, tok)
+        local text, _, truncated = serve.icl_text(corpus, tok, opts.icl_max)
+        arms[#arms + 1] = { name = "ICL (corpus in context" .. (truncated and ", truncated)" or ")"), system = text }
+    end
+    local started = C.cart_now_seconds()
+    print(("questions: %d from %s; model %s"):format(#qa, opts.qa, m.path))
+    print(("%-46s %8s %10s %14s"):format("arm", "KV rows", "KV bytes", "exact match"))
+    local rows_out = {}
+    for _, a in ipairs(arms) do
+        local right, total, rows = facts.accuracy(m, qa, { cartridge = a.cartridge, system = a.system,
+            max_a = opts.max_a })
+        a.rows = rows
+        print(("%-46s %8d %10s %7d/%-3d %3.0f%%"):format(a.name, a.rows, fmt.bytes(a.rows * row_bytes), right, total,
+            100 * right / total))
+        rows_out[#rows_out + 1] = { arm = a.name, kv_rows = a.rows, kv_bytes = a.rows * row_bytes, right = right,
+            total = total }
+    end
+    print(("(%.1f s)"):format(C.cart_now_seconds() - started))
+    if opts.json then print(json.encode(rows_out)) end
     return
 end
 
@@ -209,8 +257,6 @@ if corpus then
         prefix = ctx, rows = #ctx })
 end
 
--- bytes of K and V rows per position at f16, as a serving cache holds them
-local row_bytes = 2 * m.config.n_layer * m.config.n_head_kv * m.config.head_dim * 2
 local bare, icl = arms[1], corpus and arms[#arms] or nil
 local rows_out = {}
 print(("held-out: %d texts, %d scored tokens; model %s"):format(#scored, n_tokens, m.path))

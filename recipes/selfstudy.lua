@@ -50,6 +50,8 @@ local opts = options.parse(arg, {
         { "checkpoint", type = "boolean", help = "recompute each layer in the backward (less memory, bit-identical results)" },
         { "no-pack", type = "boolean", help = "one conversation per forward/backward (the packed gradient up to rounding)" },
         { "teacher-pass", type = "boolean", help = "score B's answers with a separate packed teacher pass instead of reusing B's logits" },
+        { "qa", help = "a JSONL file of {\"question\", \"answer\"} lines: exact-match accuracy of the cartridge as it trains" },
+        { "qa-every", type = "int", default = 0, help = "with --qa: score every N steps (0: at the end only), with bare and ICL at the start" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
         { "load", help = "serve mode: a saved cartridge" },
         { "ask", help = "with --load: answer this from the cartridge; without: train, save, then answer it" },
@@ -173,6 +175,26 @@ local heldout_before = selfstudy.eval_loss(tr, c, heldout)
 print(("held-out distill loss before training: %.4f"):format(heldout_before))
 record({ event = "heldout_before", loss = heldout_before })
 
+-- exact-match accuracy on --qa: bare and ICL once, the cartridge as it trains
+local qa, facts
+local function score_qa(step)
+    local t0 = C.cart_now_seconds()
+    local right, total = facts.accuracy(m, qa, { cartridge = c, max_a = 32 })
+    print(("step %3d (%d conversations): cartridge answers %d/%d of %s (%.1f s)"):format(step, step * opts.accum,
+        right, total, opts.qa, C.cart_now_seconds() - t0))
+    record({ event = "qa", step = step, conversations = step * opts.accum, right = right, total = total })
+end
+if opts.qa then
+    facts = require("cartridge.facts")
+    qa = facts.read_qa(opts.qa)
+    local bare = facts.accuracy(m, qa, { max_a = 32 })
+    local icl_text = serve.icl_text(corpus, tok, opts.icl_max)
+    local icl = facts.accuracy(m, qa, { system = icl_text, max_a = 32 })
+    print(("qa: %d questions; bare %d/%d, ICL %d/%d"):format(#qa, bare, #qa, icl, #qa))
+    record({ event = "qa_reference", bare = bare, icl = icl, total = #qa })
+    score_qa(0)
+end
+
 local bar = progress.new(opts.steps, "self-study")
 local last_saved -- the step of the last checkpoint written
 -- What a stopped run leaves at --save, for its message.
@@ -226,9 +248,14 @@ for step = 1, opts.steps do
         last_saved = step
         print(("checkpoint saved to %s (step %d)"):format(opts.save, step))
     end
+    if qa and opts.qa_every > 0 and step % opts.qa_every == 0 and step < opts.steps then
+        bar:clear()
+        score_qa(step)
+    end
     bar:update(step)
 end
 bar:finish()
+if qa then score_qa(opts.steps) end
 
 local elapsed = C.cart_now_seconds() - train_started
 local conversations = opts.steps * opts.accum

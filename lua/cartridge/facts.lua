@@ -232,4 +232,46 @@ function facts.correct(reply, expected)
     return first:lower():find(expected:lower(), 1, true) ~= nil
 end
 
+-- The questions of a JSONL file of {"question", "answer"} lines (blank
+-- lines skipped); a clear error names the line that is not one.
+function facts.read_qa(path)
+    local json = require("cartridge.json")
+    local f = io.open(path, "rb")
+    if not f then error("qa: cannot open " .. path .. "; write one with recipes/make_facts.lua", 0) end
+    local qa, n_line = {}, 0
+    for line in f:lines() do
+        n_line = n_line + 1
+        if line:find("%S") then
+            local ok, e = pcall(json.decode, line)
+            if not ok or type(e) ~= "table" or type(e.question) ~= "string" or type(e.answer) ~= "string"
+                or e.answer == "" then
+                f:close()
+                error(('qa: %s line %d is not {"question": string, "answer": non-empty string}%s')
+                    :format(path, n_line, ok and "" or (": " .. tostring(e))), 0)
+            end
+            qa[#qa + 1] = e
+        end
+    end
+    f:close()
+    if #qa == 0 then error("qa: " .. path .. " holds no questions", 0) end
+    return qa
+end
+
+-- How many of the questions m answers right, greedily, in one arm: opts.cartridge
+-- (its rows in front), opts.system (a system message, e.g. the corpus), or
+-- neither (bare); opts.max_a (24) tokens at most. Returns right, total and
+-- the KV rows in front of the last question's turn.
+function facts.accuracy(m, qa, opts)
+    local serve = require("cartridge.serve")
+    opts = opts or {}
+    local right, rows = 0, 0
+    for _, e in ipairs(qa) do
+        local r = serve.answer({ model = m, cartridge = opts.cartridge, system = opts.system, question = e.question,
+            max_a = opts.max_a or 24 })
+        if facts.correct(r.text, e.answer) then right = right + 1 end
+        rows = r.rows + r.prompt_tokens - r.question_tokens
+    end
+    return right, #qa, rows
+end
+
 return facts

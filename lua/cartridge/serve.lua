@@ -4,7 +4,8 @@
 --
 --   local serve = require("cartridge.serve")
 --   local r = serve.answer{ model = m, cartridge = c, question = "...", max_a = 192 }
---   r.text, r.ids, r.seconds, r.tok_s, r.rows (KV rows in front of the prompt)
+--   r.text, r.ids, r.seconds, r.tok_s, r.rows (KV rows in front of the prompt),
+--   r.prompt_tokens, r.question_tokens (the question's turn within the prompt)
 --
 -- Every arm decodes greedily up to max_a tokens and stops at the template's
 -- end of turn (not included). The prompt is the user turn and the assistant
@@ -29,6 +30,7 @@ function serve.answer(opts)
     local T = opts.template or chat.for_model(m)
     local max_a = opts.max_a or 192
     local prompt_text = T.user_open .. opts.question .. T.close .. T.opener(false)
+    local question_tokens = #tok:encode(prompt_text, { special = true })
     if opts.system then
         prompt_text = selfstudy.system_block(T, opts.system) .. prompt_text
     end
@@ -61,6 +63,7 @@ function serve.answer(opts)
         tok_s = #ids / math.max(dt, 1e-9),
         rows = p,
         prompt_tokens = #prompt,
+        question_tokens = question_tokens, -- the question's own turn (the rest of the prompt is a system block or BOS)
     }
 end
 

@@ -1,0 +1,147 @@
+-- The reading task and weight training end to end: make_facts.lua,
+-- pretrain.lua (tiny preset: a few steps), report.lua --qa.
+
+local cartridge = require("cartridge")
+local helper = require("helper")
+local facts = require("cartridge.facts")
+local json = require("cartridge.json")
+
+local tmp
+setup(function() tmp = helper.tmpdir() end)
+teardown(function() helper.rmdir(tmp) end)
+
+local function run(...)
+    if not helper.exists(helper.bin) then return nil end
+    return helper.cartridge("run", ...)
+end
+
+describe("the reading task", function()
+    it("draws the same document for a seed, with every fact's sentence in it and unambiguous people", function()
+        local a, b, c = facts.document(1001, 40), facts.document(1001, 40), facts.document(1002, 40)
+        assert.are.equal(a.text, b.text)
+        assert.are_not.equal(a.text, c.text)
+        assert.are.equal(40, #a.facts)
+        assert.are.equal(10, #a.people)
+        local firsts = {}
+        for _, p in ipairs(a.people) do
+            local first = p:match("^(%S+)")
+            assert.is_nil(firsts[first], "first names are unique")
+            firsts[first] = true
+        end
+        local seen = {}
+        for _, f in ipairs(a.facts) do
+            assert.truthy(a.text:find(f.sentence, 1, true), f.sentence)
+            assert.truthy(f.question:find(f.person, 1, true), f.question)
+            assert.truthy(f.sentence:find(f.answer, 1, true), f.sentence)
+            local key = f.person .. "/" .. f.relation
+            assert.is_nil(seen[key], "one fact per person and relation")
+            seen[key] = true
+        end
+        local chance = facts.chance(a)
+        print(("  40 facts, %d bytes; guessing scores %.1f%%"):format(#a.text, 100 * chance))
+        assert.is_true(chance > 0 and chance < 0.1)
+    end)
+
+    it("counts a reply whose first line contains the answer, case-insensitive and trimmed", function()
+        assert.is_true(facts.correct("  Kristail.\nmore", "kristail"))
+        assert.is_true(facts.correct("It is 5154", "5154"))
+        assert.is_false(facts.correct("no\nKristail", "Kristail"))
+        assert.is_false(facts.correct("", "x"))
+    end)
+
+    it("make_facts.lua writes the document and its questions, the same bytes for a seed", function()
+        local rc, out, err = run("recipes/make_facts.lua", "--seed", "1003", "--facts", "12", "--out", tmp .. "/f")
+        if rc == nil then return pending("build/cartridge not built") end
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("12 facts about 3 people", 1, true), out)
+        local doc = helper.read_file(tmp .. "/f/doc.md")
+        assert.are.equal(facts.document(1003, 12).text, doc)
+        local n = 0
+        for line in helper.read_file(tmp .. "/f/qa.jsonl"):gmatch("[^\n]+") do
+            local e = json.decode(line)
+            assert.is_string(e.question)
+            assert.truthy(doc:find(e.answer, 1, true), e.answer)
+            n = n + 1
+        end
+        assert.are.equal(12, n)
+        rc, _, err = run("recipes/make_facts.lua", "--facts", "0", "--out", tmp .. "/g")
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("--facts must be in 1..4096", 1, true), err)
+    end)
+end)
+
+describe("pretrain.lua", function()
+    it("trains a tiny model, writes a GGUF that loads, and is deterministic across a resume", function()
+        local a, b = tmp .. "/a.gguf", tmp .. "/b.gguf"
+        local rc, out, err = run("recipes/pretrain.lua", "--preset", "tiny", "--out", a, "--steps", "12",
+            "--threads", "1", "--eval", "1")
+        if rc == nil then return pending("build/cartridge not built") end
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("step    10/12: loss", 1, true), out)
+        assert.truthy(out:find("held-out (1 documents of 40 facts", 1, true), out)
+        local m = cartridge.model.load(a)
+        assert.are.equal("qwen3", m.config.arch)
+        local tok = m:tokenizer()
+        assert.are.equal("Where does", tok:decode(tok:encode("Where does")))
+        assert.truthy(tok:find("<|im_end|>"))
+        m:free()
+        -- the same run in two parts: 6 steps with a state saved at 6, then --resume to 12
+        rc, _, err = run("recipes/pretrain.lua", "--preset", "tiny", "--out", b, "--steps", "12", "--threads", "1",
+            "--eval", "0", "--save-every", "6", "--stop-after", "6")
+        assert.are.equal(0, rc, err)
+        rc, out, err = run("recipes/pretrain.lua", "--preset", "tiny", "--out", b, "--steps", "12", "--threads", "1",
+            "--eval", "0", "--resume")
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("resumed from", 1, true), out)
+        local same = helper.read_file(a) == helper.read_file(b)
+        print(("  uninterrupted vs resumed at step 6: the GGUFs are %s"):format(same and "identical" or "different"))
+        assert.is_true(same)
+        -- bad flags
+        rc, _, err = run("recipes/pretrain.lua")
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("pass --preset reader", 1, true), err)
+    end)
+
+    it("trains the same bits at every ISA level this CPU has", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local outs, levels = {}, {}
+        for isa = 0, cartridge.C.CART_ISA_COUNT - 1 do
+            if cartridge.C.cart_isa_supported(isa) ~= 0 then
+                local name = cartridge.ffi.string(cartridge.C.cart_isa_name(isa))
+                local path = tmp .. "/isa-" .. name .. ".gguf"
+                local rc, _, err = helper.run("CART_ISA=" .. name .. " " .. helper.q(helper.bin) .. " run recipes/pretrain.lua "
+                    .. "--preset tiny --steps 6 --threads 2 --eval 0 --save-every 0 --out " .. helper.q(path))
+                assert.are.equal(0, rc, err)
+                outs[#outs + 1], levels[#levels + 1] = helper.read_file(path), name
+            end
+        end
+        for i = 2, #outs do assert.are.equal(outs[1], outs[i], levels[i] .. " trains other bits than " .. levels[1]) end
+        print(("  6 steps at %s: identical GGUFs"):format(table.concat(levels, ", ")))
+        assert.is_true(#outs >= 2)
+    end)
+
+    it("report.lua --qa scores bare, cartridge and ICL answers as N/M", function()
+        local model = tmp .. "/a.gguf"
+        if not helper.exists(model) then return pending("needs the model of the test before") end
+        local rc, _, err = run("recipes/make_facts.lua", "--seed", "1004", "--facts", "4", "--out", tmp .. "/q")
+        assert.are.equal(0, rc, err)
+        local m = cartridge.model.load(model)
+        local c = cartridge.cart.from_text(m, "A cartridge of a few rows.")
+        c:save(tmp .. "/c.safetensors", m)
+        m:free()
+        local out
+        rc, out, err = run("recipes/report.lua", "--model", model, "--qa", tmp .. "/q/qa.jsonl", "--corpus",
+            tmp .. "/q/doc.md", "--load", tmp .. "/c.safetensors", "--threads", "1")
+        assert.are.equal(0, rc, err)
+        for _, arm in ipairs({ "bare model", "cartridge c.safetensors", "ICL (corpus in context)" }) do
+            assert.truthy(out:find(arm, 1, true), out)
+        end
+        local counts = 0
+        for _ in out:gmatch("%d+/4 ") do counts = counts + 1 end
+        assert.are.equal(3, counts, out)
+        helper.write_file(tmp .. "/bad.jsonl", '{"question":"x"}\n')
+        rc, _, err = run("recipes/report.lua", "--model", model, "--qa", tmp .. "/bad.jsonl")
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("line 1 is not", 1, true), err)
+    end)
+end)
