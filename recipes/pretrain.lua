@@ -15,8 +15,10 @@
 -- name recurs), the replies to answer. AdamW (decay 0.1 on the matrices), gradient clipping at 1.0, a
 -- linear warm-up and a cosine decay to a tenth of --lr.
 --
--- Deterministic for a seed and a thread count: step s draws its
--- conversations from (seed, s) alone, so --resume continues the same run.
+-- Deterministic for a seed, on any CPU and thread count: step s draws its
+-- conversations from (seed, s) alone, so --resume continues the same run,
+-- and the weight gradients go through the engine's own kernels, which give
+-- the same bits at every ISA level.
 -- Every --save-every steps the weights, the optimizer state and the step go
 -- to OUT.state.safetensors (atomically); at the end the GGUF is written
 -- (atomically) and, with --eval N, scored on N held-out documents with the

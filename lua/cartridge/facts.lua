@@ -193,12 +193,12 @@ function facts.conversation(g, d, T, opts)
     opts = opts or {}
     local path = opts.path or ("docs/" .. word(g, 2, 3):lower() .. ".md")
     local body = "\n\n# Document: " .. path .. "\n\n" .. d.text
-    local kind = g:below(10)
+    local kind = g:below(10) -- 0-6: the whole document; 7-8: an excerpt; 9: bot A
     local pieces = {}
     local function reply(text) pieces[#pieces + 1] = { text = text .. T.close, supervised = true } end
     local function ask(q) pieces[#pieces + 1] = { text = T.user_open .. q .. T.close .. T.opener(false) } end
     local pool
-    if kind < 4 then
+    if kind < 7 then
         pieces[1] = { text = selfstudy.system_block(T, body) }
         pool = {}
         for i, f in ipairs(d.facts) do pool[i] = f end
@@ -212,13 +212,15 @@ function facts.conversation(g, d, T, opts)
         pool = g:shuffle(contained(d, excerpt))
         if #pool == 0 then return facts.conversation(g, d, T, opts) end
         pieces[1] = { text = selfstudy.system_block(T, selfstudy.chunk_text(path, excerpt)) }
-        if kind >= 7 then -- bot A: a seed instruction, answered with a question about the excerpt
+        if kind == 9 then -- bot A: a seed instruction, answered with a question about the excerpt
             ask(selfstudy.SEEDS[g:below(#selfstudy.SEEDS) + 1].text)
             reply(pool[1].question)
             return pieces
         end
     end
-    for i = 1, math.min(#pool, kind < 4 and g:int(4, 16) or g:int(1, 6)) do
+    -- the whole document: most of its facts asked, so that a pass over it
+    -- trains many lookups; an excerpt: a few
+    for i = 1, math.min(#pool, kind < 7 and g:int(8, 24) or g:int(1, 6)) do
         ask(pool[i].question)
         reply(pool[i].answer)
     end
