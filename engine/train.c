@@ -474,17 +474,29 @@ static void transpose(float *dst, const float *src, int64_t ld, int64_t rows, in
  * engine's own f32 matmul kernels -- x^T as the weight, the columns of dy as
  * the inputs -- whose results are the same bits at every ISA level, so that
  * a training run gives the same model on any CPU. */
-static int weight_grad(const wgrad_scratch *ws, float *dw, const float *dy, int64_t ldy, const float *x,
-                       int64_t ldx, int64_t rows, int64_t cols, int64_t T) {
+/* The input half of weight_grad: x [T, cols] transposed into ws->xt, for
+ * the weight_grad_with calls that share it (q, k and v read one input). */
+static void weight_grad_input(const wgrad_scratch *ws, const float *x, int64_t ldx, int64_t cols, int64_t T) {
+    transpose(ws->xt, x, ldx, T, cols);
+}
+
+static int weight_grad_with(const wgrad_scratch *ws, float *dw, const float *dy, int64_t ldy, int64_t rows,
+                            int64_t cols, int64_t T) {
     if (!dw || T == 0) return CART_OK;
     cart_weight w;
-    transpose(ws->xt, x, ldx, T, cols);
     transpose(ws->dyt, dy, ldy, T, rows);
     int rc = cart_weight_init(&w, CART_F32, ws->xt, cols, T);
     if (!rc) rc = cart_matmul_forward(ws->g, cols, ws->dyt, T, &w, rows, cart_default_pool());
     if (!rc)
         for (int64_t i = 0; i < rows * cols; i++) dw[i] += ws->g[i];
     return rc;
+}
+
+static int weight_grad(const wgrad_scratch *ws, float *dw, const float *dy, int64_t ldy, const float *x,
+                       int64_t ldx, int64_t rows, int64_t cols, int64_t T) {
+    if (!dw || T == 0) return CART_OK;
+    weight_grad_input(ws, x, ldx, cols, T);
+    return weight_grad_with(ws, dw, dy, ldy, rows, cols, T);
 }
 
 /* dw[i] += sum over rows r of dy[r, i] * x[r, i] * rstd[r]: an RMSNorm
@@ -766,8 +778,9 @@ static int layer_backward(pass *s, float *dx, back_scratch *b) {
     memset(b->dxn, 0, sizeof(float) * (size_t)(T * E));
     if ((rc = cart_matmul_backward(b->dxn, E, b->dgate, F, &L->wgate, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, b->dup, F, &L->wup, T, pool))) return rc;
-    if ((rc = weight_grad(&s->ws, G->wgate, b->dgate, F, a->xn2, E, F, E, T))) return rc;
-    if ((rc = weight_grad(&s->ws, G->wup, b->dup, F, a->xn2, E, F, E, T))) return rc;
+    if (G->wgate || G->wup) weight_grad_input(&s->ws, a->xn2, E, E, T);
+    if ((rc = weight_grad_with(&s->ws, G->wgate, b->dgate, F, F, E, T))) return rc;
+    if ((rc = weight_grad_with(&s->ws, G->wup, b->dup, F, F, E, T))) return rc;
     norm_weight_grad(G->ffn_norm, b->dxn, a->x_mid, a->rstd2, T, E);
     rmsnorm_backward(dx, b->dxn, a->x_mid, a->rstd2, L->ffn_norm, T, E); /* dx: now d x_mid */
     /* attention: x_mid = x_in + o(att) */
@@ -790,9 +803,10 @@ static int layer_backward(pass *s, float *dx, back_scratch *b) {
     if ((rc = cart_matmul_backward(b->dxn, E, s->dq, HD, &L->wq, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, s->dk, KD, &L->wk, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, s->dv, KD, &L->wv, T, pool))) return rc;
-    if ((rc = weight_grad(&s->ws, G->wq, s->dq, HD, a->xn1, E, HD, E, T))) return rc;
-    if ((rc = weight_grad(&s->ws, G->wk, s->dk, KD, a->xn1, E, KD, E, T))) return rc;
-    if ((rc = weight_grad(&s->ws, G->wv, s->dv, KD, a->xn1, E, KD, E, T))) return rc;
+    if (G->wq || G->wk || G->wv) weight_grad_input(&s->ws, a->xn1, E, E, T);
+    if ((rc = weight_grad_with(&s->ws, G->wq, s->dq, HD, HD, E, T))) return rc;
+    if ((rc = weight_grad_with(&s->ws, G->wk, s->dk, KD, KD, E, T))) return rc;
+    if ((rc = weight_grad_with(&s->ws, G->wv, s->dv, KD, KD, E, T))) return rc;
     norm_weight_grad(G->attn_norm, b->dxn, a->x_in, a->rstd1, T, E);
     rmsnorm_backward(dx, b->dxn, a->x_in, a->rstd1, L->attn_norm, T, E);
     return CART_OK;

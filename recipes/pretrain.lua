@@ -39,8 +39,8 @@ local C = cartridge.C
 
 local PRESETS = {
     -- the reader: a small synthetic-task model that learns to answer from its context
-    reader = { layers = 4, embd = 256, ff = 768, heads = 4, kv_heads = 4, head_dim = 64, ctx = 4096, merges = 1500,
-        steps = 1000, batch = 8, lr = 3e-3, out = "models/reader.gguf" },
+    reader = { layers = 4, embd = 192, ff = 576, heads = 6, kv_heads = 6, head_dim = 32, ctx = 4096, merges = 1500,
+        steps = 3000, batch = 8, lr = 3e-3, out = "models/reader.gguf" },
     -- a few steps of a tiny one, for the tests
     tiny = { layers = 2, embd = 64, ff = 128, heads = 4, kv_heads = 2, head_dim = 16, ctx = 2048, merges = 200,
         steps = 20, batch = 2, lr = 3e-3, out = "out/tiny-reader.gguf" },
@@ -55,9 +55,10 @@ local opts = options.parse(arg, {
         { "steps", type = "int", help = "optimizer steps (default: the preset's)" },
         { "batch", type = "int", help = "conversations per step (default: the preset's)" },
         { "lr", type = "number", help = "peak learning rate (default: the preset's)" },
-        { "warmup", type = "int", default = 50, help = "linear warm-up steps" },
+        { "warmup", type = "int", default = 100, help = "linear warm-up steps" },
         { "min-facts", type = "int", default = 4, help = "fewest facts in a training document" },
         { "max-facts", type = "int", default = 48, help = "most facts in a training document" },
+        { "curriculum", type = "number", default = 0.5, help = "the fraction of the steps over which the most facts grow from --min-facts + 4 to --max-facts (0: from the start)" },
         { "seed", type = "int", default = 1, help = "initialization and data" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
         { "save-every", type = "int", default = 100, help = "write the training state every N steps (0: never)" },
@@ -134,9 +135,18 @@ local function lr_at(step)
     return peak_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * math.min(t, 1))))
 end
 
+-- The most facts a document has at a step: short documents first, where a
+-- lookup has few distractors, growing to --max-facts.
+local function facts_at(step)
+    local span = opts.curriculum * steps
+    if span <= 0 or step >= span then return opts.max_facts end
+    local lo = math.min(opts.min_facts + 4, opts.max_facts)
+    return math.floor(lo + (opts.max_facts - lo) * step / span + 0.5)
+end
+
 local function conversation(step, i)
     local g = facts.rng(opts.seed * 1000003 + step * 1009 + i)
-    local d = facts.document(g:below(1000), g:int(opts.min_facts, opts.max_facts))
+    local d = facts.document(g:below(1000), g:int(opts.min_facts, facts_at(step)))
     local seq, replies = ids.new(), 0
     for k, piece in ipairs(facts.conversation(g, d, T)) do
         local from = #seq
@@ -200,8 +210,8 @@ for step = first_step, steps do
         local now = C.cart_now_seconds()
         local rate = window_tokens / math.max(now - window_t, 1e-9)
         bar:clear()
-        print(("step %5d/%d: loss %.4f (%d reply tokens), grad norm %.2f, lr %.2e, %.0f tokens/s"):format(step,
-            steps, loss, supervised, norm, lr_at(step), rate))
+        print(("step %5d/%d: loss %.4f (%d reply tokens), grad norm %.2f, lr %.2e, up to %d facts, %.0f tokens/s")
+            :format(step, steps, loss, supervised, norm, lr_at(step), facts_at(step), rate))
         io.stdout:flush()
         window_tokens, window_t = 0, now
     end
