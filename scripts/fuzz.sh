@@ -113,6 +113,24 @@ for t in $list; do
     case " $TARGETS " in *" $t "*) ;; *) echo "fuzz.sh: unknown target '$t'" >&2; usage ;; esac
 done
 
+# fuzz_tokenizer reads the real vocabularies in ../shared; without them, a
+# byte-level BPE with learned merges that the project makes itself (the tiny
+# reader's, recipes/pretrain.lua) when the main build is there
+case " $list " in
+*" fuzz_tokenizer "*)
+    if [ -z "${CART_FUZZ_MODEL:-}" ] && [ ! -f ../shared/reference/qwen3-tiny-realvocab-f16.gguf ] \
+        && [ -x build/cartridge ]; then
+        mkdir -p "$BUILD/fuzz"
+        if build/cartridge run recipes/pretrain.lua --preset tiny --steps 1 --eval 0 --save-every 0 --threads 1 \
+            --out "$BUILD/fuzz/bpe-vocab.gguf" >"$BUILD/fuzz/bpe-vocab.log" 2>&1; then
+            CART_FUZZ_MODEL=$BUILD/fuzz/bpe-vocab.gguf
+            export CART_FUZZ_MODEL
+            echo "fuzz.sh: ../shared is absent; fuzz_tokenizer reads the BPE vocabulary of $CART_FUZZ_MODEL"
+        fi
+    fi
+    ;;
+esac
+
 # shellcheck disable=SC2086 # one argument per target
 build $list
 failed=""
