@@ -40,10 +40,10 @@ local C = cartridge.C
 local PRESETS = {
     -- the reader: a small synthetic-task model that learns to answer from its context
     reader = { layers = 4, embd = 192, ff = 576, heads = 6, kv_heads = 6, head_dim = 32, ctx = 4096, merges = 1500,
-        steps = 3000, batch = 8, lr = 3e-3, out = "models/reader.gguf" },
+        steps = 3000, batch = 8, lr = 3e-3, out = "models/reader.gguf", dtype = "f16" },
     -- a few steps of a tiny one, for the tests
     tiny = { layers = 2, embd = 64, ff = 128, heads = 4, kv_heads = 2, head_dim = 16, ctx = 2048, merges = 200,
-        steps = 20, batch = 2, lr = 3e-3, out = "out/tiny-reader.gguf" },
+        steps = 20, batch = 2, lr = 3e-3, out = "out/tiny-reader.gguf", dtype = "f32" },
 }
 
 local opts = options.parse(arg, {
@@ -66,7 +66,7 @@ local opts = options.parse(arg, {
         { "stop-after", type = "int", help = "stop after this step, saving the state (--resume continues)" },
         { "eval", type = "int", default = 20, help = "held-out documents to score at the end (0: none)" },
         { "eval-every", type = "int", default = 0, help = "also score one held-out document every N steps (0: never)" },
-        { "dtype", default = "f32", choices = { "f32", "f16" }, help = "matrices of the written GGUF" },
+        { "dtype", choices = { "f32", "f16" }, help = "matrices of the written GGUF (default: the preset's; f32 with --from)" },
     },
 })
 
@@ -236,7 +236,7 @@ for step = first_step, steps do
 end
 bar:finish()
 local elapsed = C.cart_now_seconds() - started
-params:write_gguf(out, opts.dtype, "cartridge-reader-" .. (opts.preset or "continued"))
+params:write_gguf(out, opts.dtype or (opts.preset and preset.dtype) or "f32", "cartridge-reader-" .. (opts.preset or "continued"))
 print(("trained %d steps in %.1f min (%.0f tokens/s); wrote %s"):format(steps - first_step + 1, elapsed / 60,
     tokens_seen / math.max(elapsed, 1e-9), out))
 if not opts.from then os.remove(init_path) end
