@@ -15,36 +15,11 @@
 -- for listed values (jobs, colors, months, ...), about 0 for invented names
 -- and numbers that it would have to guess digit by digit.
 
-local core = require("cartridge.core")
-local ffi = core.ffi
-local C = core.C
-
 local facts = {}
 
--- ---------------------------------------------------------------------------
--- A seeded generator (cart_rng, so the documents are the same on every
--- machine).
-
-local Gen = {}
-Gen.__index = Gen
-
-function facts.rng(seed)
-    local r = ffi.new("cart_rng")
-    C.cart_rng_seed(r, seed)
-    return setmetatable({ r = r }, Gen)
-end
-
-function Gen:below(n) return tonumber(C.cart_rng_below(self.r, n)) end
-function Gen:int(lo, hi) return lo + self:below(hi - lo + 1) end
-function Gen:pick(list) return list[self:below(#list) + 1] end
-
-function Gen:shuffle(t)
-    for i = #t, 2, -1 do
-        local j = self:below(i) + 1
-        t[i], t[j] = t[j], t[i]
-    end
-    return t
-end
+-- A seeded generator (selfstudy.rng over cart_rng, so the documents are the
+-- same on every machine).
+function facts.rng(seed) return require("cartridge.selfstudy").rng(seed) end
 
 -- ---------------------------------------------------------------------------
 -- Invented words: syllables of an onset, a vowel and sometimes a coda.

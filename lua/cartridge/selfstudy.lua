@@ -126,6 +126,15 @@ end
 function Rng:int(lo, hi) return lo + tonumber(C.cart_rng_below(self.r, hi - lo + 1)) end
 function Rng:below(n) return tonumber(C.cart_rng_below(self.r, n)) end
 function Rng:u64() return C.cart_rng_next(self.r) end
+-- an element of a list, and a list shuffled in place (Fisher-Yates)
+function Rng:pick(list) return list[self:below(#list) + 1] end
+function Rng:shuffle(t)
+    for i = #t, 2, -1 do
+        local j = self:below(i) + 1
+        t[i], t[j] = t[j], t[i]
+    end
+    return t
+end
 
 -- A new sequence: a followed by b.
 local function concat(a, b)
