@@ -22,6 +22,7 @@ struct cart_sampler {
     /* scratch, grown to the vocabulary size */
     int64_t cap;
     float *logit;     /* penalized logits */
+    int32_t *count;   /* per id, occurrences in the history (zero between calls) */
     candidate *cand;  /* survivors, best first */
 };
 
@@ -49,6 +50,9 @@ int cart_sampler_new(cart_sampler **out, const cart_sampler_params *p) {
     if (p->repeat_last_n < 0 || p->repeat_last_n > 1 << 20)
         return cart_fail(CART_E_ARG, "sampler: repeat_last_n %d is out of range",
                          p->repeat_last_n);
+    if (!isfinite(p->frequency_penalty) || !isfinite(p->presence_penalty))
+        return cart_fail(CART_E_ARG, "sampler: frequency_penalty %g and presence_penalty %g must be finite",
+                         p->frequency_penalty, p->presence_penalty);
     if (isnan(p->temperature))
         return cart_fail(CART_E_ARG, "sampler: temperature is NaN");
     cart_sampler *s = cart_calloc(1, sizeof *s, "sampler");
@@ -70,6 +74,7 @@ void cart_sampler_free(cart_sampler *s) {
     if (!s) return;
     free(s->history);
     free(s->logit);
+    free(s->count);
     free(s->cand);
     free(s);
 }
@@ -144,22 +149,29 @@ int32_t cart_sampler_sample(cart_sampler *s, const float *logits, int64_t n_voca
         if (l) s->logit = l;
         candidate *c = realloc(s->cand, sizeof(candidate) * (size_t)n_vocab);
         if (c) s->cand = c;
-        if (!l || !c) return cart_argmax(logits, n_vocab); /* out of memory: degrade to greedy */
+        int32_t *k = calloc((size_t)n_vocab, sizeof(int32_t));
+        if (k) free(s->count), s->count = k;
+        if (!l || !c || !k) return cart_argmax(logits, n_vocab); /* out of memory: degrade to greedy */
         s->cap = n_vocab;
     }
     float *logit = s->logit;
     memcpy(logit, logits, sizeof(float) * (size_t)n_vocab);
-    /* 1. repetition penalty, once per distinct id in the history */
-    if (s->p.repeat_penalty != 1.0f)
+    /* 1. penalties, once per distinct id in the history */
+    if (s->p.repeat_penalty != 1.0f || s->p.frequency_penalty != 0.0f || s->p.presence_penalty != 0.0f) {
+        int32_t *count = s->count;
         for (int32_t i = 0; i < s->history_len; i++) {
             int32_t t = s->history[i];
-            if (t < 0 || t >= n_vocab) continue;
-            int seen = 0;
-            for (int32_t j = 0; j < i; j++) seen |= s->history[j] == t;
-            if (seen) continue;
-            logit[t] = logit[t] > 0 ? logit[t] / s->p.repeat_penalty
-                                    : logit[t] * s->p.repeat_penalty;
+            if (t >= 0 && t < n_vocab) count[t]++;
         }
+        for (int32_t i = 0; i < s->history_len; i++) {
+            int32_t t = s->history[i];
+            if (t < 0 || t >= n_vocab || count[t] == 0) continue; /* 0: already applied */
+            float v = logit[t];
+            v = v <= 0.0f ? v * s->p.repeat_penalty : v / s->p.repeat_penalty;
+            logit[t] = v - (float)count[t] * s->p.frequency_penalty - s->p.presence_penalty;
+            count[t] = 0;
+        }
+    }
     if (s->p.temperature <= 0.0f) return cart_argmax(logit, n_vocab);
 
     /* 2. top-k (everything, sorted, when off) */

@@ -4,8 +4,13 @@
  * Greedy (temperature <= 0) takes the argmax, ties to the lowest id, as
  * llama.cpp's greedy sampler does. Otherwise the steps run in llama.cpp's
  * default order:
- *   1. repetition penalty over the last repeat_last_n accepted tokens
- *      (positive logits divided by the penalty, negative ones multiplied);
+ *   1. penalties over the last repeat_last_n accepted tokens, as llama.cpp's
+ *      penalties sampler applies them: for each distinct id t seen there
+ *      count(t) times, the repetition penalty (a positive logit divided by
+ *      it, a non-positive one multiplied), then
+ *      logit -= count(t) * frequency_penalty + presence_penalty
+ *      (OpenAI's frequency and presence penalties; 0 = off). They apply in
+ *      greedy decoding too;
  *   2. top-k (0 = off);
  *   3. top-p: the smallest set of most likely tokens whose probability
  *      reaches top_p (1 = off), probabilities from the untempered softmax of
@@ -36,11 +41,14 @@ typedef struct cart_sampler_params {
     float repeat_penalty;  /* 1: off */
     int32_t repeat_last_n; /* tokens of history the penalty looks at */
     uint64_t seed;
+    float frequency_penalty; /* 0: off; subtracted once per occurrence */
+    float presence_penalty;  /* 0: off; subtracted once per distinct id */
 } cart_sampler_params;
 
 typedef struct cart_sampler cart_sampler;
 
-/* Defaults: greedy, top_k 0, top_p 1, min_p 0, penalty 1 over 64, seed 0. */
+/* Defaults: greedy, top_k 0, top_p 1, min_p 0, repeat penalty 1 over 64,
+ * frequency and presence penalties 0, seed 0. */
 void cart_sampler_default_params(cart_sampler_params *p);
 
 int cart_sampler_new(cart_sampler **out, const cart_sampler_params *p);

@@ -28,6 +28,9 @@ local opts = options.parse(arg, {
         { "top-p", type = "number", default = 1, help = "nucleus sampling mass (1: off)" },
         { "min-p", type = "number", default = 0, help = "drop tokens below min-p x the top probability" },
         { "repeat-penalty", type = "number", default = 1, help = "penalty for recent tokens (1: off)" },
+        { "repeat-last-n", type = "int", default = 64, help = "recent tokens the penalties look at" },
+        { "frequency-penalty", type = "number", default = 0, help = "subtracted per occurrence in the window (0: off)" },
+        { "presence-penalty", type = "number", default = 0, help = "subtracted once per token in the window (0: off)" },
         { "seed", type = "int", default = 0, help = "sampling seed" },
         { "stop", repeatable = true, help = "stop at this text (repeatable)" },
         { "kv", default = "f16", choices = { "f16", "f32" }, help = "KV cache dtype" },
@@ -68,7 +71,8 @@ local result = generate.run({
     stop = opts.stop,
     sampling = {
         temperature = opts.temp, top_k = opts.top_k, top_p = opts.top_p, min_p = opts.min_p,
-        repeat_penalty = opts.repeat_penalty, seed = opts.seed,
+        repeat_penalty = opts.repeat_penalty, repeat_last_n = opts.repeat_last_n,
+        frequency_penalty = opts.frequency_penalty, presence_penalty = opts.presence_penalty, seed = opts.seed,
     },
     on_text = not opts.json and function(s)
         io.write(s)

@@ -5,8 +5,9 @@
 --   s:accept(id)                           -- feeds the repetition penalty
 --
 -- Fields (defaults): temperature 0 (greedy), top_k 0 (off), top_p 1 (off),
--- min_p 0 (off), repeat_penalty 1 (off), repeat_last_n 64, seed 0. The steps
--- run in llama.cpp's order; see engine/sampler.h.
+-- min_p 0 (off), repeat_penalty 1 (off), repeat_last_n 64, frequency_penalty
+-- and presence_penalty 0 (off), seed 0. The steps run in llama.cpp's order;
+-- see engine/sampler.h.
 
 local core = require("cartridge.core")
 local ffi = core.ffi
@@ -17,7 +18,8 @@ local sampler = {}
 local Sampler = {}
 Sampler.__index = Sampler
 
-local FIELDS = { "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed" }
+local FIELDS = { "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "frequency_penalty",
+    "presence_penalty", "seed" }
 
 function sampler.new(params)
     params = params or {}

@@ -215,6 +215,15 @@ function Server:common_options(body)
     if o.top_p == 0 then o.top_p = 1e-6 end
     o.top_k = integer_field(body, "top_k", 0, INT32_MAX, 0)
     o.min_p = number_field(body, "min_p", 0, 1, 0)
+    -- penalties: OpenAI's two (in [-2, 2]) and llama.cpp's repetition
+    -- penalty, all over the last repeat_last_n generated tokens (-1: all of
+    -- them, up to the context)
+    o.frequency_penalty = number_field(body, "frequency_penalty", -2, 2, 0)
+    o.presence_penalty = number_field(body, "presence_penalty", -2, 2, 0)
+    o.repeat_penalty = number_field(body, "repeat_penalty", 0, 100, 1)
+    if o.repeat_penalty == 0 then reject(400, "repeat_penalty must be positive (1: off)", "repeat_penalty") end
+    o.repeat_last_n = integer_field(body, "repeat_last_n", -1, 1048576, 64)
+    if o.repeat_last_n == -1 then o.repeat_last_n = self.ctx end
     -- a negative seed is taken as its two's complement, as a C cast would
     o.seed = integer_field(body, "seed", INT64_MIN, UINT64_END, 0, nil, true)
     if body.n ~= nil and body.n ~= json.null and body.n ~= 1 then
@@ -372,7 +381,9 @@ function Server:bind(job, slot)
     local seed = job.opts.seed
     if seed < 0 then seed = ffi.cast("uint64_t", ffi.cast("int64_t", seed)) end
     job.sampler = sampler_mod.new({ temperature = job.opts.temperature, top_p = job.opts.top_p, top_k = job.opts.top_k,
-        min_p = job.opts.min_p, seed = seed })
+        min_p = job.opts.min_p, frequency_penalty = job.opts.frequency_penalty,
+        presence_penalty = job.opts.presence_penalty, repeat_penalty = job.opts.repeat_penalty,
+        repeat_last_n = job.opts.repeat_last_n, seed = seed })
     job.stream = self.tok:stream()
 end
 

@@ -264,6 +264,9 @@ describe("serve.lua", function()
             max_tokens = int_in(1, 4096), max_completion_tokens = int_in(1, 4096),
             temperature = num_in(0, 2), top_p = num_in(0, 1), min_p = num_in(0, 1),
             top_k = int_in(0, 2 ^ 31 - 1), seed = int_below(-2 ^ 63, 2 ^ 64), -- 2^64 - 1 is 2^64 as a double
+            frequency_penalty = num_in(-2, 2), presence_penalty = num_in(-2, 2),
+            repeat_penalty = function(v) return v == json.null or type(v) == "number" and v > 0 and v <= 100 end,
+            repeat_last_n = int_in(-1, 1048576),
             n = function(v) return v == json.null or v == 1 end,
             stop = function(v) return v == json.null or type(v) == "string" or v == EMPTY end,
             stream = function(v) return v == json.null or v == true end,
