@@ -15,7 +15,8 @@
 -- when none is left, least recently used first.
 --
 -- Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
--- GET /health. Errors are OpenAI-shaped: {"error": {"message", "type",
+-- GET /health; every /v1 route also without the prefix (/chat/completions),
+-- as llama.cpp's server and clients with a bare base URL expect. Errors are OpenAI-shaped: {"error": {"message", "type",
 -- "param", "code"}}.
 
 local core = require("cartridge.core")
@@ -307,7 +308,7 @@ function Server:make_job(id, req)
     local cart, name = self:pick(body)
     local o = self:common_options(body)
     local kind, text
-    if req.path == "/v1/chat/completions" then
+    if req.route == "/v1/chat/completions" then
         kind = "chat"
         text = chat.render(self.template, self:parse_chat(body))
     else
@@ -575,9 +576,17 @@ local ROUTES = {
     ["/v1/completions"] = { POST = true },
 }
 
+-- The route a path names: itself, or the /v1 route it abbreviates.
+local function route_of(path)
+    if ROUTES[path] then return path end
+    if ROUTES["/v1" .. path] then return "/v1" .. path end
+    return nil
+end
+
 function Server:on_request(id)
     local req = self.http:request(id)
-    local allowed = ROUTES[req.path]
+    req.route = route_of(req.path)
+    local allowed = ROUTES[req.route]
     if not allowed then
         return self.http:respond(id, 404, "application/json",
             error_body(("Unknown endpoint %s %s"):format(req.method, req.path), "invalid_request_error", nil, "not_found"))
@@ -589,7 +598,7 @@ function Server:on_request(id)
             error_body(("%s does not accept %s; use %s"):format(req.path, req.method, table.concat(methods, ", "))),
             { Allow = table.concat(methods, ", ") })
     end
-    if req.path == "/health" then
+    if req.route == "/health" then
         local busy = 0
         for _, slot in ipairs(self.slots) do
             if slot.job then busy = busy + 1 end
@@ -599,7 +608,7 @@ function Server:on_request(id)
     end
     local ok, job = pcall(function()
         check_auth(self, req)
-        if req.path == "/v1/models" then return "models" end
+        if req.route == "/v1/models" then return "models" end
         return self:make_job(id, req)
     end)
     if not ok then

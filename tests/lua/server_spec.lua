@@ -190,6 +190,29 @@ describe("serve.lua", function()
         assert.are.equal(", there was a little girl named Lily", r.choices[1].text)
     end)
 
+    it("answers every /v1 route without the prefix too, with the same bytes but the id", function()
+        local ok, why = ready()
+        if not ok then return pending(why) end
+        local q = { prompt = "Once upon a time", max_tokens = 6, temperature = 0 }
+        local _, with = curl(server(), "POST", "/v1/completions", chat_body(q))
+        local st, without = curl(server(), "POST", "/completions", chat_body(q))
+        assert.are.equal(200, st, without)
+        assert.are.equal(json.decode(with).choices[1].text, json.decode(without).choices[1].text)
+        local chat_q = { messages = { { role = "user", content = "Lily" } }, max_tokens = 6, temperature = 0 }
+        _, with = curl(server(), "POST", "/v1/chat/completions", chat_body(chat_q))
+        st, without = curl(server(), "POST", "/chat/completions", chat_body(chat_q))
+        assert.are.equal(200, st, without)
+        assert.are.equal(json.decode(with).choices[1].message.content, json.decode(without).choices[1].message.content)
+        local models
+        st, models = curl(server(), "GET", "/models")
+        assert.are.equal(200, st, models)
+        assert.are.equal("list", json.decode(models).object)
+        st = curl(server(), "GET", "/chat/completions")
+        assert.are.equal(405, st)
+        st = curl(server(), "POST", "/v1/v1/chat/completions", chat_body(chat_q))
+        assert.are.equal(404, st)
+    end)
+
     it("turns every kind of bad input into an OpenAI error and keeps serving", function()
         local ok, why = ready()
         if not ok then return pending(why) end
