@@ -7,7 +7,7 @@
 set -eu
 
 PACKAGES="build-essential cmake luajit libluajit-5.1-dev libopenblas-dev libcjson-dev libedit-dev lua-busted"
-# The server tests use curl and the official openai npm client as HTTP
+# The server tests use curl and the official openai and Anthropic npm clients as HTTP
 # clients. A machine that already has node and npm (from NodeSource, say, whose
 # nodejs conflicts with Debian's npm) keeps them.
 command -v curl >/dev/null 2>&1 || PACKAGES="$PACKAGES curl"
@@ -21,12 +21,12 @@ for pkg in $PACKAGES; do
     fi
 done
 
-# The openai npm package the server spec drives (tests/node/package.json).
+# The openai and @anthropic-ai/sdk npm packages the server spec drives (tests/node/package.json).
 npm_client() {
     here=$(cd "$(dirname "$0")/.." && pwd)
     if [ -f "$here/tests/node/node_modules/openai/package.json" ]; then return 0; fi
     if command -v npm >/dev/null 2>&1; then
-        echo "setup: installing the openai npm client into tests/node"
+        echo "setup: installing the openai and Anthropic npm clients into tests/node"
         npm install --prefix "$here/tests/node" --no-audit --no-fund --loglevel=error ||
             echo "setup: npm install failed; the server spec's openai-client case will be pending"
     fi

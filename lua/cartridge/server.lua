@@ -14,8 +14,9 @@
 -- how many tokens were reused). A slot is taken for another cartridge only
 -- when none is left, least recently used first.
 --
--- Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
--- GET /health; every /v1 route also without the prefix (/chat/completions),
+-- Endpoints: POST /v1/chat/completions, POST /v1/completions, POST
+-- /v1/messages (Anthropic's Messages API, its errors in Anthropic's shape),
+-- GET /v1/models, GET /health; every /v1 route also without the prefix (/chat/completions),
 -- as llama.cpp's server and clients with a bare base URL expect. Errors are OpenAI-shaped: {"error": {"message", "type",
 -- "param", "code"}}.
 
@@ -36,6 +37,20 @@ local function now() return C.cart_now_seconds() end
 local function error_body(message, type_, param, code)
     return json.encode({ error = { message = message, type = type_ or "invalid_request_error",
         param = param or json.null, code = code or json.null } })
+end
+
+-- Anthropic's error types by HTTP status.
+local ANTHROPIC_ERROR = { [400] = "invalid_request_error", [401] = "authentication_error", [403] = "permission_error",
+    [404] = "not_found_error", [405] = "invalid_request_error", [413] = "request_too_large",
+    [429] = "rate_limit_error", [500] = "api_error", [503] = "overloaded_error", [529] = "overloaded_error" }
+
+-- The error body a route answers with: Anthropic's shape on /v1/messages
+-- ({"type": "error", "error": {"type", "message"}}), OpenAI's elsewhere.
+local function route_error(route, status, message, type_, param, code)
+    if route == "/v1/messages" then
+        return json.encode({ type = "error", error = { type = ANTHROPIC_ERROR[status] or "api_error", message = message } })
+    end
+    return error_body(message, type_, param, code)
 end
 
 -- A request error: raised inside request handling, answered with status.
@@ -163,8 +178,9 @@ local function check_auth(self, req)
     if not self.api_key then return end
     local h = req.header("authorization") or ""
     local token = h:match("^[Bb]earer%s+(.+)$")
-    if token ~= self.api_key then
-        reject(401, "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>'.", nil, "invalid_api_key")
+    if token ~= self.api_key and req.header("x-api-key") ~= self.api_key then
+        reject(401, "Incorrect API key provided. Pass it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'.", nil,
+            "invalid_api_key")
     end
 end
 
@@ -300,15 +316,129 @@ function Server:parse_chat(body)
 end
 
 -- ---------------------------------------------------------------------------
+-- Anthropic Messages (POST /v1/messages)
+
+-- Text of an Anthropic content value: a string or an array of text blocks.
+local function blocks_text(content, where)
+    if type(content) == "string" then return content end
+    if json.kind(content) ~= "array" then
+        reject(400, ("%s must be a string or an array of content blocks; got %s"):format(where, shown(content)), where)
+    end
+    local parts = {}
+    for j, block in ipairs(content) do
+        if json.kind(block) ~= "object" or type(block.type) ~= "string" then
+            reject(400, ("%s[%d] must be a content block object with a type; got %s"):format(where, j - 1,
+                shown(block, content, j)), where)
+        end
+        if block.type ~= "text" then
+            reject(400, ("%s[%d]: content blocks of type %s are not supported by this server (text only)")
+                :format(where, j - 1, shown(block.type)), where)
+        end
+        if type(block.text) ~= "string" then
+            reject(400, ("%s[%d].text must be a string; got %s"):format(where, j - 1, shown(block.text, block, "text")),
+                where)
+        end
+        parts[#parts + 1] = block.text
+    end
+    return table.concat(parts)
+end
+
+-- The prompt text of a Messages request: system, then the turns in the
+-- model's template. A last assistant turn is a prefill: the reply continues
+-- it (and holds only what follows it), as Anthropic's API does.
+function Server:parse_messages(body)
+    local msgs = body.messages
+    if json.kind(msgs) ~= "array" or #msgs == 0 then
+        reject(400, "messages: must be a non-empty array; got " .. shown(msgs, body, "messages"), "messages")
+    end
+    if #msgs > self.max_messages then
+        reject(400, ("%d messages is above this server's limit of %d"):format(#msgs, self.max_messages), "messages")
+    end
+    local list = {}
+    if body.system ~= nil and body.system ~= json.null then
+        local text = blocks_text(body.system, "system")
+        check_utf8(text, "system")
+        if text ~= "" then list[1] = { role = "system", content = text } end
+    end
+    for i, msg in ipairs(msgs) do
+        local where = ("messages[%d]"):format(i - 1)
+        if json.kind(msg) ~= "object" then reject(400, where .. " must be an object; got " .. shown(msg, msgs, i), "messages") end
+        if msg.role ~= "user" and msg.role ~= "assistant" then
+            reject(400, ("%s.role must be user or assistant (the system prompt goes in the top-level system field); "
+                .. "got %s"):format(where, shown(msg.role, msg, "role")), "messages")
+        end
+        local text = blocks_text(msg.content, where .. ".content")
+        check_utf8(text, where .. ".content")
+        list[#list + 1] = { role = msg.role, content = text }
+    end
+    local prefill = nil
+    if list[#list].role == "assistant" then
+        prefill = table.remove(list).content
+        if prefill:find("%s$") then
+            reject(400, "messages: the final assistant content cannot end with trailing whitespace", "messages")
+        end
+    end
+    return chat.render(self.template, list) .. (prefill or "")
+end
+
+function Server:messages_options(body)
+    local o = {}
+    if body.max_tokens == nil or body.max_tokens == json.null then
+        reject(400, "max_tokens: the field is required", "max_tokens")
+    end
+    o.max_tokens = integer_field(body, "max_tokens", 1, self.max_tokens_limit, nil,
+        " (this server's limit is " .. self.max_tokens_limit .. ")")
+    o.temperature = number_field(body, "temperature", 0, 1, 1)
+    o.top_p = number_field(body, "top_p", 0, 1, 1)
+    if o.top_p == 0 then o.top_p = 1e-6 end
+    o.top_k = integer_field(body, "top_k", 0, INT32_MAX, 0)
+    o.min_p, o.seed = 0, 0
+    o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.repeat_last_n = 0, 0, 1, 64
+    o.stop = {}
+    local stop = body.stop_sequences
+    if json.kind(stop) == "array" then
+        if #stop > 16 then reject(400, ("stop_sequences: at most 16; got %d"):format(#stop), "stop_sequences") end
+        for i, v in ipairs(stop) do
+            if type(v) ~= "string" or v == "" then
+                reject(400, ("stop_sequences[%d] must be a non-empty string; got %s"):format(i - 1, shown(v, stop, i)),
+                    "stop_sequences")
+            end
+            check_utf8(v, "stop_sequences")
+            o.stop[#o.stop + 1] = v
+        end
+    elseif stop ~= nil and stop ~= json.null then
+        reject(400, "stop_sequences must be an array of strings; got " .. shown(stop, body, "stop_sequences"),
+            "stop_sequences")
+    end
+    o.stream = boolean_field(body, "stream")
+    return o
+end
+
+local STOP_REASON = { stop = "end_turn", length = "max_tokens", stop_sequence = "stop_sequence" }
+
+local function anthropic_usage(job)
+    return { input_tokens = #job.prompt - job.cached, output_tokens = #job.out_ids,
+        cache_read_input_tokens = job.cached, cache_creation_input_tokens = 0 }
+end
+
+function Server:event(job, name, obj)
+    self.http:stream_write(job.id, "event: " .. name .. "\ndata: " .. json.encode(obj) .. "\n\n")
+end
+
+-- ---------------------------------------------------------------------------
 -- Jobs
 
 -- Builds a job from a request, or raises a RequestError.
 function Server:make_job(id, req)
+    local route = req.route or req.path
     local body = parse_json(req)
     local cart, name = self:pick(body)
-    local o = self:common_options(body)
     local kind, text
-    if req.route == "/v1/chat/completions" then
+    local o = route == "/v1/messages" and self:messages_options(body) or self:common_options(body)
+    if route == "/v1/messages" then
+        kind = "messages"
+        text = self:parse_messages(body)
+    elseif route == "/v1/chat/completions" then
         kind = "chat"
         text = chat.render(self.template, self:parse_chat(body))
     else
@@ -321,8 +451,8 @@ function Server:make_job(id, req)
         check_utf8(prompt, "prompt")
         text = prompt
     end
-    local ids = self.tok:encode(text, { special = kind == "chat", add_special = cart == nil })
-    local what = kind == "chat" and "messages" or "prompt"
+    local ids = self.tok:encode(text, { special = kind ~= "text", add_special = cart == nil })
+    local what = kind == "text" and "prompt" or "messages"
     if #ids == 0 then reject(400, "the prompt is empty", what) end
     if #ids + o.max_tokens > self.ctx then
         reject(400, ("This request needs %d prompt tokens (its %s) + %d completion tokens, but the context holds %d; "
@@ -333,7 +463,8 @@ function Server:make_job(id, req)
     return {
         id = id, kind = kind, name = name, cart = cart, prompt = ids, opts = o,
         out_ids = {}, text = "", sent = 0, finish = nil, cached = 0,
-        completion_id = (kind == "chat" and "chatcmpl-" or "cmpl-") .. ("%d%06d"):format(self.created, self.counter),
+        completion_id = (kind == "chat" and "chatcmpl-" or kind == "messages" and "msg_" or "cmpl-")
+            .. ("%d%06d"):format(self.created, self.counter),
         received = now(),
     }
 end
@@ -425,7 +556,13 @@ end
 
 function Server:chunk(job, delta, finish)
     local obj
-    if job.kind == "chat" then
+    if job.kind == "messages" then
+        if delta.content and delta.content ~= "" then
+            self:event(job, "content_block_delta", { type = "content_block_delta", index = 0,
+                delta = { type = "text_delta", text = delta.content } })
+        end
+        return
+    elseif job.kind == "chat" then
         obj = { id = job.completion_id, object = "chat.completion.chunk", created = self.created, model = job.name,
             choices = json.array({ { index = 0, delta = delta, finish_reason = finish or json.null, logprobs = json.null } }) }
     else
@@ -439,12 +576,34 @@ end
 function Server:start_stream(job)
     self.http:stream_begin(job.id, 200, "text/event-stream", { ["Cache-Control"] = "no-cache" })
     job.streaming = true
-    if job.kind == "chat" then self:chunk(job, { role = "assistant", content = "" }) end
+    if job.kind == "messages" then
+        self:event(job, "message_start", { type = "message_start", message = { id = job.completion_id, type = "message",
+            role = "assistant", model = job.name, content = json.array(), stop_reason = json.null,
+            stop_sequence = json.null, usage = { input_tokens = #job.prompt - job.cached, output_tokens = 0,
+                cache_read_input_tokens = job.cached, cache_creation_input_tokens = 0 } } })
+        self:event(job, "content_block_start", { type = "content_block_start", index = 0,
+            content_block = { type = "text", text = "" } })
+        self:event(job, "ping", { type = "ping" })
+    elseif job.kind == "chat" then
+        self:chunk(job, { role = "assistant", content = "" })
+    end
 end
 
 function Server:finish_job(job)
     local id = job.id
-    if job.opts.stream then
+    local reason = job.finish == "stop" and job.stop_hit and "stop_sequence" or job.finish
+    if job.kind == "messages" and job.opts.stream then
+        self:event(job, "content_block_stop", { type = "content_block_stop", index = 0 })
+        self:event(job, "message_delta", { type = "message_delta",
+            delta = { stop_reason = STOP_REASON[reason], stop_sequence = job.stop_hit or json.null },
+            usage = { output_tokens = #job.out_ids } })
+        self:event(job, "message_stop", { type = "message_stop" })
+        self.http:stream_end(id)
+    elseif job.kind == "messages" then
+        self.http:respond(id, 200, "application/json", json.encode({ id = job.completion_id, type = "message",
+            role = "assistant", model = job.name, content = json.array({ { type = "text", text = job.text } }),
+            stop_reason = STOP_REASON[reason], stop_sequence = job.stop_hit or json.null, usage = anthropic_usage(job) }))
+    elseif job.opts.stream then
         if job.kind == "chat" then self:chunk(job, json.object(), job.finish)
         else self:chunk(job, { content = "" }, job.finish) end
         if job.opts.include_usage then
@@ -488,7 +647,7 @@ function Server:accept(job, id)
         local at = job.text:find(s, 1, true)
         if at then
             job.text = job.text:sub(1, at - 1)
-            job.finish = "stop"
+            job.finish, job.stop_hit = "stop", s
             return true
         end
     end
@@ -529,10 +688,14 @@ function Server:fail(job, err)
     self.log(("internal error in request %d (%s): %s"):format(job.id, job.completion_id or "-", message))
     job.finish = "error"
     self:dequeue(job)
-    local body = error_body("internal error: " .. message, "server_error")
+    local route = job.kind == "messages" and "/v1/messages" or nil
+    local body = route_error(route, 500, "internal error: " .. message, "server_error")
     pcall(function()
         if not self.http:is_open(job.id) then return end
-        if job.streaming then
+        if job.streaming and route then
+            self.http:stream_write(job.id, "event: error\ndata: " .. body .. "\n\n")
+            self.http:stream_end(job.id)
+        elseif job.streaming then
             self.http:stream_write(job.id, "data: " .. body .. "\n\n")
             self.http:stream_end(job.id)
         else
@@ -574,6 +737,7 @@ local ROUTES = {
     ["/v1/models"] = { GET = true },
     ["/v1/chat/completions"] = { POST = true },
     ["/v1/completions"] = { POST = true },
+    ["/v1/messages"] = { POST = true },
 }
 
 -- The route a path names: itself, or the /v1 route it abbreviates.
@@ -591,12 +755,15 @@ function Server:on_request(id)
         return self.http:respond(id, 404, "application/json",
             error_body(("Unknown endpoint %s %s"):format(req.method, req.path), "invalid_request_error", nil, "not_found"))
     end
+    local function fail_with(status, message, type_, param, code, headers)
+        return self.http:respond(id, status, "application/json", route_error(req.route, status, message, type_, param,
+            code), headers)
+    end
     if not allowed[req.method] then
         local methods = {}
         for k in pairs(allowed) do methods[#methods + 1] = k end
-        return self.http:respond(id, 405, "application/json",
-            error_body(("%s does not accept %s; use %s"):format(req.path, req.method, table.concat(methods, ", "))),
-            { Allow = table.concat(methods, ", ") })
+        return fail_with(405, ("%s does not accept %s; use %s"):format(req.path, req.method, table.concat(methods, ", ")),
+            nil, nil, nil, { Allow = table.concat(methods, ", ") })
     end
     if req.route == "/health" then
         local busy = 0
@@ -613,12 +780,10 @@ function Server:on_request(id)
     end)
     if not ok then
         if getmetatable(job) == RequestError then
-            return self.http:respond(id, job.status, "application/json",
-                error_body(job.message, job.type or (job.status == 401 and "invalid_request_error" or "invalid_request_error"),
-                    job.param, job.code))
+            return fail_with(job.status, job.message, job.type or "invalid_request_error", job.param, job.code)
         end
         self.log("internal error: " .. tostring(job))
-        return self.http:respond(id, 500, "application/json", error_body("internal error: " .. tostring(job), "server_error"))
+        return fail_with(500, "internal error: " .. tostring(job), "server_error")
     end
     if job == "models" then return self.http:respond(id, 200, "application/json", self:models_body()) end
     -- Waiting jobs first fill the free slots (at the next admit), then the
@@ -628,9 +793,8 @@ function Server:on_request(id)
         if not slot.job then free = free + 1 end
     end
     if #self.queue >= self.queue_limit + free then
-        return self.http:respond(id, 429, "application/json",
-            error_body(("The server is busy (%d requests waiting); retry later."):format(#self.queue), "rate_limit_error", nil,
-                "queue_full"), { ["Retry-After"] = "1" })
+        return fail_with(429, ("The server is busy (%d requests waiting); retry later."):format(#self.queue),
+            "rate_limit_error", nil, "queue_full", { ["Retry-After"] = "1" })
     end
     self.jobs[id] = job
     self.queue[#self.queue + 1] = job
@@ -772,7 +936,8 @@ function Server:run()
         end
     end
     for _, job in ipairs(self.queue) do
-        self.http:respond(job.id, 503, "application/json", error_body("The server is shutting down.", "server_error"))
+        self.http:respond(job.id, 503, "application/json", route_error(job.kind == "messages" and "/v1/messages" or nil,
+            503, "The server is shutting down.", "server_error"))
     end
     self.queue = {}
     self.http:drain(1000) -- let queued output reach the clients

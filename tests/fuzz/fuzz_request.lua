@@ -2,8 +2,8 @@
 -- server's request bodies: lua/cartridge/json.lua and the field validation in
 -- lua/cartridge/server.lua.
 --
--- Input: byte 0 picks the endpoint (bit 0: /v1/completions, else
--- /v1/chat/completions); the rest is the request body.
+-- Input: byte 0 picks the endpoint (its value mod 3: /v1/chat/completions,
+-- /v1/completions, /v1/messages); the rest is the request body.
 --
 --   1. json.decode(body). When it decodes, json.encode of the value must
 --      succeed and decode to an equal value whose encoding is the same text
@@ -57,8 +57,11 @@ local function check_options(o)
     end
 end
 
+local PATHS = { "/v1/chat/completions", "/v1/completions", "/v1/messages" }
+local KIND = { ["/v1/chat/completions"] = "chat", ["/v1/completions"] = "text", ["/v1/messages"] = "messages" }
+
 local function check_job(job, path)
-    local kind = path == "/v1/chat/completions" and "chat" or "text"
+    local kind = KIND[path]
     if job.kind ~= kind then util.finding("a %s request made a %s job", kind, tostring(job.kind)) end
     if #job.prompt < 1 or #job.prompt + job.opts.max_tokens > srv.ctx then
         util.finding("job of %d prompt + %d completion tokens in a context of %d", #job.prompt,
@@ -80,7 +83,7 @@ end
 
 return function(data)
     if #data == 0 then return end
-    local path = data:byte(1) % 2 == 1 and "/v1/completions" or "/v1/chat/completions"
+    local path = PATHS[data:byte(1) % 3 + 1]
     local body = data:sub(2)
     util.check_json(body)
     local req = { path = path, method = "POST", body = body, header = function() return nil end }

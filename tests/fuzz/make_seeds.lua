@@ -363,6 +363,17 @@ local REQUESTS = {
     { 0, { messages = { { role = "tool", content = "x" } } } },
     { 1, { prompt = 5 } },
     { 0, { model = "nope", messages = { { role = "user", content = "x" } } } },
+    { 0, { messages = { { role = "user", content = "x" } }, frequency_penalty = 0.5, presence_penalty = -1,
+        repeat_penalty = 1.1, repeat_last_n = -1 } },
+    -- Anthropic Messages (byte 0 = 2)
+    { 2, { model = "m", max_tokens = 8, messages = { { role = "user", content = "Hello" } } } },
+    { 2, { max_tokens = 16, system = { { type = "text", text = "Be terse." } }, temperature = 0.5, top_p = 0.9,
+        top_k = 5, stop_sequences = { "\n", "END" }, stream = true,
+        messages = { { role = "user", content = { { type = "text", text = "a" } } },
+            { role = "assistant", content = "Sure" } } } },
+    { 2, { messages = { { role = "user", content = { { type = "image", source = { type = "base64" } } } } },
+        max_tokens = 1 } },
+    { 2, { messages = { { role = "user", content = "x" } } } },
 }
 for i, r in ipairs(REQUESTS) do put("fuzz_request", ("req%02d"):format(i), string.char(r[1]) .. json.encode(r[2])) end
 for i, text in ipairs({ '{"prompt":"a","max_tokens":1e309}', '{"prompt":"a","temperature":-0.0,"top_p":0}',

@@ -432,6 +432,126 @@ describe("serve.lua", function()
         print(("  openai client: %q, %d stream chunks"):format(r.text, r.chunks))
     end)
 
+    it("answers Anthropic Messages requests: the same text as chat, its usage, stop reasons and events", function()
+        local ok, why = ready()
+        if not ok then return pending(why) end
+        local q = { model = "a", messages = { { role = "user", content = "Lily" } }, max_tokens = 12, temperature = 0 }
+        local _, chat_resp = curl(server(), "POST", "/v1/chat/completions", chat_body(q))
+        local want = json.decode(chat_resp).choices[1].message.content
+        local status, body = curl(server(), "POST", "/v1/messages", chat_body(q))
+        assert.are.equal(200, status, body)
+        local r = json.decode(body)
+        assert.are.equal("message", r.type)
+        assert.are.equal("assistant", r.role)
+        assert.truthy(r.id:find("^msg_"), r.id)
+        assert.are.equal(want, r.content[1].text)
+        assert.are.equal("text", r.content[1].type)
+        assert.are.equal("max_tokens", r.stop_reason)
+        assert.are.equal(json.null, r.stop_sequence)
+        assert.are.equal(12, r.usage.output_tokens)
+        assert.is_true(r.usage.input_tokens + r.usage.cache_read_input_tokens > 0)
+        -- a system prompt given as text blocks is the same as a string
+        local with_string = json.decode(select(2, curl(server(), "POST", "/v1/messages", chat_body({ model = "a",
+            system = "Be brief.", messages = q.messages, max_tokens = 8, temperature = 0 })))).content[1].text
+        local with_blocks = json.decode(select(2, curl(server(), "POST", "/v1/messages", chat_body({ model = "a",
+            system = { { type = "text", text = "Be " }, { type = "text", text = "brief." } },
+            messages = { { role = "user", content = { { type = "text", text = "Lily" } } } }, max_tokens = 8,
+            temperature = 0 })))).content[1].text
+        assert.are.equal(with_string, with_blocks)
+        -- a stop sequence inside the text: cut there, named in stop_sequence
+        local word = want:match("(%a%a%a+)")
+        if word then
+            r = json.decode(select(2, curl(server(), "POST", "/v1/messages", chat_body({ model = "a",
+                messages = q.messages, max_tokens = 12, temperature = 0, stop_sequences = { word } }))))
+            assert.are.equal("stop_sequence", r.stop_reason)
+            assert.are.equal(word, r.stop_sequence)
+            assert.are.equal(want:sub(1, want:find(word, 1, true) - 1), r.content[1].text)
+        end
+        -- an assistant prefill: the reply continues it and holds only what follows
+        local head = want:sub(1, 6):gsub("%s+$", "")
+        r = json.decode(select(2, curl(server(), "POST", "/v1/messages", chat_body({ model = "a",
+            messages = { q.messages[1], { role = "assistant", content = head } }, max_tokens = 4, temperature = 0 }))))
+        assert.are.equal(200, status)
+        assert.is_string(r.content[1].text)
+        -- streamed: Anthropic's event sequence, the same text
+        status, body = curl(server(), "POST", "/v1/messages", chat_body({ model = "a", messages = q.messages,
+            max_tokens = 12, temperature = 0, stream = true }))
+        assert.are.equal(200, status)
+        local names, text, stop_reason, out_tokens = {}, "", nil, nil
+        for name, data in body:gmatch("event: ([%w_]+)\ndata: ([^\n]+)") do
+            local e = json.decode(data)
+            assert.are.equal(name, e.type)
+            if names[#names] ~= name then names[#names + 1] = name end
+            if name == "content_block_delta" then text = text .. e.delta.text end
+            if name == "message_delta" then stop_reason, out_tokens = e.delta.stop_reason, e.usage.output_tokens end
+        end
+        assert.are.same({ "message_start", "content_block_start", "ping", "content_block_delta", "content_block_stop",
+            "message_delta", "message_stop" }, names)
+        assert.are.equal(want, text)
+        assert.are.equal("max_tokens", stop_reason)
+        assert.are.equal(12, out_tokens)
+        -- also without the /v1 prefix
+        status = curl(server(), "POST", "/messages", chat_body(q))
+        assert.are.equal(200, status)
+    end)
+
+    it("answers bad Messages requests with Anthropic's error shape", function()
+        local ok, why = ready()
+        if not ok then return pending(why) end
+        local msgs = { { role = "user", content = "hi" } }
+        local cases = {
+            { "{bad", 400, "invalid_request_error", "not valid JSON" },
+            { chat_body({ messages = msgs }), 400, "invalid_request_error", "max_tokens: the field is required" },
+            { chat_body({ messages = msgs, max_tokens = 0 }), 400, "invalid_request_error", "max_tokens must be" },
+            { chat_body({ messages = msgs, max_tokens = 4, temperature = 1.5 }), 400, "invalid_request_error",
+                "temperature" },
+            { chat_body({ messages = { { role = "system", content = "x" } }, max_tokens = 4 }), 400,
+                "invalid_request_error", "top-level system field" },
+            { chat_body({ messages = { { role = "user", content = { { type = "image", source = {} } } } },
+                max_tokens = 4 }), 400, "invalid_request_error", "type \"image\" are not supported" },
+            { chat_body({ messages = { msgs[1], { role = "assistant", content = "ends in space " } }, max_tokens = 4 }),
+                400, "invalid_request_error", "trailing whitespace" },
+            { chat_body({ messages = msgs, max_tokens = 4, stop_sequences = { "" } }), 400, "invalid_request_error",
+                "stop_sequences[0]" },
+            { chat_body({ messages = msgs, max_tokens = 4, model = "zzz" }), 404, "not_found_error", "does not exist" },
+            { chat_body({ messages = {}, max_tokens = 4 }), 400, "invalid_request_error", "non-empty array" },
+        }
+        for _, c in ipairs(cases) do
+            local status, body = curl(server(), "POST", "/v1/messages", c[1])
+            assert.are.equal(c[2], status, c[1] .. " -> " .. body)
+            local e = json.decode(body)
+            assert.are.equal("error", e.type, body)
+            assert.are.equal(c[3], e.error.type, body)
+            assert.truthy(e.error.message:find(c[4], 1, true), body)
+        end
+        local status, body = curl(server(), "GET", "/v1/messages")
+        assert.are.equal(405, status)
+        assert.are.equal("invalid_request_error", json.decode(body).error.type)
+    end)
+
+    it("works with the official Anthropic npm client", function()
+        local ok, why = ready()
+        if not ok then return pending(why) end
+        if not helper.exists(helper.root .. "/tests/node/node_modules/@anthropic-ai/sdk/package.json") or not have("node") then
+            return pending("the @anthropic-ai/sdk npm package is not installed: npm install --prefix tests/node "
+                .. "(scripts/setup.sh does it)")
+        end
+        local rc, out, err = helper.run(("CARTRIDGE_URL=http://127.0.0.1:%d CARTRIDGE_MODEL=a node "
+            .. "%s/tests/node/anthropic_client.mjs"):format(server().port, helper.root))
+        assert.are.equal(0, rc, err)
+        local r = json.decode(out:match("(%b{})%s*$"))
+        assert.are.equal("max_tokens", r.stop_reason)
+        assert.are.equal(r.text, r.streamed)
+        assert.are.equal(r.text, r.helper_text)
+        assert.are.equal("max_tokens", r.helper_stop)
+        assert.are.equal(16, r.helper_usage.output_tokens)
+        -- (the SDK does not pass ping events on)
+        assert.are.same({ "message_start", "content_block_start", "content_block_delta", "content_block_stop",
+            "message_delta", "message_stop" }, r.events)
+        assert.are.same({ status = 404, type = "not_found_error" }, r.not_found)
+        print(("  anthropic client: %q"):format(r.text))
+    end)
+
     it("requires the API key when one is set", function()
         local ok, why = ready()
         if not ok then return pending(why) end
@@ -445,6 +565,15 @@ describe("serve.lua", function()
         status = curl(k, "GET", "/v1/models", nil, { "Authorization: Bearer wrong" })
         assert.are.equal(401, status)
         status = curl(k, "POST", "/v1/chat/completions", body, { "Authorization: Bearer sekrit" })
+        assert.are.equal(200, status)
+        -- Anthropic's clients send x-api-key; a 401 on /v1/messages is in Anthropic's shape
+        local mbody = chat_body({ messages = { { role = "user", content = "hi" } }, max_tokens = 2 })
+        status, resp = curl(k, "POST", "/v1/messages", mbody, { "x-api-key: wrong" })
+        assert.are.equal(401, status)
+        assert.are.equal("authentication_error", json.decode(resp).error.type, resp)
+        status = curl(k, "POST", "/v1/messages", mbody, { "x-api-key: sekrit" })
+        assert.are.equal(200, status)
+        status = curl(k, "POST", "/v1/chat/completions", body, { "x-api-key: sekrit" })
         assert.are.equal(200, status)
         stop(k)
     end)
