@@ -288,7 +288,8 @@ function Server:pick(body)
     return c, name
 end
 
-function Server:parse_chat(body)
+-- body.messages, checked to be a non-empty array within the server's limit.
+function Server:message_list(body)
     local msgs = body.messages
     if json.kind(msgs) ~= "array" or #msgs == 0 then
         reject(400, "messages must be a non-empty array; got " .. shown(msgs, body, "messages"), "messages")
@@ -296,6 +297,11 @@ function Server:parse_chat(body)
     if #msgs > self.max_messages then
         reject(400, ("%d messages is above this server's limit of %d"):format(#msgs, self.max_messages), "messages")
     end
+    return msgs
+end
+
+function Server:parse_chat(body)
+    local msgs = self:message_list(body)
     local out = {}
     for i, msg in ipairs(msgs) do
         if json.kind(msg) ~= "object" then
@@ -347,13 +353,7 @@ end
 -- model's template. A last assistant turn is a prefill: the reply continues
 -- it (and holds only what follows it), as Anthropic's API does.
 function Server:parse_messages(body)
-    local msgs = body.messages
-    if json.kind(msgs) ~= "array" or #msgs == 0 then
-        reject(400, "messages: must be a non-empty array; got " .. shown(msgs, body, "messages"), "messages")
-    end
-    if #msgs > self.max_messages then
-        reject(400, ("%d messages is above this server's limit of %d"):format(#msgs, self.max_messages), "messages")
-    end
+    local msgs = self:message_list(body)
     local list = {}
     if body.system ~= nil and body.system ~= json.null then
         local text = blocks_text(body.system, "system")
