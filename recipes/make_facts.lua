@@ -25,7 +25,10 @@ local opts = options.parse(arg, {
     },
 })
 if not opts.out then error("make_facts: --out DIR is required (see --help)", 0) end
-if opts.facts < 1 or opts.facts > 4096 then error("make_facts: --facts must be in 1..4096", 0) end
+if opts.facts < 1 or opts.facts > #facts.NAMES then
+    error(("make_facts: --facts must be in 1..%d (one fact for each of the names in lua/cartridge/facts.lua)")
+        :format(#facts.NAMES), 0)
+end
 
 local d = facts.document(opts.seed, opts.facts)
 fs.mkdirs(opts.out)

@@ -1,8 +1,9 @@
 -- cartridge.facts: a synthetic reading task. Documents state facts about
 -- fictional people in plain sentences; each fact has a question whose answer
--- is a short exact string. Names, places and numbers are drawn fresh for
--- every document from a seeded generator, so no model can know a document's
--- facts before reading it.
+-- is a short exact string. Each document is about different people (one
+-- fact each), named from a fixed list in a fresh order, with values
+-- (places, pets' names, jobs, ages, ...) drawn fresh from a seeded
+-- generator, so no model can know a document's facts before reading it.
 --
 --   local facts = require("cartridge.facts")
 --   local d = facts.document(seed, 40)       -- 40 facts
@@ -53,10 +54,37 @@ local MONTHS = { "January", "February", "March", "April", "May", "June", "July",
 local ANIMALS = { "cat", "dog", "parrot", "horse", "goat", "rabbit", "owl", "tortoise", "ferret", "donkey" }
 local INSTRUMENTS = { "violin", "flute", "drum", "harp", "trumpet", "cello", "guitar", "piano", "oboe",
     "banjo", "accordion", "clarinet" }
+local FOODS = { "soup", "bread", "rice", "cheese", "apples", "noodles", "beans", "fish", "plums", "honey",
+    "pears", "walnuts" }
+
+-- The people's names: a fixed list of invented two-syllable first names, the
+-- same on every machine. A document draws its people from it in a fresh
+-- order, so which name has which fact is new in every document. The list is
+-- fixed so that a tokenizer can give each name one token (the reader's does),
+-- which lets a small model look a person up by a single key.
+facts.NAMES, facts.is_name = {}, {}
+do
+    local g = facts.rng(20261201)
+    while #facts.NAMES < 160 do
+        local w = syllable(g) .. syllable(g)
+        w = w:sub(1, 1):upper() .. w:sub(2)
+        if #w <= 7 and not facts.is_name[w] then
+            facts.NAMES[#facts.NAMES + 1], facts.is_name[w] = w, true
+        end
+    end
+end
 
 -- Each: a value drawn from g, the sentence, the question, the answer's chance.
+-- A value that is an invented word never equals a person's name.
+local function invented(g, lo, hi)
+    while true do
+        local w = word(g, lo, hi)
+        if not facts.is_name[w] then return w end
+    end
+end
+
 local RELATIONS = {
-    { name = "home", value = function(g) return word(g, 2, 3) end,
+    { name = "home", value = function(g) return invented(g, 2, 3) end,
         sentence = function(p, v) return ("%s lives in %s."):format(p, v) end,
         question = function(p) return ("Where does %s live?"):format(p) end, chance = 0 },
     { name = "job", value = function(g) return g:pick(JOBS) end,
@@ -65,18 +93,18 @@ local RELATIONS = {
     { name = "age", value = function(g) return tostring(g:int(18, 89)) end,
         sentence = function(p, v) return ("%s is %s years old."):format(p, v) end,
         question = function(p) return ("How old is %s?"):format(p) end, chance = 1 / 72 },
-    { name = "pet", value = function(g) return { g:pick(ANIMALS), word(g, 1, 2) } end,
+    { name = "pet", value = function(g) return { g:pick(ANIMALS), invented(g, 1, 2) } end,
         sentence = function(p, v)
             return ("%s has %s %s named %s."):format(p, v[1]:match("^[aeiou]") and "an" or "a", v[1], v[2])
         end,
-        question = function(p, v) return ("What is the name of the %s of %s?"):format(v[1], p) end,
+        question = function(p) return ("What is the name of the pet of %s?"):format(p) end,
         answer = function(v) return v[2] end, chance = 0 },
     { name = "color", value = function(g) return g:pick(COLORS) end,
         sentence = function(p, v) return ("The favorite color of %s is %s."):format(p, v) end,
         question = function(p) return ("What is the favorite color of %s?"):format(p) end, chance = 1 / #COLORS },
-    { name = "code", value = function(g) return ("%04d"):format(g:int(0, 9999)) end,
-        sentence = function(p, v) return ("The door code of %s is %s."):format(p, v) end,
-        question = function(p) return ("What is the door code of %s?"):format(p) end, chance = 0 },
+    { name = "food", value = function(g) return g:pick(FOODS) end,
+        sentence = function(p, v) return ("%s likes to eat %s."):format(p, v) end,
+        question = function(p) return ("What does %s like to eat?"):format(p) end, chance = 1 / #FOODS },
     { name = "month", value = function(g) return g:pick(MONTHS) end,
         sentence = function(p, v) return ("%s was born in %s."):format(p, v) end,
         question = function(p) return ("In which month was %s born?"):format(p) end, chance = 1 / #MONTHS },
@@ -89,39 +117,37 @@ facts.RELATIONS = RELATIONS
 
 local TITLES = { "Notes on the people of %s", "Who is who in %s", "A register of %s", "The families of %s" }
 
--- A document of n facts (n >= 1): ceil(n / 4) people with up to 4
--- relations each (no two of a person's facts share a relation), the
--- sentences shuffled into paragraphs of 3 to 6 under a title.
+-- A document of n facts (1 <= n <= #facts.NAMES): one fact about each of n
+-- people, named from facts.NAMES in a fresh order, with relations cycled in
+-- a fresh order and values drawn fresh; the sentences in paragraphs of 3 to
+-- 6 under a title. Each question names its person, who is in one sentence
+-- of the document, so it has exactly one answer there.
 function facts.document(seed, n)
-    if type(n) ~= "number" or n < 1 or n ~= math.floor(n) then
-        error("facts.document: the number of facts must be a positive integer, got " .. tostring(n), 0)
+    if type(n) ~= "number" or n < 1 or n ~= math.floor(n) or n > #facts.NAMES then
+        error(("facts.document: the number of facts must be an integer in 1..%d, got %s"):format(#facts.NAMES,
+            tostring(n)), 0)
     end
     local g = facts.rng(seed)
-    local people, used = {}, {}
-    local n_people = math.ceil(n / 4)
-    while #people < n_people do
-        local name = word(g, 1, 2) .. " " .. word(g, 2, 3)
-        local first = name:match("^(%S+)")
-        if not used[name] and not used[first] then -- first names unique too: a question is never ambiguous
-            used[name], used[first] = true, true
-            people[#people + 1] = name
-        end
-    end
-    local list = {}
-    local per = {}
+    local pool = {}
+    for i, name in ipairs(facts.NAMES) do pool[i] = name end
+    g:shuffle(pool)
+    local rels = g:shuffle({ 1, 2, 3, 4, 5, 6, 7, 8 })
+    local list, people = {}, {}
     for i = 1, n do
-        local who = ((i - 1) % n_people) + 1
-        per[who] = per[who] or g:shuffle({ 1, 2, 3, 4, 5, 6, 7, 8 })
-        local rel = RELATIONS[per[who][math.floor((i - 1) / n_people) % #RELATIONS + 1]]
+        if (i - 1) % #rels == 0 and i > 1 then g:shuffle(rels) end
+        local rel = RELATIONS[rels[(i - 1) % #rels + 1]]
         local v = rel.value(g)
-        local p = people[who]
-        list[#list + 1] = { sentence = rel.sentence(p, v), question = rel.question(p, v),
-            answer = rel.answer and rel.answer(v) or v, relation = rel.name, person = p, chance = rel.chance }
+        local p = pool[i]
+        people[i] = p
+        local answer = rel.answer and rel.answer(v) or v
+        local sentence = rel.sentence(p, v)
+        list[i] = { sentence = sentence, question = rel.question(p, v), answer = answer,
+            relation = rel.name, person = p, chance = rel.chance }
     end
     local order = {}
     for i = 1, #list do order[i] = list[i] end
     g:shuffle(order)
-    local town = word(g, 2, 3)
+    local town = invented(g, 2, 3)
     local parts = { "# " .. g:pick(TITLES):format(town), "" }
     local i = 1
     while i <= #order do
@@ -194,10 +220,12 @@ function facts.conversation(g, d, T, opts)
         end
     end
     -- the whole document: most of its facts asked, so that a pass over it
-    -- trains many lookups; an excerpt: a few
+    -- trains many lookups; an excerpt: a few. A reply restates the fact's
+    -- sentence ("Kinras lives in Sothhim."): it names the person it looked
+    -- up, and it still contains the exact answer that facts.correct wants.
     for i = 1, math.min(#pool, kind < 7 and g:int(8, 24) or g:int(1, 6)) do
         ask(pool[i].question)
-        reply(pool[i].answer)
+        reply(pool[i].sentence)
     end
     return pieces
 end
