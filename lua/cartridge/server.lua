@@ -15,7 +15,8 @@
 -- when none is left, least recently used first.
 --
 -- Endpoints: POST /v1/chat/completions, POST /v1/completions, POST
--- /v1/messages (Anthropic's Messages API, its errors in Anthropic's shape),
+-- /v1/responses (OpenAI's Responses API), POST /v1/messages (Anthropic's
+-- Messages API, its errors in Anthropic's shape),
 -- GET /v1/models, GET /health; every /v1 route also without the prefix (/chat/completions),
 -- as llama.cpp's server and clients with a bare base URL expect. Errors are OpenAI-shaped: {"error": {"message", "type",
 -- "param", "code"}}.
@@ -324,29 +325,36 @@ end
 -- ---------------------------------------------------------------------------
 -- Anthropic Messages (POST /v1/messages)
 
--- Text of an Anthropic content value: a string or an array of text blocks.
-local function blocks_text(content, where)
+-- Text of a content value: a string, or an array of parts whose type is
+-- one of `types` (a set) and whose text is a string. Errors name `where`
+-- and carry `param`; `wanted` says what parts are read.
+local function content_parts(content, where, param, types, wanted)
     if type(content) == "string" then return content end
     if json.kind(content) ~= "array" then
-        reject(400, ("%s must be a string or an array of content blocks; got %s"):format(where, shown(content)), where)
+        reject(400, ("%s must be a string or an array of content parts; got %s"):format(where, shown(content)), param)
     end
     local parts = {}
-    for j, block in ipairs(content) do
-        if json.kind(block) ~= "object" or type(block.type) ~= "string" then
-            reject(400, ("%s[%d] must be a content block object with a type; got %s"):format(where, j - 1,
-                shown(block, content, j)), where)
+    for j, part in ipairs(content) do
+        local t = json.kind(part) == "object" and part.type
+        if not (type(t) == "string" and types[t]) then
+            reject(400, ("%s[%d]: %s are not supported by this server (%s only)"):format(where, j - 1,
+                type(t) == "string" and ("parts of type " .. shown(t)) or ("parts like " .. shown(part, content, j)),
+                wanted), param)
         end
-        if block.type ~= "text" then
-            reject(400, ("%s[%d]: content blocks of type %s are not supported by this server (text only)")
-                :format(where, j - 1, shown(block.type)), where)
+        if type(part.text) ~= "string" then
+            reject(400, ("%s[%d].text must be a string; got %s"):format(where, j - 1, shown(part.text, part, "text")),
+                param)
         end
-        if type(block.text) ~= "string" then
-            reject(400, ("%s[%d].text must be a string; got %s"):format(where, j - 1, shown(block.text, block, "text")),
-                where)
-        end
-        parts[#parts + 1] = block.text
+        parts[#parts + 1] = part.text
     end
     return table.concat(parts)
+end
+
+local ANTHROPIC_TEXT = { text = true }
+local RESPONSES_TEXT = { input_text = true, output_text = true, text = true }
+
+local function blocks_text(content, where)
+    return content_parts(content, where, where:match("^[%a_]+"), ANTHROPIC_TEXT, "text blocks")
 end
 
 -- The prompt text of a Messages request: system, then the turns in the
@@ -414,6 +422,103 @@ function Server:messages_options(body)
     return o
 end
 
+-- ---------------------------------------------------------------------------
+-- OpenAI Responses (POST /v1/responses)
+
+-- The prompt text of a Responses request: instructions as the system
+-- message, then the input (a string: one user turn; or message items).
+function Server:parse_responses(body)
+    local prev = body.previous_response_id
+    if prev ~= nil and prev ~= json.null then
+        reject(400, "previous_response_id is not supported: this server stores no responses; send the whole "
+            .. "conversation in input", "previous_response_id")
+    end
+    local list = {}
+    if body.instructions ~= nil and body.instructions ~= json.null then
+        if type(body.instructions) ~= "string" then
+            reject(400, "instructions must be a string; got " .. shown(body.instructions, body, "instructions"),
+                "instructions")
+        end
+        check_utf8(body.instructions, "instructions")
+        list[1] = { role = "system", content = body.instructions }
+    end
+    local input = body.input
+    if type(input) == "string" then
+        check_utf8(input, "input")
+        list[#list + 1] = { role = "user", content = input }
+    elseif json.kind(input) == "array" and #input > 0 then
+        if #input > self.max_messages then
+            reject(400, ("%d input items is above this server's limit of %d"):format(#input, self.max_messages), "input")
+        end
+        for i, item in ipairs(input) do
+            local where = ("input[%d]"):format(i - 1)
+            if json.kind(item) ~= "object" then reject(400, where .. " must be an object; got " .. shown(item, input, i), "input") end
+            if item.type ~= nil and item.type ~= "message" then
+                reject(400, ("%s: items of type %s are not supported by this server (messages only)")
+                    :format(where, shown(item.type, item, "type")), "input")
+            end
+            local role = item.role
+            if role ~= "user" and role ~= "assistant" and role ~= "system" and role ~= "developer" then
+                reject(400, ("%s.role must be user, assistant, system or developer; got %s")
+                    :format(where, shown(role, item, "role")), "input")
+            end
+            local text = content_parts(item.content, where .. ".content", "input", RESPONSES_TEXT, "input_text parts")
+            check_utf8(text, where .. ".content")
+            list[#list + 1] = { role = role == "developer" and "system" or role, content = text }
+        end
+        if list[#list].role == "assistant" then reject(400, "the last input item must not be the assistant's", "input") end
+    else
+        reject(400, "input must be a string or a non-empty array of message items; got " .. shown(input, body, "input"),
+            "input")
+    end
+    return chat.render(self.template, list)
+end
+
+function Server:responses_options(body)
+    local o = {}
+    o.max_tokens = integer_field(body, "max_output_tokens", 1, self.max_tokens_limit, self.default_max_tokens,
+        " (this server's limit is " .. self.max_tokens_limit .. ")")
+    o.temperature = number_field(body, "temperature", 0, 2, 1)
+    o.top_p = number_field(body, "top_p", 0, 1, 1)
+    if o.top_p == 0 then o.top_p = 1e-6 end
+    o.top_k, o.min_p, o.seed = 0, 0, 0
+    o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.repeat_last_n = 0, 0, 1, 64
+    o.stop = {}
+    o.stream = boolean_field(body, "stream")
+    o.echo = { instructions = type(body.instructions) == "string" and body.instructions or json.null,
+        max_output_tokens = body.max_output_tokens ~= nil and o.max_tokens or json.null,
+        temperature = o.temperature, top_p = o.top_p,
+        metadata = json.kind(body.metadata) == "object" and body.metadata or json.object() }
+    return o
+end
+
+-- A Responses API response object in its current state.
+function Server:response_object(job, status)
+    local item = { type = "message", id = "msg_" .. job.completion_id:sub(6), status = status == "in_progress"
+        and "in_progress" or "completed", role = "assistant", content = json.array() }
+    local output = json.array()
+    if status ~= "in_progress" then
+        item.content = json.array({ { type = "output_text", text = job.text, annotations = json.array() } })
+        output = json.array({ item })
+    end
+    local obj = { id = job.completion_id, object = "response", created_at = self.created, status = status,
+        model = job.name, output = output, parallel_tool_calls = false, tool_choice = "none", tools = json.array(),
+        error = json.null, incomplete_details = status == "incomplete" and { reason = "max_output_tokens" } or json.null,
+        usage = status == "in_progress" and json.null or { input_tokens = #job.prompt,
+            input_tokens_details = { cached_tokens = job.cached }, output_tokens = #job.out_ids,
+            output_tokens_details = { reasoning_tokens = 0 }, total_tokens = #job.prompt + #job.out_ids } }
+    for k, v in pairs(job.opts.echo) do obj[k] = v end
+    return obj, item
+end
+
+-- One Responses stream event, numbered.
+function Server:response_event(job, name, obj)
+    obj.type = name
+    obj.sequence_number = job.sequence or 0
+    job.sequence = obj.sequence_number + 1
+    self:event(job, name, obj)
+end
+
 local STOP_REASON = { stop = "end_turn", length = "max_tokens", stop_sequence = "stop_sequence" }
 
 local function anthropic_usage(job)
@@ -434,10 +539,16 @@ function Server:make_job(id, req)
     local body = parse_json(req)
     local cart, name = self:pick(body)
     local kind, text
-    local o = route == "/v1/messages" and self:messages_options(body) or self:common_options(body)
+    local o
+    if route == "/v1/messages" then o = self:messages_options(body)
+    elseif route == "/v1/responses" then o = self:responses_options(body)
+    else o = self:common_options(body) end
     if route == "/v1/messages" then
         kind = "messages"
         text = self:parse_messages(body)
+    elseif route == "/v1/responses" then
+        kind = "responses"
+        text = self:parse_responses(body)
     elseif route == "/v1/chat/completions" then
         kind = "chat"
         text = chat.render(self.template, self:parse_chat(body))
@@ -452,7 +563,7 @@ function Server:make_job(id, req)
         text = prompt
     end
     local ids = self.tok:encode(text, { special = kind ~= "text", add_special = cart == nil })
-    local what = kind == "text" and "prompt" or "messages"
+    local what = kind == "text" and "prompt" or kind == "responses" and "input" or "messages"
     if #ids == 0 then reject(400, "the prompt is empty", what) end
     if #ids + o.max_tokens > self.ctx then
         reject(400, ("This request needs %d prompt tokens (its %s) + %d completion tokens, but the context holds %d; "
@@ -463,7 +574,8 @@ function Server:make_job(id, req)
     return {
         id = id, kind = kind, name = name, cart = cart, prompt = ids, opts = o,
         out_ids = {}, text = "", sent = 0, finish = nil, cached = 0,
-        completion_id = (kind == "chat" and "chatcmpl-" or kind == "messages" and "msg_" or "cmpl-")
+        completion_id = (kind == "chat" and "chatcmpl-" or kind == "messages" and "msg_" or
+            kind == "responses" and "resp_" or "cmpl-")
             .. ("%d%06d"):format(self.created, self.counter),
         received = now(),
     }
@@ -562,6 +674,12 @@ function Server:chunk(job, delta, finish)
                 delta = { type = "text_delta", text = delta.content } })
         end
         return
+    elseif job.kind == "responses" then
+        if delta.content and delta.content ~= "" then
+            self:response_event(job, "response.output_text.delta", { item_id = "msg_" .. job.completion_id:sub(6),
+                output_index = 0, content_index = 0, delta = delta.content, logprobs = json.array() })
+        end
+        return
     elseif job.kind == "chat" then
         obj = { id = job.completion_id, object = "chat.completion.chunk", created = self.created, model = job.name,
             choices = json.array({ { index = 0, delta = delta, finish_reason = finish or json.null, logprobs = json.null } }) }
@@ -584,6 +702,13 @@ function Server:start_stream(job)
         self:event(job, "content_block_start", { type = "content_block_start", index = 0,
             content_block = { type = "text", text = "" } })
         self:event(job, "ping", { type = "ping" })
+    elseif job.kind == "responses" then
+        local obj, item = self:response_object(job, "in_progress")
+        self:response_event(job, "response.created", { response = obj })
+        self:response_event(job, "response.in_progress", { response = obj })
+        self:response_event(job, "response.output_item.added", { output_index = 0, item = item })
+        self:response_event(job, "response.content_part.added", { item_id = item.id, output_index = 0,
+            content_index = 0, part = { type = "output_text", text = "", annotations = json.array() } })
     elseif job.kind == "chat" then
         self:chunk(job, { role = "assistant", content = "" })
     end
@@ -599,6 +724,23 @@ function Server:finish_job(job)
             usage = { output_tokens = #job.out_ids } })
         self:event(job, "message_stop", { type = "message_stop" })
         self.http:stream_end(id)
+    elseif job.kind == "responses" then
+        local status = job.finish == "length" and "incomplete" or "completed"
+        local obj, item = self:response_object(job, status)
+        if job.opts.stream then
+            local part = item.content[1]
+            self:response_event(job, "response.output_text.done", { item_id = item.id, output_index = 0,
+                content_index = 0, text = job.text, logprobs = json.array() })
+            self:response_event(job, "response.content_part.done", { item_id = item.id, output_index = 0,
+                content_index = 0, part = part })
+            self:response_event(job, "response.output_item.done", { output_index = 0, item = item })
+            self:response_event(job, status == "completed" and "response.completed" or "response.incomplete",
+                { response = obj })
+            self.http:stream_end(id)
+        else
+            obj.output_text = job.text
+            self.http:respond(id, 200, "application/json", json.encode(obj))
+        end
     elseif job.kind == "messages" then
         self.http:respond(id, 200, "application/json", json.encode({ id = job.completion_id, type = "message",
             role = "assistant", model = job.name, content = json.array({ { type = "text", text = job.text } }),
@@ -695,6 +837,10 @@ function Server:fail(job, err)
         if job.streaming and route then
             self.http:stream_write(job.id, "event: error\ndata: " .. body .. "\n\n")
             self.http:stream_end(job.id)
+        elseif job.streaming and job.kind == "responses" then
+            self:response_event(job, "error", { code = "server_error", message = "internal error: " .. message,
+                param = json.null })
+            self.http:stream_end(job.id)
         elseif job.streaming then
             self.http:stream_write(job.id, "data: " .. body .. "\n\n")
             self.http:stream_end(job.id)
@@ -738,6 +884,7 @@ local ROUTES = {
     ["/v1/chat/completions"] = { POST = true },
     ["/v1/completions"] = { POST = true },
     ["/v1/messages"] = { POST = true },
+    ["/v1/responses"] = { POST = true },
 }
 
 -- The route a path names: itself, or the /v1 route it abbreviates.

@@ -2,8 +2,9 @@
 -- server's request bodies: lua/cartridge/json.lua and the field validation in
 -- lua/cartridge/server.lua.
 --
--- Input: byte 0 picks the endpoint (its value mod 3: /v1/chat/completions,
--- /v1/completions, /v1/messages); the rest is the request body.
+-- Input: byte 0 picks the endpoint (its value mod 4: /v1/chat/completions,
+-- /v1/completions, /v1/messages, /v1/responses); the rest is the request
+-- body.
 --
 --   1. json.decode(body). When it decodes, json.encode of the value must
 --      succeed and decode to an equal value whose encoding is the same text
@@ -57,8 +58,9 @@ local function check_options(o)
     end
 end
 
-local PATHS = { "/v1/chat/completions", "/v1/completions", "/v1/messages" }
-local KIND = { ["/v1/chat/completions"] = "chat", ["/v1/completions"] = "text", ["/v1/messages"] = "messages" }
+local PATHS = { "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses" }
+local KIND = { ["/v1/chat/completions"] = "chat", ["/v1/completions"] = "text", ["/v1/messages"] = "messages",
+    ["/v1/responses"] = "responses" }
 
 local function check_job(job, path)
     local kind = KIND[path]
@@ -83,7 +85,7 @@ end
 
 return function(data)
     if #data == 0 then return end
-    local path = PATHS[data:byte(1) % 3 + 1]
+    local path = PATHS[data:byte(1) % 4 + 1]
     local body = data:sub(2)
     util.check_json(body)
     local req = { path = path, method = "POST", body = body, header = function() return nil end }

@@ -374,6 +374,11 @@ local REQUESTS = {
     { 2, { messages = { { role = "user", content = { { type = "image", source = { type = "base64" } } } } },
         max_tokens = 1 } },
     { 2, { messages = { { role = "user", content = "x" } } } },
+    -- OpenAI Responses (byte 0 = 3)
+    { 3, { model = "m", input = "Hello", instructions = "Be terse.", max_output_tokens = 8 } },
+    { 3, { input = { { role = "developer", content = "x" }, { type = "message", role = "user",
+        content = { { type = "input_text", text = "a" } } } }, temperature = 0.5, top_p = 0.5, stream = true } },
+    { 3, { input = "x", previous_response_id = "resp_1" } },
 }
 for i, r in ipairs(REQUESTS) do put("fuzz_request", ("req%02d"):format(i), string.char(r[1]) .. json.encode(r[2])) end
 for i, text in ipairs({ '{"prompt":"a","max_tokens":1e309}', '{"prompt":"a","temperature":-0.0,"top_p":0}',

@@ -429,6 +429,16 @@ describe("serve.lua", function()
         assert.are.equal(16, r.stream_usage.completion_tokens)
         assert.are.same({ "llama", "a", "b" }, r.models)
         assert.are.equal(404, r.not_found)
+        -- the Responses API through the same client: the chat answer's text
+        assert.are.equal(r.text, r.responses.text)
+        assert.are.equal(r.text, r.responses.streamed)
+        assert.are.equal(r.text, r.responses.final_text)
+        assert.are.equal("incomplete", r.responses.status)
+        assert.are.equal("incomplete", r.responses.final_status)
+        assert.are.equal(16, r.responses.usage.output_tokens)
+        assert.are.same({ "response.created", "response.in_progress", "response.output_item.added",
+            "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+            "response.content_part.done", "response.output_item.done", "response.incomplete" }, r.responses.events)
         print(("  openai client: %q, %d stream chunks"):format(r.text, r.chunks))
     end)
 
@@ -495,6 +505,70 @@ describe("serve.lua", function()
         assert.are.equal(200, status)
     end)
 
+    it("answers Responses API requests: input as text or items, instructions, usage, events", function()
+        local ok, why = ready()
+        if not ok then return pending(why) end
+        local q = { model = "a", messages = { { role = "system", content = "Be brief." },
+            { role = "user", content = "Lily" } }, max_tokens = 10, temperature = 0 }
+        local want = json.decode(select(2, curl(server(), "POST", "/v1/chat/completions", chat_body(q))))
+            .choices[1].message.content
+        local status, body = curl(server(), "POST", "/v1/responses", chat_body({ model = "a", instructions = "Be brief.",
+            input = "Lily", max_output_tokens = 10, temperature = 0 }))
+        assert.are.equal(200, status, body)
+        local r = json.decode(body)
+        assert.are.equal("response", r.object)
+        assert.truthy(r.id:find("^resp_"), r.id)
+        assert.are.equal("incomplete", r.status)
+        assert.are.equal("max_output_tokens", r.incomplete_details.reason)
+        assert.are.equal("message", r.output[1].type)
+        assert.are.equal("output_text", r.output[1].content[1].type)
+        assert.are.equal(want, r.output[1].content[1].text)
+        assert.are.equal(10, r.usage.output_tokens)
+        assert.are.equal(r.usage.input_tokens + 10, r.usage.total_tokens)
+        assert.are.equal("Be brief.", r.instructions)
+        -- input as items, the system turn among them: the same prompt
+        r = json.decode(select(2, curl(server(), "POST", "/v1/responses", chat_body({ model = "a", input = {
+            { role = "developer", content = "Be brief." },
+            { type = "message", role = "user", content = { { type = "input_text", text = "Lily" } } } },
+            max_output_tokens = 10, temperature = 0 }))))
+        assert.are.equal(want, r.output[1].content[1].text)
+        -- streamed: numbered events, the same text
+        status, body = curl(server(), "POST", "/v1/responses", chat_body({ model = "a", instructions = "Be brief.",
+            input = "Lily", max_output_tokens = 10, temperature = 0, stream = true }))
+        assert.are.equal(200, status)
+        local text, seq, last = "", 0, nil
+        for name, data in body:gmatch("event: ([%w_.]+)\ndata: ([^\n]+)") do
+            local e = json.decode(data)
+            assert.are.equal(name, e.type)
+            assert.are.equal(seq, e.sequence_number)
+            seq = seq + 1
+            if name == "response.output_text.delta" then text = text .. e.delta end
+            last = e
+        end
+        assert.are.equal(want, text)
+        assert.are.equal("response.incomplete", last.type)
+        assert.are.equal(want, last.response.output[1].content[1].text)
+        -- errors: OpenAI's shape
+        local cases = {
+            { { input = "x", previous_response_id = "resp_1" }, "previous_response_id", "not supported" },
+            { { input = 5 }, "input", "input must be a string" },
+            { { input = {} }, "input", "non-empty array" },
+            { { input = { { type = "function_call_output", call_id = "c", output = "x" } } }, "input",
+                "not supported by this server" },
+            { { input = { { role = "user", content = { { type = "input_image", image_url = "x" } } } } }, "input",
+                "input_text parts only" },
+            { { input = "x", max_output_tokens = 0 }, "max_output_tokens", "max_output_tokens must be" },
+            { { input = "x", instructions = 3 }, "instructions", "instructions must be a string" },
+        }
+        for _, c in ipairs(cases) do
+            local st, b = curl(server(), "POST", "/v1/responses", chat_body(c[1]))
+            assert.are.equal(400, st, b)
+            local e = json.decode(b).error
+            assert.are.equal(c[2], e.param, b)
+            assert.truthy(e.message:find(c[3], 1, true), b)
+        end
+    end)
+
     it("answers bad Messages requests with Anthropic's error shape", function()
         local ok, why = ready()
         if not ok then return pending(why) end
@@ -508,7 +582,7 @@ describe("serve.lua", function()
             { chat_body({ messages = { { role = "system", content = "x" } }, max_tokens = 4 }), 400,
                 "invalid_request_error", "top-level system field" },
             { chat_body({ messages = { { role = "user", content = { { type = "image", source = {} } } } },
-                max_tokens = 4 }), 400, "invalid_request_error", "type \"image\" are not supported" },
+                max_tokens = 4 }), 400, "invalid_request_error", "parts of type \"image\" are not supported" },
             { chat_body({ messages = { msgs[1], { role = "assistant", content = "ends in space " } }, max_tokens = 4 }),
                 400, "invalid_request_error", "trailing whitespace" },
             { chat_body({ messages = msgs, max_tokens = 4, stop_sequences = { "" } }), 400, "invalid_request_error",

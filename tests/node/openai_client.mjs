@@ -34,7 +34,25 @@ try {
 } catch (e) {
   notFound = e.status;
 }
+// the Responses API: plain, streamed, and the SDK's output_text
+const resp = await client.responses.create({ model, input: messages[0].content, max_output_tokens: 16, temperature: 0 });
+let respStreamed = "";
+const respEvents = [];
+let respFinal = null;
+const respStream = await client.responses.create({
+  model, input: [{ role: "user", content: [{ type: "input_text", text: messages[0].content }] }],
+  max_output_tokens: 16, temperature: 0, stream: true,
+});
+for await (const ev of respStream) {
+  respEvents.push(ev.type);
+  if (ev.type === "response.output_text.delta") respStreamed += ev.delta;
+  if (ev.type === "response.completed" || ev.type === "response.incomplete") respFinal = ev.response;
+}
 console.log(JSON.stringify({
+  responses: {
+    text: resp.output_text, status: resp.status, usage: resp.usage, streamed: respStreamed,
+    events: [...new Set(respEvents)], final_status: respFinal?.status, final_text: respFinal?.output?.[0]?.content?.[0]?.text,
+  },
   text: plain.choices[0].message.content,
   finish: plain.choices[0].finish_reason,
   usage: plain.usage,
