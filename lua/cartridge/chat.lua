@@ -36,6 +36,25 @@ chat.templates = {
         user_open = "<|im_start|>user\n",
         close = "<|im_end|>\n",
         stop = "<|im_end|>",
+        -- tools, as Qwen3's template writes them (hermes-style): the tool
+        -- list in the system message, calls as <tool_call> JSON, results
+        -- as <tool_response> blocks in a user turn
+        tools_system = function(system, tools)
+            return "<|im_start|>system\n" .. (system and system .. "\n\n" or "")
+                .. "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                .. "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+                .. table.concat(tools, "\n") .. "\n</tools>\n\nFor each function call, return a json object with "
+                .. "function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                .. '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        end,
+        tool_call = function(name, arguments)
+            return '<tool_call>\n{"name": "' .. name .. '", "arguments": ' .. arguments .. "}\n</tool_call>"
+        end,
+        call_open = "<tool_call>", call_close = "</tool_call>",
+        tool_response = function(content, first, last)
+            return (first and "<|im_start|>user" or "") .. "\n<tool_response>\n" .. content .. "\n</tool_response>"
+                .. (last and "<|im_end|>\n" or "")
+        end,
     },
     llama3 = {
         name = "llama3",
@@ -82,13 +101,33 @@ end
 -- is false, the assistant opener. opts.thinking = true leaves Qwen3's think
 -- block open. A trailing assistant message is an error: the opener would
 -- follow a finished turn.
+-- opts: add_generation_prompt (true), thinking (false), tools (a list of
+-- tool definitions as JSON text, written into the system message). A
+-- message may be { role = "tool", content } (a tool's result) or an
+-- assistant message with tool_calls = { { name, arguments = JSON text } }.
+-- Tools need a template that has a tool format (chatml's, Qwen3's).
 function chat.render(template, messages, opts)
     opts = opts or {}
     if type(template) == "string" then
         template = chat.templates[template] or error("chat.render: unknown template '" .. template .. "'", 0)
     end
     local parts = {}
-    for i, msg in ipairs(messages) do
+    local uses_tools = opts.tools and #opts.tools > 0
+    for _, msg in ipairs(messages) do
+        uses_tools = uses_tools or type(msg) == "table" and (msg.role == "tool" or msg.tool_calls and #msg.tool_calls > 0)
+    end
+    if uses_tools and not template.tools_system then
+        error(("chat.render: the %s template has no tool-call format; tools need a Qwen-style (chatml) template")
+            :format(template.name or "given"), 0)
+    end
+    local first = 1
+    if opts.tools and #opts.tools > 0 then
+        local sys = messages[1] and messages[1].role == "system" and messages[1].content or nil
+        parts[1] = template.tools_system(sys, opts.tools)
+        if sys then first = 2 end
+    end
+    for i = first, #messages do
+        local msg = messages[i]
         if type(msg) ~= "table" then
             error(("chat.render: message %d is a %s, not a table"):format(i, type(msg)), 0)
         end
@@ -100,7 +139,20 @@ function chat.render(template, messages, opts)
         end
         local content = msg.content
         if msg.role == "assistant" then content = strip_think(content) end
-        parts[#parts + 1] = template.message(msg.role, content)
+        if msg.role == "tool" then
+            local prev, nxt = messages[i - 1], messages[i + 1]
+            parts[#parts + 1] = template.tool_response(content, not (prev and prev.role == "tool"),
+                not (nxt and nxt.role == "tool"))
+        elseif msg.role == "assistant" and msg.tool_calls and #msg.tool_calls > 0 then
+            local calls = {}
+            for k, call in ipairs(msg.tool_calls) do
+                calls[k] = ((k == 1 and content ~= "" or k > 1) and "\n" or "") .. template.tool_call(call.name,
+                    call.arguments)
+            end
+            parts[#parts + 1] = template.message("assistant", content .. table.concat(calls))
+        else
+            parts[#parts + 1] = template.message(msg.role, content)
+        end
     end
     if opts.add_generation_prompt ~= false then
         if #messages > 0 and messages[#messages].role == "assistant" then

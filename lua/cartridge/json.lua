@@ -4,7 +4,11 @@
 --   json.decode('{"a":[1,true,null]}')             --> { a = { 1, true, json.null } }
 --
 -- Encoding: tables with keys 1..n (n >= 1) are arrays, other tables objects
--- with keys sorted (so output is deterministic); json.array({}) marks an empty
+-- with keys sorted (so output is deterministic) -- or, with
+-- json.encode(v, { ordered = true }), in the order a decoded object's keys
+-- had in its source (sorted for tables built in Lua); { python = true } adds
+-- Python json.dumps's default separators ", " and ": " to that order, which
+-- is how a Hugging Face chat template's tojson writes tools into a prompt; json.array({}) marks an empty
 -- table as [] and json.object({}) as {}. Strings are written as UTF-8 with
 -- control characters, quotes and backslashes escaped; integers without a
 -- decimal point; other numbers in the shortest of 15-17 digits that reads back exactly; nan/inf raise.
@@ -32,6 +36,7 @@ json.null = setmetatable({}, { __tostring = function() return "null" end })
 
 local ARRAY, OBJECT = {}, {}
 local kind_of = setmetatable({}, { __mode = "k" })
+local key_order = setmetatable({}, { __mode = "k" }) -- decoded object -> its keys as they came
 
 function json.array(t)
     t = t or {}
@@ -68,13 +73,15 @@ end
 
 local encode_value
 
-local function encode_table(t, out, depth)
+-- style: nil (sorted, compact) or { ordered, comma, colon }
+local function encode_table(t, out, depth, py)
     if depth > 200 then error("json.encode: nesting deeper than 200", 0) end
+    local comma, colon = py and py.comma or ",", py and py.colon or ":"
     if is_array(t) then
         out[#out + 1] = "["
         for i = 1, #t do
-            if i > 1 then out[#out + 1] = "," end
-            encode_value(t[i], out, depth + 1)
+            if i > 1 then out[#out + 1] = comma end
+            encode_value(t[i], out, depth + 1, py)
         end
         out[#out + 1] = "]"
         return
@@ -86,18 +93,29 @@ local function encode_table(t, out, depth)
         end
         keys[#keys + 1] = k
     end
-    table.sort(keys)
+    local order = py and py.ordered and key_order[t]
+    if order then
+        local rank = {}
+        for i, k in ipairs(order) do rank[k] = rank[k] or i end
+        table.sort(keys, function(a, b)
+            local ra, rb = rank[a] or math.huge, rank[b] or math.huge
+            if ra ~= rb then return ra < rb end
+            return a < b
+        end)
+    else
+        table.sort(keys)
+    end
     out[#out + 1] = "{"
     for i, k in ipairs(keys) do
-        if i > 1 then out[#out + 1] = "," end
+        if i > 1 then out[#out + 1] = comma end
         out[#out + 1] = encode_string(k)
-        out[#out + 1] = ":"
-        encode_value(t[k], out, depth + 1)
+        out[#out + 1] = colon
+        encode_value(t[k], out, depth + 1, py)
     end
     out[#out + 1] = "}"
 end
 
-function encode_value(v, out, depth)
+function encode_value(v, out, depth, py)
     local t = type(v)
     if v == json.null or v == nil then
         out[#out + 1] = "null"
@@ -120,7 +138,7 @@ function encode_value(v, out, depth)
     elseif t == "string" then
         out[#out + 1] = encode_string(v)
     elseif t == "table" then
-        encode_table(v, out, depth)
+        encode_table(v, out, depth, py)
     elseif t == "cdata" and tonumber(v) then
         out[#out + 1] = tostring(tonumber(v))
     else
@@ -128,9 +146,12 @@ function encode_value(v, out, depth)
     end
 end
 
-function json.encode(v)
+function json.encode(v, opts)
     local out = {}
-    encode_value(v, out, 0)
+    local style = false
+    if opts and opts.python then style = { ordered = true, comma = ", ", colon = ": " }
+    elseif opts and opts.ordered then style = { ordered = true, comma = ",", colon = ":" } end
+    encode_value(v, out, 0, style)
     return table.concat(out)
 end
 
@@ -247,7 +268,8 @@ function decode_value(s, pos, depth)
     local c = s:sub(pos, pos)
     if (c == "{" or c == "[") and depth >= 200 then fail("nesting deeper than 200", pos) end
     if c == "{" then
-        local obj = json.object({})
+        local obj, order = json.object({}), {}
+        key_order[obj] = order
         pos = skip_ws(s, pos + 1)
         if s:sub(pos, pos) == "}" then return obj, pos + 1 end
         while true do
@@ -259,6 +281,7 @@ function decode_value(s, pos, depth)
             local v, text
             v, pos, text = decode_value(s, pos + 1, depth + 1)
             obj[key] = v
+            order[#order + 1] = key
             keep_text(obj, key, v, text)
             pos = skip_ws(s, pos)
             local d = s:sub(pos, pos)

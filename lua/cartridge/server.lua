@@ -25,6 +25,7 @@ local core = require("cartridge.core")
 local json = require("cartridge.json")
 local chat = require("cartridge.chat")
 local sampler_mod = require("cartridge.sampler")
+local toolcall = require("cartridge.toolcall")
 local C = core.C
 local ffi = core.ffi
 
@@ -309,17 +310,124 @@ function Server:parse_chat(body)
             reject(400, ("messages[%d] must be an object; got %s"):format(i - 1, shown(msg, msgs, i)), "messages")
         end
         local role = msg.role
-        if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "developer" then
-            reject(400, ("messages[%d].role must be system, user, assistant or developer; got %s")
+        if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "developer" and role ~= "tool" then
+            reject(400, ("messages[%d].role must be system, user, assistant, developer or tool; got %s")
                 :format(i - 1, shown(role, msg, "role")), "messages")
         end
         if role == "developer" then role = "system" end
         local text = content_text(msg, i, role)
         check_utf8(text, ("messages[%d].content"):format(i - 1))
-        out[i] = { role = role, content = text }
+        out[i] = { role = role, content = text, tool_calls = role == "assistant" and self:history_calls(msg, i) or nil }
     end
     if out[#out].role == "assistant" then reject(400, "the last message must not be the assistant's", "messages") end
     return out
+end
+
+-- ---------------------------------------------------------------------------
+-- Tools (chat completions)
+
+local TOOL_NAME = "^[%w_%-%.]+$"
+
+-- The tool calls of an assistant message in the history:
+-- { { name, arguments = JSON text } } or nil.
+function Server:history_calls(msg, i)
+    local calls = msg.tool_calls
+    if calls == nil or calls == json.null then return nil end
+    local where = ("messages[%d].tool_calls"):format(i - 1)
+    if json.kind(calls) ~= "array" then reject(400, where .. " must be an array; got " .. shown(calls, msg, "tool_calls"), "messages") end
+    local out = {}
+    for k, call in ipairs(calls) do
+        local f = json.kind(call) == "object" and call["function"]
+        if json.kind(f) ~= "object" or type(f.name) ~= "string" or not f.name:find(TOOL_NAME) then
+            reject(400, ("%s[%d] must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}; got %s")
+                :format(where, k - 1, shown(call, calls, k)), "messages")
+        end
+        local args = f.arguments
+        if type(args) ~= "string" then
+            reject(400, ("%s[%d].function.arguments must be a string of JSON; got %s"):format(where, k - 1,
+                shown(args, f, "arguments")), "messages")
+        end
+        check_utf8(args, where)
+        out[k] = { name = f.name, arguments = args }
+    end
+    return out
+end
+
+-- A chat request's tools: nil when it has none (or tool_choice is "none"),
+-- else { list = tool definitions as the template writes them, prefill =
+-- what the reply is made to start with (tool_choice "required" or a named
+-- function), parallel = whether more than one call is kept }.
+function Server:chat_tools(body)
+    local tools, choice = body.tools, body.tool_choice
+    if tools == nil or tools == json.null then
+        if choice ~= nil and choice ~= json.null and choice ~= "none" and choice ~= "auto" then
+            reject(400, "tool_choice needs tools", "tool_choice")
+        end
+        return nil
+    end
+    if json.kind(tools) ~= "array" then reject(400, "tools must be an array; got " .. shown(tools, body, "tools"), "tools") end
+    if #tools > 128 then reject(400, ("at most 128 tools; got %d"):format(#tools), "tools") end
+    local list, names = {}, {}
+    for k, tool in ipairs(tools) do
+        local f = json.kind(tool) == "object" and tool.type == "function" and tool["function"]
+        if json.kind(f) ~= "object" then
+            reject(400, ("tools[%d] must be {\"type\": \"function\", \"function\": {...}}; got %s"):format(k - 1,
+                shown(tool, tools, k)), "tools")
+        end
+        if type(f.name) ~= "string" or #f.name > 64 or not f.name:find(TOOL_NAME) then
+            reject(400, ("tools[%d].function.name must be 1 to 64 letters, digits, _, - or .; got %s"):format(k - 1,
+                shown(f.name, f, "name")), "tools")
+        end
+        if f.parameters ~= nil and json.kind(f.parameters) ~= "object" then
+            reject(400, ("tools[%d].function.parameters must be a JSON Schema object; got %s"):format(k - 1,
+                shown(f.parameters, f, "parameters")), "tools")
+        end
+        if f.description ~= nil and type(f.description) ~= "string" then
+            reject(400, ("tools[%d].function.description must be a string"):format(k - 1), "tools")
+        end
+        names[f.name] = true
+        local text = json.encode(tool, { python = true })
+        check_utf8(text, ("tools[%d]"):format(k - 1))
+        list[k] = text
+    end
+    if #list == 0 or choice == "none" then return nil end
+    local prefill = nil
+    if choice == "required" then
+        prefill = "<tool_call>\n"
+    elseif json.kind(choice) == "object" then
+        local f = choice.type == "function" and choice["function"]
+        if json.kind(f) ~= "object" or type(f.name) ~= "string" then
+            reject(400, 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name"}}; got '
+                .. shown(choice, body, "tool_choice"), "tool_choice")
+        end
+        if not names[f.name] then
+            reject(400, ("tool_choice names %s, which is not among the tools"):format(shown(f.name)), "tool_choice")
+        end
+        prefill = '<tool_call>\n{"name": "' .. f.name .. '", "arguments": '
+    elseif choice ~= nil and choice ~= json.null and choice ~= "auto" then
+        reject(400, 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name"}}; got '
+            .. shown(choice, body, "tool_choice"), "tool_choice")
+    end
+    if not self.template.tools_system then
+        reject(400, ("this model's chat template (%s) has no tool-call format; tools need a Qwen-style chatml template")
+            :format(self.template.name or "custom"), "tools")
+    end
+    return { list = list, prefill = prefill, parallel = body.parallel_tool_calls ~= false }
+end
+
+-- The calls in a finished chat job's text, as OpenAI's tool_calls, and the
+-- content before them; nil when it made none.
+function Server:job_calls(job)
+    if not job.tools then return nil end
+    local content, calls = toolcall.parse(job.text, self.template)
+    if not calls then return nil end
+    if not job.tools.parallel then calls = { calls[1] } end
+    local out = {}
+    for k, c in ipairs(calls) do
+        out[k] = { index = k - 1, id = ("call_%s_%d"):format(job.completion_id:match("%d+$"), k - 1), type = "function",
+            ["function"] = { name = c.name, arguments = c.arguments } }
+    end
+    return out, content
 end
 
 -- ---------------------------------------------------------------------------
@@ -538,7 +646,7 @@ function Server:make_job(id, req)
     local route = req.route or req.path
     local body = parse_json(req)
     local cart, name = self:pick(body)
-    local kind, text
+    local kind, text, tools
     local o
     if route == "/v1/messages" then o = self:messages_options(body)
     elseif route == "/v1/responses" then o = self:responses_options(body)
@@ -551,7 +659,13 @@ function Server:make_job(id, req)
         text = self:parse_responses(body)
     elseif route == "/v1/chat/completions" then
         kind = "chat"
-        text = chat.render(self.template, self:parse_chat(body))
+        tools = self:chat_tools(body)
+        local ok, rendered = pcall(chat.render, self.template, self:parse_chat(body), { tools = tools and tools.list })
+        if not ok then
+            if server.is_request_error(rendered) then error(rendered, 0) end
+            reject(400, (tostring(rendered):gsub("^chat%.render: ", "")), "messages")
+        end
+        text = rendered .. (tools and tools.prefill or "")
     else
         kind = "text"
         local prompt = body.prompt
@@ -572,8 +686,8 @@ function Server:make_job(id, req)
     end
     self.counter = self.counter + 1
     return {
-        id = id, kind = kind, name = name, cart = cart, prompt = ids, opts = o,
-        out_ids = {}, text = "", sent = 0, finish = nil, cached = 0,
+        id = id, kind = kind, name = name, cart = cart, prompt = ids, opts = o, tools = tools,
+        out_ids = {}, text = tools and tools.prefill or "", sent = 0, finish = nil, cached = 0,
         completion_id = (kind == "chat" and "chatcmpl-" or kind == "messages" and "msg_" or
             kind == "responses" and "resp_" or "cmpl-")
             .. ("%d%06d"):format(self.created, self.counter),
@@ -746,7 +860,7 @@ function Server:finish_job(job)
             role = "assistant", model = job.name, content = json.array({ { type = "text", text = job.text } }),
             stop_reason = STOP_REASON[reason], stop_sequence = job.stop_hit or json.null, usage = anthropic_usage(job) }))
     elseif job.opts.stream then
-        if job.kind == "chat" then self:chunk(job, json.object(), job.finish)
+        if job.kind == "chat" then self:chunk(job, json.object(), self:job_calls(job) and "tool_calls" or job.finish)
         else self:chunk(job, { content = "" }, job.finish) end
         if job.opts.include_usage then
             local obj = { id = job.completion_id, object = job.kind == "chat" and "chat.completion.chunk" or "text_completion",
@@ -758,9 +872,12 @@ function Server:finish_job(job)
     else
         local obj
         if job.kind == "chat" then
+            local calls, content = self:job_calls(job)
+            local message = { role = "assistant", content = job.text }
+            if calls then message = { role = "assistant", content = content or json.null, tool_calls = calls } end
             obj = { id = job.completion_id, object = "chat.completion", created = self.created, model = job.name,
-                choices = json.array({ { index = 0, message = { role = "assistant", content = job.text },
-                    finish_reason = job.finish, logprobs = json.null } }), usage = usage(job) }
+                choices = json.array({ { index = 0, message = message, finish_reason = calls and "tool_calls" or job.finish,
+                    logprobs = json.null } }), usage = usage(job) }
         else
             obj = { id = job.completion_id, object = "text_completion", created = self.created, model = job.name,
                 choices = json.array({ { index = 0, text = job.text, finish_reason = job.finish, logprobs = json.null } }),
@@ -800,6 +917,7 @@ function Server:accept(job, id)
     end
     if job.opts.stream then
         local ready = #job.text - pending_stop(job.text, job.opts.stop)
+        if job.tools then ready = math.min(ready, toolcall.visible(job.text, self.template)) end
         if ready > job.sent then
             self:chunk(job, { content = job.text:sub(job.sent + 1, ready) })
             job.sent = ready
@@ -809,8 +927,19 @@ function Server:accept(job, id)
 end
 
 -- Sends what is left of a streamed text before the final chunk.
+-- With tools, a text that ends in well-formed calls sends its content, then
+-- the calls as one tool_calls delta.
 function Server:flush_text(job)
-    if job.opts.stream and #job.text > job.sent then
+    if not job.opts.stream then return end
+    local calls, content = self:job_calls(job)
+    if calls then
+        local n = content and #content or 0
+        if n > job.sent then self:chunk(job, { content = content:sub(job.sent + 1) }) end
+        job.sent = #job.text
+        self:chunk(job, { tool_calls = calls })
+        return
+    end
+    if #job.text > job.sent then
         self:chunk(job, { content = job.text:sub(job.sent + 1) })
         job.sent = #job.text
     end

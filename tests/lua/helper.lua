@@ -83,4 +83,27 @@ function helper.read_file(path)
     return s
 end
 
+-- An in-process stand-in for cartridge.http's server object, for driving
+-- cartridge.server without sockets: h:add(id, path, body) queues a POST,
+-- h.answers[id] = { status, body } collects the answer (streams appended),
+-- h.open[id] is true until the request is answered.
+function helper.fake_http()
+    local h = { reqs = {}, answers = {}, open = {} }
+    function h:add(id, path, body)
+        self.reqs[id] = { id = id, method = "POST", path = path, body = body, header = function() return nil end }
+        self.open[id] = true
+    end
+    function h:request(id) return self.reqs[id] end
+    function h:respond(id, status, _, body)
+        assert(self.open[id], "answered twice: " .. id)
+        self.answers[id] = { status = status, body = body }
+        self.open[id] = nil
+    end
+    function h:stream_begin(id, status) self.answers[id] = { status = status, body = "" } end
+    function h:stream_write(id, data) self.answers[id].body = self.answers[id].body .. data end
+    function h:stream_end(id) self.open[id] = nil end
+    function h:is_open(id) return self.open[id] == true end
+    return h
+end
+
 return helper

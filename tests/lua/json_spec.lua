@@ -101,4 +101,20 @@ describe("json.encode", function()
             assert.are.equal(x, json.decode(json.encode(x)))
         end
     end)
+
+    it("with python = true, writes a decoded object's keys in source order with json.dumps's separators", function()
+        local text = '{"type":"function","function":{"name":"get","parameters":{"type":"object",'
+            .. '"properties":{"b":{"type":"string"},"a":{"type":"integer"}},"required":["b"]}}}'
+        -- what Python's json.dumps(json.loads(text), ensure_ascii=False) prints
+        assert.are.equal('{"type": "function", "function": {"name": "get", "parameters": {"type": "object", '
+            .. '"properties": {"b": {"type": "string"}, "a": {"type": "integer"}}, "required": ["b"]}}}',
+            json.encode(json.decode(text), { python = true }))
+        -- a duplicate key keeps its first place and its last value, as Python's dict does
+        assert.are.equal('{"x": 3, "y": 2}', json.encode(json.decode('{"x":1,"y":2,"x":3}'), { python = true }))
+        -- tables built in Lua: sorted keys; non-ASCII text as it is
+        assert.are.equal('{"a": "é", "z": [1, 2]}', json.encode({ z = { 1, 2 }, a = "é" }, { python = true }))
+        -- the default is unchanged: sorted and compact
+        assert.are.equal('{"a":{"type":"integer"},"b":{"type":"string"}}',
+            json.encode(json.decode('{"b":{"type":"string"},"a":{"type":"integer"}}')))
+    end)
 end)

@@ -692,24 +692,7 @@ describe("server faults", function()
     local server_mod = require("cartridge.server")
     local sampler_mod = require("cartridge.sampler")
 
-    local function fake_http()
-        local h = { reqs = {}, answers = {}, open = {} }
-        function h:add(id, path, body)
-            self.reqs[id] = { id = id, method = "POST", path = path, body = body, header = function() return nil end }
-            self.open[id] = true
-        end
-        function h:request(id) return self.reqs[id] end
-        function h:respond(id, status, _, body)
-            assert(self.open[id], "answered twice: " .. id)
-            self.answers[id] = { status = status, body = body }
-            self.open[id] = nil
-        end
-        function h:stream_begin(id, status) self.answers[id] = { status = status, body = "" } end
-        function h:stream_write(id, data) self.answers[id].body = self.answers[id].body .. data end
-        function h:stream_end(id) self.open[id] = nil end
-        function h:is_open(id) return self.open[id] == true end
-        return h
-    end
+    local fake_http = helper.fake_http
 
     local function run_until_done(srv, h, ids)
         for _ = 1, 200 do
