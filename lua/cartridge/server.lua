@@ -386,7 +386,11 @@ function Server:chat_tools(body)
             reject(400, ("tools[%d].function.description must be a string"):format(k - 1), "tools")
         end
         names[f.name] = true
-        local text = json.encode(tool, { python = true })
+        local ok, text = pcall(json.encode, tool, { python = true })
+        if not ok then
+            reject(400, ("tools[%d] cannot be written into the prompt: %s"):format(k - 1,
+                (tostring(text):gsub("^json%.encode: ", ""))), "tools")
+        end
         check_utf8(text, ("tools[%d]"):format(k - 1))
         list[k] = text
     end

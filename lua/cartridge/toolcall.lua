@@ -38,7 +38,9 @@ function toolcall.parse(text, template)
         end
         local args = obj.arguments
         if json.kind(args) == "object" then
-            args = json.encode(args, { ordered = true })
+            local ok_enc, text_args = pcall(json.encode, args, { ordered = true })
+            if not ok_enc then return text, nil end -- a number no JSON text holds (1e999)
+            args = text_args
         elseif type(args) == "string" then
             local ok_args, v = pcall(json.decode, args)
             if not ok_args or json.kind(v) ~= "object" then return text, nil end

@@ -394,6 +394,9 @@ for i, text in ipairs({ '{"prompt":"a","max_tokens":1e309}', '{"prompt":"a","tem
     '[1,2]', '{"prompt":"a",}', ' {"prompt" : "a" , "stream" : false } ', '{"a":[[[[[[[[[[]]]]]]]]]]}' }) do
     put("fuzz_request", ("raw%02d"):format(i), string.char(i % 2) .. text)
 end
+-- a tool whose schema holds a number no JSON text can (a finding of CI's fuzzing: a 500 before)
+put("fuzz_request", "raw09", "\0" .. '{"messages":[{"role":"user","content":"x"}],"tool_choice":"required",'
+    .. '"tools":[{"type":"function","function":{"name":"f","parameters":{"maximum":1e999}}}]}')
 
 -- ---------------------------------------------------------------------------
 -- Chat templates. Byte 0: bits 0-1 template, bit 2 by name, bit 3 no

@@ -79,6 +79,7 @@ describe("toolcall.parse", function()
             '<tool_call>\n{"name": "a", "arguments": 5}\n</tool_call>', -- arguments not an object
             '<tool_call>\n{"name": "a", "arguments": "[1]"}\n</tool_call>',
             '<tool_call>\n{"name": "a"}\n</tool_call> and then more text',
+            '<tool_call>\n{"name": "a", "arguments": {"x": 1e999}}\n</tool_call>', -- no JSON text holds it
         }) do
             local content, calls = toolcall.parse(text, T)
             assert.is_nil(calls, text)
@@ -123,7 +124,7 @@ describe("the server's chat completions with tools", function()
             return { sample = function() k = k + 1; return ids[math.min(k, #ids)] end, accept = function() end,
                 free = function() end }
         end
-        h:add(1, "/v1/chat/completions", json.encode(body))
+        h:add(1, "/v1/chat/completions", type(body) == "string" and body or json.encode(body))
         local ok, err = pcall(function()
             srv:on_event({ kind = "request", id = 1 })
             for _ = 1, 400 do
@@ -238,10 +239,16 @@ describe("the server's chat completions with tools", function()
                 ["function"] = { name = "f", arguments = { x = 1 } } } } }, { role = "tool", content = "r" } } },
                 "messages", "arguments must be a string" },
         }
+        -- a number no JSON text can hold (the request's 1e999 reads as infinity)
+        cases[#cases + 1] = { '{"messages":[{"role":"user","content":"x"}],"max_tokens":4,"tools":[{"type":"function",'
+            .. '"function":{"name":"f","parameters":{"maximum":1e999}}}]}', "tools",
+            "tools[0] cannot be written into the prompt: cannot encode inf" }
         for _, c in ipairs(cases) do
             local body = c[1]
-            body.messages = body.messages or question
-            body.max_tokens = 4
+            if type(body) == "table" then
+                body.messages = body.messages or question
+                body.max_tokens = 4
+            end
             local status, resp = serve(body, "x")
             assert.are.equal(400, status, resp)
             local e = json.decode(resp).error
