@@ -357,8 +357,12 @@ end
 -- else { list = tool definitions as the template writes them, prefill =
 -- what the reply is made to start with (tool_choice "required" or a named
 -- function), parallel = whether more than one call is kept }.
-function Server:chat_tools(body)
+-- flat: the Responses API's shape, {"type": "function", "name", ...} for a
+-- tool and {"type": "function", "name"} for a choice, instead of chat's
+-- nested "function" object; the template is shown chat's shape either way.
+function Server:chat_tools(body, flat)
     local tools, choice = body.tools, body.tool_choice
+    local shape = flat and '{"type": "function", "name": ...}' or '{"type": "function", "function": {...}}'
     if tools == nil or tools == json.null then
         if choice ~= nil and choice ~= json.null and choice ~= "none" and choice ~= "auto" then
             reject(400, "tool_choice needs tools", "tool_choice")
@@ -369,24 +373,26 @@ function Server:chat_tools(body)
     if #tools > 128 then reject(400, ("at most 128 tools; got %d"):format(#tools), "tools") end
     local list, names = {}, {}
     for k, tool in ipairs(tools) do
-        local f = json.kind(tool) == "object" and tool.type == "function" and tool["function"]
+        local f = json.kind(tool) == "object" and tool.type == "function" and (flat and tool or tool["function"])
         if json.kind(f) ~= "object" then
-            reject(400, ("tools[%d] must be {\"type\": \"function\", \"function\": {...}}; got %s"):format(k - 1,
-                shown(tool, tools, k)), "tools")
+            reject(400, ("tools[%d] must be %s; got %s"):format(k - 1, shape, shown(tool, tools, k)), "tools")
         end
+        local pre = ("tools[%d].%s"):format(k - 1, flat and "" or "function.")
         if type(f.name) ~= "string" or #f.name > 64 or not f.name:find(TOOL_NAME) then
-            reject(400, ("tools[%d].function.name must be 1 to 64 letters, digits, _, - or .; got %s"):format(k - 1,
+            reject(400, ("%sname must be 1 to 64 letters, digits, _, - or .; got %s"):format(pre,
                 shown(f.name, f, "name")), "tools")
         end
         if f.parameters ~= nil and json.kind(f.parameters) ~= "object" then
-            reject(400, ("tools[%d].function.parameters must be a JSON Schema object; got %s"):format(k - 1,
+            reject(400, ("%sparameters must be a JSON Schema object; got %s"):format(pre,
                 shown(f.parameters, f, "parameters")), "tools")
         end
         if f.description ~= nil and type(f.description) ~= "string" then
-            reject(400, ("tools[%d].function.description must be a string"):format(k - 1), "tools")
+            reject(400, ("%sdescription must be a string"):format(pre), "tools")
         end
         names[f.name] = true
-        local ok, text = pcall(json.encode, tool, { python = true })
+        if flat then f.type, f.strict = nil, nil end -- chat's shape: the function's own fields, in the client's order
+        local ok, text = pcall(json.encode, flat and f or tool, { python = true })
+        if ok and flat then text = '{"type": "function", "function": ' .. text .. "}" end
         if not ok then
             reject(400, ("tools[%d] cannot be written into the prompt: %s"):format(k - 1,
                 (tostring(text):gsub("^json%.encode: ", ""))), "tools")
@@ -399,18 +405,20 @@ function Server:chat_tools(body)
     if choice == "required" then
         prefill = "<tool_call>\n"
     elseif json.kind(choice) == "object" then
-        local f = choice.type == "function" and choice["function"]
+        local f = choice.type == "function" and (flat and choice or choice["function"])
         if json.kind(f) ~= "object" or type(f.name) ~= "string" then
-            reject(400, 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name"}}; got '
-                .. shown(choice, body, "tool_choice"), "tool_choice")
+            reject(400, ('tool_choice must be "none", "auto", "required" or %s; got %s'):format(flat and
+                '{"type": "function", "name"}' or '{"type": "function", "function": {"name"}}',
+                shown(choice, body, "tool_choice")), "tool_choice")
         end
         if not names[f.name] then
             reject(400, ("tool_choice names %s, which is not among the tools"):format(shown(f.name)), "tool_choice")
         end
         prefill = '<tool_call>\n{"name": "' .. f.name .. '", "arguments": '
     elseif choice ~= nil and choice ~= json.null and choice ~= "auto" then
-        reject(400, 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name"}}; got '
-            .. shown(choice, body, "tool_choice"), "tool_choice")
+        reject(400, ('tool_choice must be "none", "auto", "required" or %s; got %s'):format(flat and
+            '{"type": "function", "name"}' or '{"type": "function", "function": {"name"}}',
+            shown(choice, body, "tool_choice")), "tool_choice")
     end
     if not self.template.tools_system then
         reject(400, ("this model's chat template (%s) has no tool-call format; tools need a Qwen-style chatml template")
@@ -565,9 +573,29 @@ function Server:parse_responses(body)
         for i, item in ipairs(input) do
             local where = ("input[%d]"):format(i - 1)
             if json.kind(item) ~= "object" then reject(400, where .. " must be an object; got " .. shown(item, input, i), "input") end
-            if item.type ~= nil and item.type ~= "message" then
-                reject(400, ("%s: items of type %s are not supported by this server (messages only)")
-                    :format(where, shown(item.type, item, "type")), "input")
+            if item.type == "function_call" then
+                if type(item.name) ~= "string" or not item.name:find(TOOL_NAME) or type(item.arguments) ~= "string" then
+                    reject(400, where .. ' must be {"type": "function_call", "call_id", "name", "arguments": a string of '
+                        .. "JSON}", "input")
+                end
+                check_utf8(item.arguments, where .. ".arguments")
+                local last = list[#list]
+                if not (last and last.role == "assistant" and last.tool_calls) then
+                    last = { role = "assistant", content = "", tool_calls = {} }
+                    list[#list + 1] = last
+                end
+                last.tool_calls[#last.tool_calls + 1] = { name = item.name, arguments = item.arguments }
+                goto next_item
+            elseif item.type == "function_call_output" then
+                if type(item.output) ~= "string" then
+                    reject(400, where .. ".output must be a string; got " .. shown(item.output, item, "output"), "input")
+                end
+                check_utf8(item.output, where .. ".output")
+                list[#list + 1] = { role = "tool", content = item.output }
+                goto next_item
+            elseif item.type ~= nil and item.type ~= "message" then
+                reject(400, ("%s: items of type %s are not supported by this server (messages, function_call and "
+                    .. "function_call_output only)"):format(where, shown(item.type, item, "type")), "input")
             end
             local role = item.role
             if role ~= "user" and role ~= "assistant" and role ~= "system" and role ~= "developer" then
@@ -577,13 +605,17 @@ function Server:parse_responses(body)
             local text = content_parts(item.content, where .. ".content", "input", RESPONSES_TEXT, "input_text parts")
             check_utf8(text, where .. ".content")
             list[#list + 1] = { role = role == "developer" and "system" or role, content = text }
+            ::next_item::
         end
         if list[#list].role == "assistant" then reject(400, "the last input item must not be the assistant's", "input") end
     else
         reject(400, "input must be a string or a non-empty array of message items; got " .. shown(input, body, "input"),
             "input")
     end
-    return chat.render(self.template, list)
+    local tools = self:chat_tools(body, true)
+    local ok, text = pcall(chat.render, self.template, list, { tools = tools and tools.list })
+    if not ok then reject(400, (tostring(text):gsub("^chat%.render: ", "")), "input") end
+    return text .. (tools and tools.prefill or ""), tools
 end
 
 function Server:responses_options(body)
@@ -597,6 +629,8 @@ function Server:responses_options(body)
     o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.repeat_last_n = 0, 0, 1, 64
     o.stop = {}
     o.stream = boolean_field(body, "stream")
+    o.echo_tool_choice = (type(body.tool_choice) == "string" or json.kind(body.tool_choice) == "object")
+        and body.tool_choice or "auto"
     o.echo = { instructions = type(body.instructions) == "string" and body.instructions or json.null,
         max_output_tokens = body.max_output_tokens ~= nil and o.max_tokens or json.null,
         temperature = o.temperature, top_p = o.top_p,
@@ -609,9 +643,17 @@ function Server:response_object(job, status)
     local item = { type = "message", id = "msg_" .. job.completion_id:sub(6), status = status == "in_progress"
         and "in_progress" or "completed", role = "assistant", content = json.array() }
     local output = json.array()
+    local calls = nil
     if status ~= "in_progress" then
-        item.content = json.array({ { type = "output_text", text = job.text, annotations = json.array() } })
-        output = json.array({ item })
+        local content
+        calls, content = self:job_calls(job)
+        local text = calls and (content or "") or job.text
+        item.content = json.array({ { type = "output_text", text = text, annotations = json.array() } })
+        if not calls or content then output[1] = item end
+        for _, c in ipairs(calls or {}) do
+            output[#output + 1] = { type = "function_call", id = "fc_" .. c.id:sub(6), call_id = c.id, name = c["function"].name,
+                arguments = c["function"].arguments, status = "completed" }
+        end
     end
     local obj = { id = job.completion_id, object = "response", created_at = self.created, status = status,
         model = job.name, output = output, parallel_tool_calls = false, tool_choice = "none", tools = json.array(),
@@ -620,7 +662,18 @@ function Server:response_object(job, status)
             input_tokens_details = { cached_tokens = job.cached }, output_tokens = #job.out_ids,
             output_tokens_details = { reasoning_tokens = 0 }, total_tokens = #job.prompt + #job.out_ids } }
     for k, v in pairs(job.opts.echo) do obj[k] = v end
-    return obj, item
+    if job.tools then obj.tool_choice, obj.parallel_tool_calls = job.opts.echo_tool_choice, job.tools.parallel end
+    return obj, item, calls and output or nil
+end
+
+-- Opens a streamed response's message item (once), before its first text.
+function Server:open_item(job)
+    if job.item_open then return end
+    job.item_open = true
+    local _, item = self:response_object(job, "in_progress")
+    self:response_event(job, "response.output_item.added", { output_index = 0, item = item })
+    self:response_event(job, "response.content_part.added", { item_id = item.id, output_index = 0,
+        content_index = 0, part = { type = "output_text", text = "", annotations = json.array() } })
 end
 
 -- One Responses stream event, numbered.
@@ -660,7 +713,7 @@ function Server:make_job(id, req)
         text = self:parse_messages(body)
     elseif route == "/v1/responses" then
         kind = "responses"
-        text = self:parse_responses(body)
+        text, tools = self:parse_responses(body)
     elseif route == "/v1/chat/completions" then
         kind = "chat"
         tools = self:chat_tools(body)
@@ -794,6 +847,7 @@ function Server:chunk(job, delta, finish)
         return
     elseif job.kind == "responses" then
         if delta.content and delta.content ~= "" then
+            self:open_item(job)
             self:response_event(job, "response.output_text.delta", { item_id = "msg_" .. job.completion_id:sub(6),
                 output_index = 0, content_index = 0, delta = delta.content, logprobs = json.array() })
         end
@@ -821,12 +875,11 @@ function Server:start_stream(job)
             content_block = { type = "text", text = "" } })
         self:event(job, "ping", { type = "ping" })
     elseif job.kind == "responses" then
-        local obj, item = self:response_object(job, "in_progress")
+        local obj = self:response_object(job, "in_progress")
         self:response_event(job, "response.created", { response = obj })
         self:response_event(job, "response.in_progress", { response = obj })
-        self:response_event(job, "response.output_item.added", { output_index = 0, item = item })
-        self:response_event(job, "response.content_part.added", { item_id = item.id, output_index = 0,
-            content_index = 0, part = { type = "output_text", text = "", annotations = json.array() } })
+        -- with tools, the message item opens at its first text (a reply may be calls only)
+        if not job.tools then self:open_item(job) end
     elseif job.kind == "chat" then
         self:chunk(job, { role = "assistant", content = "" })
     end
@@ -844,14 +897,30 @@ function Server:finish_job(job)
         self.http:stream_end(id)
     elseif job.kind == "responses" then
         local status = job.finish == "length" and "incomplete" or "completed"
-        local obj, item = self:response_object(job, status)
+        local obj, item, with_calls = self:response_object(job, status)
+        if with_calls then status = "completed"; obj.status, obj.incomplete_details = status, json.null end
         if job.opts.stream then
             local part = item.content[1]
-            self:response_event(job, "response.output_text.done", { item_id = item.id, output_index = 0,
-                content_index = 0, text = job.text, logprobs = json.array() })
-            self:response_event(job, "response.content_part.done", { item_id = item.id, output_index = 0,
-                content_index = 0, part = part })
-            self:response_event(job, "response.output_item.done", { output_index = 0, item = item })
+            if not with_calls and not job.item_open then self:open_item(job) end
+            if job.item_open then
+                self:response_event(job, "response.output_text.done", { item_id = item.id, output_index = 0,
+                    content_index = 0, text = part.text, logprobs = json.array() })
+                self:response_event(job, "response.content_part.done", { item_id = item.id, output_index = 0,
+                    content_index = 0, part = part })
+                self:response_event(job, "response.output_item.done", { output_index = 0, item = item })
+            end
+            for index, out in ipairs(with_calls or {}) do
+                if out.type == "function_call" then
+                    local added = { type = "function_call", id = out.id, call_id = out.call_id, name = out.name,
+                        arguments = "", status = "in_progress" }
+                    self:response_event(job, "response.output_item.added", { output_index = index - 1, item = added })
+                    self:response_event(job, "response.function_call_arguments.delta", { item_id = out.id,
+                        output_index = index - 1, delta = out.arguments })
+                    self:response_event(job, "response.function_call_arguments.done", { item_id = out.id,
+                        output_index = index - 1, arguments = out.arguments })
+                    self:response_event(job, "response.output_item.done", { output_index = index - 1, item = out })
+                end
+            end
             self:response_event(job, status == "completed" and "response.completed" or "response.incomplete",
                 { response = obj })
             self.http:stream_end(id)

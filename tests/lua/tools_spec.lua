@@ -113,7 +113,7 @@ describe("the server's chat completions with tools", function()
 
     -- Serves one request whose model output is `script` (then end of turn);
     -- returns the status and the body.
-    local function serve(body, script)
+    local function serve(body, script, path)
         local h = fake_http()
         local srv = server_mod.new({ model = m, model_name = "m", http = h, parallel = 1, ctx = 1024 })
         local ids = tok:encode(script, { special = true, add_special = false })
@@ -124,7 +124,7 @@ describe("the server's chat completions with tools", function()
             return { sample = function() k = k + 1; return ids[math.min(k, #ids)] end, accept = function() end,
                 free = function() end }
         end
-        h:add(1, "/v1/chat/completions", type(body) == "string" and body or json.encode(body))
+        h:add(1, path or "/v1/chat/completions", type(body) == "string" and body or json.encode(body))
         local ok, err = pcall(function()
             srv:on_event({ kind = "request", id = 1 })
             for _ = 1, 400 do
@@ -255,5 +255,63 @@ describe("the server's chat completions with tools", function()
             assert.are.equal(c[2], e.param, resp)
             assert.truthy(e.message:find(c[3], 1, true), resp)
         end
+    end)
+
+    -- the Responses API: tools in its flat shape, calls as function_call output items
+    local flat = { { type = "function", name = "get_weather", description = "Weather of a city", strict = true,
+        parameters = { type = "object", properties = { city = { type = "string" } } } } }
+
+    it("answers Responses requests with function_call items, plain and streamed", function()
+        local status, body = serve({ input = "Weather in Paris?", tools = flat, max_output_tokens = 100 },
+            "Checking.\n" .. CALL, "/v1/responses")
+        assert.are.equal(200, status, body)
+        local r = json.decode(body)
+        assert.are.equal("completed", r.status)
+        assert.are.equal(2, #r.output)
+        assert.are.equal("message", r.output[1].type)
+        assert.are.equal("Checking.", r.output[1].content[1].text)
+        local fc = r.output[2]
+        assert.are.equal("function_call", fc.type)
+        assert.are.equal("get_weather", fc.name)
+        assert.are.equal('{"city":"Paris"}', fc.arguments)
+        assert.truthy(fc.call_id:find("^call_"), fc.call_id)
+        -- a reply that is calls only has no message item
+        _, body = serve({ input = "Weather in Paris?", tools = flat, max_output_tokens = 100 }, CALL, "/v1/responses")
+        r = json.decode(body)
+        assert.are.equal(1, #r.output)
+        assert.are.equal("function_call", r.output[1].type)
+        -- streamed: no message item, the call's item with its arguments, then response.completed
+        status, body = serve({ input = "Weather in Paris?", tools = flat, max_output_tokens = 100, stream = true }, CALL,
+            "/v1/responses")
+        local names, args, final = {}, nil, nil
+        for name, data in body:gmatch("event: ([%w_.]+)\ndata: ([^\n]+)") do
+            names[#names + 1] = name
+            local e = json.decode(data)
+            if name == "response.function_call_arguments.done" then args = e.arguments end
+            if name == "response.completed" then final = e.response end
+        end
+        assert.are.same({ "response.created", "response.in_progress", "response.output_item.added",
+            "response.function_call_arguments.delta", "response.function_call_arguments.done",
+            "response.output_item.done", "response.completed" }, names)
+        assert.are.equal('{"city":"Paris"}', args)
+        assert.are.equal("function_call", final.output[1].type)
+    end)
+
+    it("takes function_call and function_call_output items back in a Responses input", function()
+        local status, body = serve({ tools = flat, max_output_tokens = 20, input = {
+            { role = "user", content = "Weather in Paris?" },
+            { type = "function_call", call_id = "call_1", name = "get_weather", arguments = '{"city":"Paris"}' },
+            { type = "function_call_output", call_id = "call_1", output = "18 C" } } }, "It is 18 C.", "/v1/responses")
+        assert.are.equal(200, status, body)
+        local r = json.decode(body)
+        assert.are.equal("It is 18 C.", r.output[1].content[1].text)
+        -- a named tool_choice in the flat shape; a bad one is a 400
+        _, body = serve({ input = "Weather?", tools = flat, max_output_tokens = 50,
+            tool_choice = { type = "function", name = "get_weather" } }, '{"city": "Oslo"}}\n</tool_call>', "/v1/responses")
+        assert.are.equal('{"city":"Oslo"}', json.decode(body).output[1].arguments)
+        status, body = serve({ input = "Weather?", tools = flat, tool_choice = { type = "function", name = "nope" } }, "x",
+            "/v1/responses")
+        assert.are.equal(400, status)
+        assert.truthy(json.decode(body).error.message:find("not among the tools", 1, true), body)
     end)
 end)
