@@ -431,6 +431,8 @@ end
 -- content before them; nil when it made none.
 function Server:job_calls(job)
     if not job.tools then return nil end
+    if job.parsed then return job.parsed.calls, job.parsed.content end -- the text is final: parse it once
+    job.parsed = {}
     local content, calls = toolcall.parse(job.text, self.template)
     if not calls then return nil end
     if not job.tools.parallel then calls = { calls[1] } end
@@ -439,6 +441,7 @@ function Server:job_calls(job)
         out[k] = { index = k - 1, id = ("call_%s_%d"):format(job.completion_id:match("%d+$"), k - 1), type = "function",
             ["function"] = { name = c.name, arguments = c.arguments } }
     end
+    job.parsed = { calls = out, content = content }
     return out, content
 end
 
