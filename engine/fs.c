@@ -3,6 +3,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,25 @@ int32_t cart_fs_path_kind(const char *path, int64_t *size) {
     if (!S_ISREG(st.st_mode)) return CART_PATH_OTHER;
     if (size) *size = (int64_t)st.st_size;
     return CART_PATH_FILE;
+}
+
+int64_t cart_fs_mtime_ns(const char *path) {
+    struct stat st;
+    if (!path || stat(path, &st) != 0) {
+        if (path) cart_fail_errno(CART_E_IO, "%s: cannot stat", path);
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        cart_fail(CART_E_IO, "%s is not a regular file", path);
+        return -1;
+    }
+    return (int64_t)st.st_mtim.tv_sec * 1000000000 + (int64_t)st.st_mtim.tv_nsec;
+}
+
+int cart_fs_touch(const char *path) {
+    if (!path) return cart_fail(CART_E_ARG, "touch: path is NULL");
+    if (utimensat(AT_FDCWD, path, NULL, 0) != 0) return cart_fail_errno(CART_E_IO, "cannot touch %s", path);
+    return CART_OK;
 }
 
 /* The pid of "<base>.tmp.<pid>.<n>", or 0 when name is not one. */

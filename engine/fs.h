@@ -48,6 +48,16 @@ int cart_fs_mkdirs(const char *path);
  * 1 yes, 0 no or one of them missing. */
 int32_t cart_fs_same_file(const char *a, const char *b);
 
+/* A regular file's last modification time in nanoseconds since the epoch,
+ * or -1 when path is missing or not a regular file (cart_last_error says
+ * why). */
+int64_t cart_fs_mtime_ns(const char *path);
+
+/* Sets a file's modification (and access) time to now, as `touch` does on
+ * an existing file; never creates one. CART_E_IO names the file. Used to
+ * keep least-recently-used order in files across restarts. */
+int cart_fs_touch(const char *path);
+
 /* Writes n bytes to path atomically (temporary file beside it, fsync,
  * rename, the directory fsynced), after sweeping stale temporary files of
  * the target. The old file, if any, is untouched on failure. */

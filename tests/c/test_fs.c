@@ -1,6 +1,6 @@
 /*
  * test_fs.c - fs.h: path kinds (a FIFO is never opened), mkdirs, listings,
- * atomic whole-file writes, same-file checks and the sweep of temporary
+ * atomic whole-file writes, modification times, same-file checks and the sweep of temporary
  * files left by dead processes.
  */
 
@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -99,6 +101,25 @@ static void test_writes_whole_files_atomically(void) {
     CHECK_ERR(cart_fs_write_atomic(lost, "x", 1), CART_E_IO);
 }
 
+static void test_reads_and_touches_modification_times(void) {
+    char path[512], dir[512];
+    path_in(path, sizeof path, "old.txt");
+    put(path, "x");
+    struct timespec times[2] = {{1000000000, 5}, {1000000000, 5}}; /* 2001-09-09, +5 ns */
+    CHECK(utimensat(AT_FDCWD, path, times, 0) == 0);
+    CHECK(cart_fs_mtime_ns(path) == INT64_C(1000000000000000005));
+    CHECK_OK(cart_fs_touch(path));
+    int64_t now = (int64_t)time(NULL) * 1000000000;
+    int64_t got = cart_fs_mtime_ns(path);
+    CHECK_MSG(got > now - INT64_C(60000000000) && got < now + INT64_C(60000000000),
+              "touched mtime %lld, now %lld", (long long)got, (long long)now);
+    path_in(dir, sizeof dir, "missing.txt");
+    CHECK(cart_fs_mtime_ns(dir) == -1);
+    CHECK_ERR(cart_fs_touch(dir), CART_E_IO); /* never creates a file */
+    CHECK(cart_fs_path_kind(dir, NULL) == CART_PATH_MISSING);
+    CHECK(cart_fs_mtime_ns(tmp_dir) == -1); /* a directory is not a regular file */
+}
+
 static void test_sweeps_only_dead_processes_temp_files(void) {
     char target[512], stale[600], live[600], other[600], names[1024];
     path_in(target, sizeof target, "c.safetensors");
@@ -131,6 +152,7 @@ int main(void) {
     RUN(test_makes_nested_directories_with_odd_names);
     RUN(test_lists_a_directory_sorted);
     RUN(test_writes_whole_files_atomically);
+    RUN(test_reads_and_touches_modification_times);
     RUN(test_sweeps_only_dead_processes_temp_files);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
