@@ -9,8 +9,11 @@
 -- GGUF name, see GET /v1/models). Every conversation starts from the
 -- cartridge's rows in its slot's cache; follow-up turns reuse the cached
 -- tokens they share with the previous turn. Concurrent requests decode
--- together, one pass over the weights per token for all of them. SIGINT or
--- SIGTERM stops the server cleanly. See docs/server.md.
+-- together, one pass over the weights per token for all of them. With
+-- --kv-cache-dir, conversations evicted from the slots (and those the slots
+-- hold when the server stops) spill to disk and are adopted again by a
+-- request that continues them. GET /metrics answers in Prometheus's text
+-- format. SIGINT or SIGTERM stops the server cleanly. See docs/server.md.
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
@@ -35,11 +38,15 @@ local opts = options.parse(arg, {
         { "queue", type = "int", default = 64, help = "requests waiting for a slot before 429" },
         { "max-connections", type = "int", default = 256, help = "open client connections (idle ones make room)" },
         { "max-per-address", type = "int", default = 64, help = "open connections from one client address" },
+        { "kv-cache-dir", help = "disk tier: spill idle slots' KV here and adopt it again, across restarts too" },
+        { "kv-cache-max", default = "8G", help = "disk tier: most bytes its files take (K, M, G, T suffixes)" },
         { "quiet", type = "boolean", help = "no per-request log lines" },
     },
 })
 
 if opts.parallel < 1 or opts.ctx < 16 then error("serve: --parallel must be >= 1 and --ctx >= 16", 0) end
+local kv_cache_max, why = require("cartridge.kvstore").parse_size(opts.kv_cache_max)
+if not kv_cache_max then error("serve: --kv-cache-max: " .. why, 0) end
 cartridge.set_threads(opts.threads)
 opts.model = require("cartridge.defaults").resolve_model(opts.model)
 local m = cartridge.model.load(opts.model)
@@ -64,8 +71,9 @@ h:catch_signals()
 local srv = server_mod.new({
     model = m, model_name = model_name, cartridges = carts, http = h, parallel = opts.parallel, ctx = opts.ctx,
     kv = opts.kv, api_key = opts.api_key, max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
-    queue_limit = opts.queue,
+    queue_limit = opts.queue, kv_cache_dir = opts.kv_cache_dir, kv_cache_max = kv_cache_max,
     log = not opts.quiet and function(line) io.stderr:write(line, "\n") end or nil,
+    warn = function(line) io.stderr:write(line, "\n") end,
 })
 print(("serving %s (%s) and %d cartridge(s) on http://%s:%d with %d slots"):format(model_name, opts.model,
     #opts.cartridge, opts.host, h:port(), opts.parallel))

@@ -6,6 +6,8 @@
 --   fs.list("docs")                --> { "engine.md", "formats.md", ... } sorted
 --   fs.write_atomic("loss.svg", bytes)
 --   fs.same_file(a, b)             --> true when both name one file
+--   fs.mtime_ns("a.txt")           --> modification time in ns (nil when missing)
+--   fs.touch("a.txt")              -- modification time := now (never creates)
 --   fs.parent("out/c.safetensors") --> "out"
 --   fs.sweep_temps("out/c.safetensors")   -- prints one line when it removed any
 --
@@ -61,6 +63,18 @@ end
 
 function fs.same_file(a, b)
     return a == b or C.cart_fs_same_file(a, b) == 1
+end
+
+-- A regular file's modification time in nanoseconds since the epoch (a
+-- Lua number: exact to the microsecond), or nil when it is missing.
+function fs.mtime_ns(path)
+    local t = C.cart_fs_mtime_ns(path)
+    if t < 0 then return nil end
+    return tonumber(t)
+end
+
+function fs.touch(path)
+    core.check(C.cart_fs_touch(path), "touch")
 end
 
 function fs.write_atomic(path, bytes)

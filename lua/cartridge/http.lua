@@ -23,6 +23,9 @@
 -- message when the request is no longer open (the client went away, or it was
 -- answered already); the matching "closed" event comes from a later poll. Any
 -- other failure (a bad status, header text the server owns) raises.
+--
+-- srv.on_answer, when set to a function(id, status), is called each time
+-- respond or stream_begin has queued a response (to count them by status).
 
 local core = require("cartridge.core")
 local ffi = core.ffi
@@ -167,15 +170,19 @@ end
 -- Content-Length, Transfer-Encoding and Connection itself).
 function Server:respond(id, status, content_type, body, headers)
     body = body or ""
-    return written(C.cart_http_respond(handle(self), id, status, content_type, body, #body,
+    local ok, why = written(C.cart_http_respond(handle(self), id, status, content_type, body, #body,
         header_text(headers)), "http:respond")
+    if ok and self.on_answer then self.on_answer(id, status) end
+    return ok, why
 end
 
 -- Starts a chunked response; send the body with stream_write and finish with
 -- stream_end.
 function Server:stream_begin(id, status, content_type, headers)
-    return written(C.cart_http_stream_begin(handle(self), id, status, content_type,
+    local ok, why = written(C.cart_http_stream_begin(handle(self), id, status, content_type,
         header_text(headers)), "http:stream_begin")
+    if ok and self.on_answer then self.on_answer(id, status) end
+    return ok, why
 end
 
 -- Queues one chunk (sent by this call if the socket takes it, else by polls).

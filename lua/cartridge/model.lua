@@ -100,6 +100,20 @@ function KV:set_len(len)
     core.check(C.cart_kv_set_len(self.handle, len), "kv:set_len")
 end
 
+-- The raw row storage of one layer (which: 0 = K, 1 = V) as a uint8_t*:
+-- row r at r * kv:row_bytes(), in the cache dtype. Borrowed; lives with kv.
+function KV:raw_rows(layer, which)
+    return ffi.cast("uint8_t *", C.cart_kv_rows(self.handle, layer, which))
+end
+
+-- Bytes of one row of one layer's K (or V): kv_heads * head_dim * 2 (f16) or 4.
+function KV:row_bytes()
+    local h = self.handle
+    return C.cart_kv_heads(h) * C.cart_kv_head_dim(h) * (C.cart_kv_dtype(h) == C.CART_F32 and 4 or 2)
+end
+
+function KV:dtype_name() return C.cart_kv_dtype(self.handle) == C.CART_F32 and "f32" or "f16" end
+
 function KV:free()
     core.free(self, C.cart_kv_free)
 end

@@ -12,12 +12,16 @@
 -- request for the same cartridge reuses the longest common token prefix and
 -- prefills only the rest (usage.prompt_tokens_details.cached_tokens reports
 -- how many tokens were reused). A slot is taken for another cartridge only
--- when none is left, least recently used first.
+-- when none is left, least recently used first. With a disk tier
+-- (opts.kv_cache_dir, cartridge.kvstore), a conversation about to be
+-- overwritten in a slot spills to a file first, and a request whose prompt
+-- shares a longer prefix with a file than with any slot adopts its rows.
 --
 -- Endpoints: POST /v1/chat/completions, POST /v1/completions, POST
 -- /v1/responses (OpenAI's Responses API), POST /v1/messages (Anthropic's
 -- Messages API, its errors in Anthropic's shape),
--- GET /v1/models, GET /health; every /v1 route also without the prefix (/chat/completions),
+-- GET /v1/models, GET /health, GET /metrics (Prometheus text format, behind
+-- the API key); every /v1 route also without the prefix (/chat/completions),
 -- as llama.cpp's server and clients with a bare base URL expect. Errors are OpenAI-shaped: {"error": {"message", "type",
 -- "param", "code"}}.
 
@@ -26,6 +30,8 @@ local json = require("cartridge.json")
 local chat = require("cartridge.chat")
 local sampler_mod = require("cartridge.sampler")
 local toolcall = require("cartridge.toolcall")
+local metrics = require("cartridge.metrics")
+local kvstore = require("cartridge.kvstore")
 local C = core.C
 local ffi = core.ffi
 
@@ -138,7 +144,9 @@ Server.__index = Server
 -- opts: model (cartridge.model), cartridges ({ name = Cart }), model_name,
 -- http (cartridge.http server), parallel (slots), ctx (rows per slot after
 -- the cartridge), api_key, max_tokens_limit, max_messages, queue_limit,
--- default_max_tokens, log (function(line) or nil).
+-- default_max_tokens, log (function(line) or nil); the disk tier:
+-- kv_cache_dir, kv_cache_max (bytes) and warn (function(line) for the lines
+-- a --quiet server still prints: skipped files, failed writes).
 function server.new(opts)
     local self = setmetatable({}, Server)
     self.m = opts.model
@@ -164,6 +172,13 @@ function server.new(opts)
     for i = 1, opts.parallel or 4 do
         self.slots[i] = { id = i, kv = self.m:new_kv(max_p + self.ctx, opts.kv or "f16"), cart = nil,
             tokens = {}, last_used = 0, job = nil }
+    end
+    self.metrics = metrics.server({ disk = opts.kv_cache_dir ~= nil })
+    if self.http then self.http.on_answer = function(id, status) self.metrics:answered(id, status) end end
+    if opts.kv_cache_dir then
+        self.store = kvstore.open({ dir = opts.kv_cache_dir, max_bytes = opts.kv_cache_max or 8 * 2 ^ 30, model = self.m,
+            kv = opts.kv or "f16", cartridges = self.cartridges, model_name = self.model_name, log = self.log,
+            warn = opts.warn or self.log })
     end
     return self
 end
@@ -755,14 +770,13 @@ function Server:make_job(id, req)
     }
 end
 
-local function common_prefix(a, b)
-    local n = 0
-    while n < #a and n < #b and a[n + 1] == b[n + 1] do n = n + 1 end
-    return n
-end
+local common_prefix = kvstore.common_prefix
 
 -- The free slot for a job: same cartridge with the longest common prefix;
--- else the least recently used. nil when every slot is busy.
+-- else the least recently used. nil when every slot is busy. With the disk
+-- tier, a file that shares at least kvstore.MIN_GAIN more tokens than that
+-- slot is chosen instead (job.disk, adopted by bind into the least recently
+-- used slot).
 function Server:choose_slot(job)
     local best, best_len, lru = nil, -1, nil
     for _, s in ipairs(self.slots) do
@@ -774,7 +788,43 @@ function Server:choose_slot(job)
             if not lru or s.last_used < lru.last_used then lru = s end
         end
     end
+    if lru and self.store then
+        local entry, n = self.store:match(job.cart, job.prompt)
+        local last = #job.prompt - 1 -- the last prompt token is always fed
+        if entry and math.min(n, last) - math.min(math.max(best_len, 0), last) >= kvstore.MIN_GAIN then
+            job.disk, job.disk_n = entry, math.min(n, last)
+            return lru
+        end
+    end
     return best or lru
+end
+
+-- With the disk tier: spills the conversation a free slot holds when `job`
+-- (nil: none, the server is stopping) is about to overwrite at least
+-- kvstore.MIN_GAIN tokens of it (fewer could never be worth adopting).
+function Server:spill_slot(slot, job)
+    if not (self.store and slot.loaded) then return end
+    local keep = 0
+    if job and not job.disk and slot.cart == job.cart then
+        keep = math.min(common_prefix(slot.tokens, job.prompt), #job.prompt - 1)
+    end
+    if #slot.tokens - keep >= kvstore.MIN_GAIN then self.store:spill(slot.cart, slot.tokens, slot.kv, job and job.disk) end
+end
+
+-- With the disk tier: puts job.disk's rows into the slot behind the
+-- cartridge's (or counts a miss). A file that fails its checks leaves the
+-- slot holding the cartridge rows alone.
+function Server:adopt(job, slot)
+    if not job.disk then return self.store:note_miss() end
+    slot.kv:truncate(0)
+    if job.cart then job.cart:append_to(slot.kv) end
+    slot.cart, slot.loaded, slot.tokens = job.cart, true, {}
+    if self.store:adopt(job.disk, slot.kv, job.cart, job.disk_n) then
+        for i = 1, job.disk_n do slot.tokens[i] = job.prompt[i] end
+    else
+        self.store:note_miss()
+    end
+    job.disk = nil
 end
 
 -- Puts the job in a slot: cartridge rows, reused prefix, prefill ids left.
@@ -783,6 +833,10 @@ function Server:bind(job, slot)
     slot.job = job
     slot.last_used = now()
     local p = job.cart and job.cart.p or 0
+    if self.store then
+        self:spill_slot(slot, job)
+        self:adopt(job, slot)
+    end
     if slot.cart ~= job.cart or not slot.loaded then
         slot.kv:truncate(0)
         if job.cart then job.cart:append_to(slot.kv) end
@@ -806,6 +860,10 @@ function Server:bind(job, slot)
 end
 
 function Server:release(job)
+    if job.slot and not job.counted then
+        job.counted = true
+        self.metrics:finished(job, now())
+    end
     if job.sampler then job.sampler:free() end
     job.sampler = nil
     local slot = job.slot
@@ -1085,6 +1143,7 @@ end
 
 local ROUTES = {
     ["/health"] = { GET = true },
+    ["/metrics"] = { GET = true },
     ["/v1/models"] = { GET = true },
     ["/v1/chat/completions"] = { POST = true },
     ["/v1/completions"] = { POST = true },
@@ -1102,6 +1161,7 @@ end
 function Server:on_request(id)
     local req = self.http:request(id)
     req.route = route_of(req.path)
+    self.metrics:route(id, req.route)
     local allowed = ROUTES[req.route]
     if not allowed then
         return self.http:respond(id, 404, "application/json",
@@ -1127,7 +1187,7 @@ function Server:on_request(id)
     end
     local ok, job = pcall(function()
         check_auth(self, req)
-        if req.route == "/v1/models" then return "models" end
+        if req.route == "/v1/models" or req.route == "/metrics" then return req.route end
         return self:make_job(id, req)
     end)
     if not ok then
@@ -1137,7 +1197,8 @@ function Server:on_request(id)
         self.log("internal error: " .. tostring(job))
         return fail_with(500, "internal error: " .. tostring(job), "server_error")
     end
-    if job == "models" then return self.http:respond(id, 200, "application/json", self:models_body()) end
+    if job == "/v1/models" then return self.http:respond(id, 200, "application/json", self:models_body()) end
+    if job == "/metrics" then return self.http:respond(id, 200, metrics.CONTENT_TYPE, self.metrics:render(self)) end
     -- Waiting jobs first fill the free slots (at the next admit), then the
     -- queue: requests that arrive together are counted against both.
     local free = 0
@@ -1192,6 +1253,7 @@ function Server:admit()
         self:guarded(job, function()
             for _, t in ipairs(job.pending) do job.slot.tokens[#job.slot.tokens + 1] = t end
             job.next = job.sampler:sample(logits + (i - 1) * self.m.n_vocab, self.m.n_vocab)
+            self.metrics:first_token(job, now())
         end)
     end
 end
@@ -1227,6 +1289,7 @@ function Server:step()
         self:guarded(job, function()
             job.slot.tokens[#job.slot.tokens + 1] = job.next
             job.next = job.sampler:sample(logits + (i - 1) * self.m.n_vocab, self.m.n_vocab)
+            self.metrics:next_token(job, now())
         end)
     end
     return true
@@ -1244,6 +1307,7 @@ function Server:on_event(ev)
                 error_body("internal error: " .. tostring(err), "server_error"))
         end
     elseif ev.kind == "closed" then
+        self.metrics:closed(ev.id)
         self:on_closed(ev.id)
     elseif ev.kind == "signal" then
         self.log("signal received: shutting down")
@@ -1293,6 +1357,8 @@ function Server:run()
     end
     self.queue = {}
     self.http:drain(1000) -- let queued output reach the clients
+    -- the disk tier keeps what the slots hold for the next start
+    for _, s in ipairs(self.slots) do self:spill_slot(s) end
 end
 
 function Server:stop()

@@ -83,6 +83,77 @@ function helper.read_file(path)
     return s
 end
 
+-- Whether a shell command exists.
+function helper.have(cmd)
+    local rc = os.execute("command -v " .. cmd .. " >/dev/null 2>&1")
+    return rc == 0 or rc == true
+end
+
+-- serve.lua processes for the specs, their logs and scratch files in tmp:
+--   local servers = helper.servers(tmp)
+--   local s = servers:start(model_path, "--parallel", "2")   -- { port, log, pid }
+--   local status, body = servers:curl(s, "POST", "/v1/chat/completions", json_text, { "x-api-key: k" })
+--   servers:stop(s)       -- SIGTERM, then waits up to 5 s for the process to end
+--   servers:stop_all()    -- in teardown
+local Servers = {}
+Servers.__index = Servers
+
+function helper.servers(tmp)
+    return setmetatable({ tmp = tmp, list = {} }, Servers)
+end
+
+function Servers:start(model_path, ...)
+    local log = self.tmp .. "/serve" .. (#self.list + 1) .. ".log"
+    local args = { helper.q(helper.bin), "run", "recipes/serve.lua", helper.q(model_path), "--port", "0" }
+    for _, a in ipairs({ ... }) do args[#args + 1] = helper.q(a) end
+    local p = io.popen(table.concat(args, " ") .. " >" .. log .. " 2>&1 & echo $!")
+    local pid = tonumber(p:read("*l"))
+    p:close()
+    local port
+    for _ = 1, 100 do
+        local text = exists(log) and helper.read_file(log) or ""
+        port = text:match("on http://127%.0%.0%.1:(%d+)")
+        if port then break end
+        os.execute("sleep 0.05")
+    end
+    assert(port, "the server did not start: " .. (exists(log) and helper.read_file(log) or ""))
+    local s = { port = tonumber(port), log = log, pid = pid }
+    self.list[#self.list + 1] = s
+    return s
+end
+
+local function alive(pid)
+    local rc = os.execute("kill -0 " .. pid .. " 2>/dev/null")
+    return rc == 0 or rc == true
+end
+
+function Servers:stop(s)
+    os.execute("kill -TERM " .. s.pid .. " 2>/dev/null")
+    for _ = 1, 100 do
+        if not alive(s.pid) then return end
+        os.execute("sleep 0.05")
+    end
+end
+
+function Servers:stop_all()
+    for _, s in ipairs(self.list) do self:stop(s) end
+end
+
+-- curl: returns status, body.
+function Servers:curl(s, method, path, body, headers)
+    local tmp = self.tmp
+    local args = { "curl", "-s", "-o", tmp .. "/body", "-w", "'%{http_code}'", "-X", method }
+    for _, h in ipairs(headers or {}) do args[#args + 1] = "-H " .. helper.q(h) end
+    if body then
+        helper.write_file(tmp .. "/req", body)
+        args[#args + 1] = "-H 'Content-Type: application/json' --data-binary @" .. tmp .. "/req"
+    end
+    args[#args + 1] = helper.q(("http://127.0.0.1:%d%s"):format(s.port, path))
+    local rc, out = helper.run(table.concat(args, " "))
+    assert(rc == 0, "curl failed: " .. table.concat(args, " "))
+    return tonumber(out), helper.read_file(tmp .. "/body")
+end
+
 -- An in-process stand-in for cartridge.http's server object, for driving
 -- cartridge.server without sockets: h:add(id, path, body) queues a POST,
 -- h.answers[id] = { status, body } collects the answer (streams appended),

@@ -6,59 +6,14 @@ local helper = require("helper")
 local cartridge = require("cartridge")
 local json = cartridge.json
 
-local tmp, model, cart_a, cart_b
-local servers = {}
+local tmp, model, cart_a, cart_b, servers
 
-local function have(cmd)
-    return os.execute("command -v " .. cmd .. " >/dev/null 2>&1") == 0 or
-        os.execute("command -v " .. cmd .. " >/dev/null 2>&1") == true
-end
+local have = helper.have
 
--- Starts serve.lua on model_path with extra args; returns { port, log, pid }.
-local function start_model(model_path, ...)
-    local log = tmp .. "/serve" .. (#servers + 1) .. ".log"
-    local args = { helper.q(helper.bin), "run", "recipes/serve.lua", helper.q(model_path), "--port", "0" }
-    for _, a in ipairs({ ... }) do args[#args + 1] = helper.q(a) end
-    local p = io.popen(table.concat(args, " ") .. " >" .. log .. " 2>&1 & echo $!")
-    local pid = tonumber(p:read("*l"))
-    p:close()
-    local port
-    for _ = 1, 100 do
-        local text = helper.exists(log) and helper.read_file(log) or ""
-        port = text:match("on http://127%.0%.0%.1:(%d+)")
-        if port then break end
-        os.execute("sleep 0.05")
-    end
-    assert(port, "the server did not start: " .. (helper.exists(log) and helper.read_file(log) or ""))
-    local s = { port = tonumber(port), log = log, pid = pid }
-    servers[#servers + 1] = s
-    return s
-end
-
+local function start_model(model_path, ...) return servers:start(model_path, ...) end
 local function start(...) return start_model(model, ...) end
-
-local function stop(s)
-    os.execute("kill -TERM " .. s.pid .. " 2>/dev/null")
-    for _ = 1, 100 do
-        if os.execute("kill -0 " .. s.pid .. " 2>/dev/null") ~= 0 and
-            os.execute("kill -0 " .. s.pid .. " 2>/dev/null") ~= true then return end
-        os.execute("sleep 0.05")
-    end
-end
-
--- curl: returns status, body.
-local function curl(s, method, path, body, headers)
-    local args = { "curl", "-s", "-o", tmp .. "/body", "-w", "'%{http_code}'", "-X", method }
-    for _, h in ipairs(headers or {}) do args[#args + 1] = "-H " .. helper.q(h) end
-    if body then
-        helper.write_file(tmp .. "/req", body)
-        args[#args + 1] = "-H 'Content-Type: application/json' --data-binary @" .. tmp .. "/req"
-    end
-    args[#args + 1] = helper.q(("http://127.0.0.1:%d%s"):format(s.port, path))
-    local rc, out = helper.run(table.concat(args, " "))
-    assert.are.equal(0, rc)
-    return tonumber(out), helper.read_file(tmp .. "/body")
-end
+local function stop(s) servers:stop(s) end
+local function curl(...) return servers:curl(...) end
 
 local function chat_body(t)
     return json.encode(t)
@@ -66,6 +21,7 @@ end
 
 setup(function()
     tmp = helper.tmpdir()
+    servers = helper.servers(tmp)
     model = helper.fixture("models/stories260K.gguf")
     if not model or not helper.exists(helper.bin) or not have("curl") then return end
     local m = cartridge.model.load(model)
@@ -79,7 +35,7 @@ setup(function()
 end)
 
 teardown(function()
-    for _, s in ipairs(servers) do stop(s) end
+    servers:stop_all()
     helper.rmdir(tmp)
 end)
 
