@@ -12,6 +12,8 @@
 --                                 with one of the prefixes, else a finding
 --   util.model_path()             the small random-weight qwen3 the targets
 --                                 load, generated once into $TMPDIR
+--   util.kvspill_cartridge(m)     the cartridge fuzz_kvspill serves (and
+--                                 make_seeds.lua spills against)
 --   util.memfile()                an in-memory file with a path
 --                                 (/proc/self/fd/N) for loaders that take paths
 --   util.same(a, b)               deep equality of decoded JSON values
@@ -80,6 +82,12 @@ function util.model_path()
     opts.out = path
     require("cartridge.randmodel").write(opts) -- atomic: temporary file, then rename
     return path
+end
+
+function util.kvspill_cartridge(m)
+    local c = require("cartridge.cart").new(m, 3, 1)
+    c:init_random(1, 0.5)
+    return c
 end
 
 ffi.cdef [[

@@ -20,6 +20,7 @@ local safetensors = require("cartridge.safetensors")
 local cart = require("cartridge.cart")
 local model = require("cartridge.model")
 local json = require("cartridge.json")
+local fs = require("cartridge.fs")
 local ffi = core.ffi
 
 local out_root = arg and arg[1] or (core.root .. "/tests/fuzz/corpus")
@@ -424,6 +425,35 @@ for i, text in ipairs({ '{"a":[1,-2.5e-3,true,false,null],"b":{"":"x"}}', '"\\u0
     "[9007199254740993,1e400,-0,0.1]", ' \t\r\n[ ]', "{}", ("["):rep(200) .. ("]"):rep(200), '{"a":1,"a":2}',
     '"\xc3\xa9\xe2\x82\xac"', "01", '"\\ud800"', '{"a":1,}', '"\xff"' }) do
     put("fuzz_json", ("doc%02d"):format(i), text)
+end
+
+-- ---------------------------------------------------------------------------
+-- Spill files of the server's disk tier, written by kvstore:spill against
+-- the fuzz model: for the cartridge fuzz_kvspill serves and for the bare
+-- model, f16 rows (what the target's store reads) and f32 (a foreign file).
+
+do
+    local kvstore = require("cartridge.kvstore")
+    local m = model.load(util.model_path())
+    local c = util.kvspill_cartridge(m)
+    local ids = m:tokenizer():encode("<|im_start|>user\nWhat is in the cartridge?<|im_end|>\n", { special = true })
+    for _, case in ipairs({ { "cart_f16", c, "f16" }, { "bare_f16", nil, "f16" }, { "cart_f32", c, "f32", 8 },
+        { "short_f16", c, "f16", 3 } }) do
+        local name, with, dtype, n = case[1], case[2], case[3], case[4] or #ids
+        local dir = scratch("kvspill_" .. name)
+        local store = kvstore.open({ dir = dir, max_bytes = 2 ^ 30, model = m, kv = dtype, cartridges = { a = c },
+            model_name = "fuzz-model" })
+        local kv = m:new_kv(64 + #ids, dtype)
+        if with then with:append_to(kv) end
+        m:forward(kv, ids)
+        local tokens = {}
+        for i = 1, n do tokens[i] = ids[i] end
+        store:spill(with, tokens, kv)
+        local file = fs.list(dir)[1]
+        put("fuzz_kvspill", name .. ".safetensors", slurp(dir .. "/" .. file))
+        kv:free()
+    end
+    m:free()
 end
 
 helper.rmdir(tmp)
