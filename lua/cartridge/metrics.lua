@@ -172,6 +172,18 @@ metrics.TTFT_BUCKETS = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10
 metrics.TPOT_BUCKETS = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5 }
 metrics.REQUEST_BUCKETS = { 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600 }
 
+-- The disk tier's counters: the kvstore stats field each one reads.
+local DISK_COUNTERS = {
+    { "hits", "cartridge_kv_disk_hits_total", "Requests that adopted a conversation's rows from the disk tier." },
+    { "hit_tokens", "cartridge_kv_disk_hit_tokens_total", "Prompt tokens whose rows came from the disk tier." },
+    { "misses", "cartridge_kv_disk_misses_total", "Requests that found no file in the disk tier worth adopting." },
+    { "spills", "cartridge_kv_disk_spills_total", "Conversations written to the disk tier." },
+    { "spill_bytes", "cartridge_kv_disk_spilled_bytes_total", "Bytes written to the disk tier." },
+    { "evictions", "cartridge_kv_disk_evictions_total", "Files removed to keep the disk tier within --kv-cache-max." },
+    { "skipped", "cartridge_kv_disk_skipped_files_total",
+        "Files of the disk tier skipped: damaged, or for another model or cartridge." },
+}
+
 local ServerMetrics = {}
 ServerMetrics.__index = ServerMetrics
 
@@ -191,18 +203,8 @@ function metrics.server(opts)
     self.busy = reg:gauge("cartridge_slots_busy", "Slots running a request.")
     self.slots = reg:gauge("cartridge_slots_total", "Slots (--parallel).")
     if opts.disk then
-        self.disk_hits = reg:counter("cartridge_kv_disk_hits_total",
-            "Requests that adopted a conversation's rows from the disk tier.")
-        self.disk_hit_tokens = reg:counter("cartridge_kv_disk_hit_tokens_total",
-            "Prompt tokens whose rows came from the disk tier.")
-        self.disk_misses = reg:counter("cartridge_kv_disk_misses_total",
-            "Requests that found no file in the disk tier worth adopting.")
-        self.disk_spills = reg:counter("cartridge_kv_disk_spills_total", "Conversations written to the disk tier.")
-        self.disk_spill_bytes = reg:counter("cartridge_kv_disk_spilled_bytes_total", "Bytes written to the disk tier.")
-        self.disk_evictions = reg:counter("cartridge_kv_disk_evictions_total",
-            "Files removed to keep the disk tier within --kv-cache-max.")
-        self.disk_skipped = reg:counter("cartridge_kv_disk_skipped_files_total",
-            "Files of the disk tier skipped: damaged, or for another model or cartridge.")
+        self.disk = {}
+        for _, d in ipairs(DISK_COUNTERS) do self.disk[d[1]] = reg:counter(d[2], d[3]) end
         self.disk_files = reg:gauge("cartridge_kv_disk_files", "Files in the disk tier.")
         self.disk_bytes = reg:gauge("cartridge_kv_disk_bytes", "Bytes in the disk tier.")
         self.disk_max = reg:gauge("cartridge_kv_disk_max_bytes", "The disk tier's bound (--kv-cache-max).")
@@ -266,16 +268,8 @@ function ServerMetrics:render(srv)
     self.busy:set(busy)
     self.slots:set(#srv.slots)
     local store = srv.store
-    if store and self.disk_hits then
-        local st = store.stats
-        local function to(counter, v) counter:inc(v - (counter:sample().value)) end
-        to(self.disk_hits, st.hits)
-        to(self.disk_hit_tokens, st.hit_tokens)
-        to(self.disk_misses, st.misses)
-        to(self.disk_spills, st.spills)
-        to(self.disk_spill_bytes, st.spill_bytes)
-        to(self.disk_evictions, st.evictions)
-        to(self.disk_skipped, st.skipped)
+    if store and self.disk then
+        for key, counter in pairs(self.disk) do counter:inc(store.stats[key] - counter:sample().value) end
         local files, bytes = store:usage()
         self.disk_files:set(files)
         self.disk_bytes:set(bytes)

@@ -77,6 +77,17 @@ describe("cartridge.kvstore", function()
 
     local function ids_of(text) return m:tokenizer():encode(text, { special = true }) end
 
+    -- A store over a fresh directory with one conversation spilled: the
+    -- store, the directory, the token ids and the cache they came from.
+    local function spilled(name, text)
+        local dir = tmp .. "/" .. name
+        local store = open_store(dir)
+        local ids = ids_of(text)
+        local kv = filled(ids)
+        assert.is_true(store:spill(c, ids, kv))
+        return store, dir, ids, kv
+    end
+
     local function rows_equal(a, b, from, n)
         local rb = a:row_bytes()
         for l = 0, m.config.n_layer - 1 do
@@ -113,11 +124,8 @@ describe("cartridge.kvstore", function()
     it("spills a conversation and adopts its rows back bit for bit, in another store over the same directory", function()
         local ok, why = ready()
         if not ok then return pending(why) end
-        local dir = tmp .. "/store1"
-        local store = open_store(dir)
-        local ids = ids_of("<|im_start|>user\nWhat do cartridges hold?<|im_end|>\n<|im_start|>assistant\n")
-        local kv = filled(ids)
-        assert.is_true(store:spill(c, ids, kv))
+        local store, dir, ids, kv = spilled("store1",
+            "<|im_start|>user\nWhat do cartridges hold?<|im_end|>\n<|im_start|>assistant\n")
         assert.are.equal(1, #spill_files(dir))
         -- spilling the same tokens (or a prefix of them) again writes nothing
         assert.is_false(store:spill(c, { table.unpack(ids, 1, #ids - 3) }, kv))
@@ -156,11 +164,7 @@ describe("cartridge.kvstore", function()
     it("skips damaged files (removed) and foreign ones (kept) with a log line, and never raises on mutated bytes", function()
         local ok, why = ready()
         if not ok then return pending(why) end
-        local dir = tmp .. "/store2"
-        local store = open_store(dir)
-        local ids = ids_of("<|im_start|>user\nA question long enough to spill.<|im_end|>\n")
-        local kv = filled(ids)
-        store:spill(c, ids, kv)
+        local _, dir, ids, kv = spilled("store2", "<|im_start|>user\nA question long enough to spill.<|im_end|>\n")
         local good = dir .. "/" .. spill_files(dir)[1]
         local bytes = helper.read_file(good)
         local n_header = 8 + tonumber(ffi.cast("const uint64_t *", bytes)[0])
