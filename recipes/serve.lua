@@ -38,8 +38,8 @@ local opts = options.parse(arg, {
         { "queue", type = "int", default = 64, help = "requests waiting for a slot before 429" },
         { "max-connections", type = "int", default = 256, help = "open client connections (idle ones make room)" },
         { "max-per-address", type = "int", default = 64, help = "open connections from one client address" },
-        { "kv-cache-dir", help = "disk tier: spill idle slots' KV here and adopt it again, across restarts too" },
-        { "kv-cache-max", default = "8G", help = "disk tier: most bytes its files take (K, M, G, T suffixes)" },
+        { "kv-cache-dir", metavar = "DIR", help = "disk tier: spill idle slots' KV here and adopt it again, across restarts too" },
+        { "kv-cache-max", metavar = "SIZE", default = "8G", help = "disk tier: most bytes its files take (K, M, G, T suffixes)" },
         { "quiet", type = "boolean", help = "no per-request log lines" },
     },
 })
