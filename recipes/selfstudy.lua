@@ -60,7 +60,7 @@ local opts = options.parse(arg, {
         { "teacher-pass", type = "boolean", help = "score B's answers with a separate packed teacher pass instead of reusing B's logits" },
         { "qa", help = "a JSONL file of {\"question\", \"answer\"} lines: exact-match accuracy of the cartridge as it trains" },
         { "qa-every", type = "int", default = 0, help = "with --qa: score every N steps (0: at the end only), with bare and ICL at the start" },
-        { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
+        { "threads", type = "int", default = 0, help = "threads (0: every core this process may use; under mpirun, the rank's)" },
         { "load", help = "serve mode: a saved cartridge" },
         { "ask", help = "with --load: answer this from the cartridge; without: train, save, then answer it" },
         { "spec-serve", type = "boolean", help = "serve mode: corpus-drafted speculative decoding" },

@@ -100,8 +100,8 @@ function dist.agree(fields, hint)
         for i, f in ipairs(fields) do
             local a, b = all[1], all[r + 1]
             if a[2 * i - 1] ~= b[2 * i - 1] or a[2 * i] ~= b[2 * i] then
-                problems[#problems + 1] = ("rank %d has a different %s (%08x%08x, rank 0's %08x%08x)"):format(r,
-                    f[1], b[2 * i - 1], b[2 * i], a[2 * i - 1], a[2 * i])
+                problems[#problems + 1] = ("rank %d differs from rank 0 in its %s (fingerprint %08x%08x vs %08x%08x)")
+                    :format(r, f[1], b[2 * i - 1], b[2 * i], a[2 * i - 1], a[2 * i])
             end
         end
     end
