@@ -338,8 +338,13 @@ for step = 1, opts.steps do
     print(("step %3d/%d: distill loss %.4f (%d answer tokens so far, %.1f s)"):format(step, opts.steps, loss,
         answer_tokens, dt))
     io.stdout:flush()
-    record({ step = step, steps = opts.steps, loss = loss, answer_tokens = answer_tokens, seconds = dt,
-        lr = opts.lr, conversations = step * opts.accum })
+    local rec = { step = step, steps = opts.steps, loss = loss, answer_tokens = answer_tokens, seconds = dt,
+        lr = opts.lr, conversations = step * opts.accum }
+    if dist.size > 1 then
+        -- rank 0's seconds in the step's collectives: waiting for the others, then the sum
+        rec.wait_seconds, rec.sum_seconds = stepper.waited, stepper.summed
+    end
+    record(rec)
     if opts.save_every > 0 and step % opts.save_every == 0 and step < opts.steps then
         check_rows(step)
         save(opts.save, step)

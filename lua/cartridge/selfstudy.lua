@@ -409,7 +409,9 @@ end
 -- Leaves the step's gradient in the cartridge's buffers on every rank and
 -- returns the step's loss (the mean over every target entry of every rank's
 -- conversations, added in conversation order) and its supervised answer
--- tokens.
+-- tokens. Afterwards self.waited is the seconds the first collective took
+-- (mostly waiting for the slowest rank) and self.summed the seconds of the
+-- reproducible sum.
 function Stepper:step(convos)
     local c, dist = self.cart, self.dist
     local mine = {}
@@ -424,7 +426,9 @@ function Stepper:step(convos)
             mine[3 * j - 2], mine[3 * j - 1], mine[3 * j] = 0, 0, 0
         end
     end
+    local t0 = C.cart_now_seconds()
     local all = dist.allgather_doubles(mine)
+    local waited = C.cart_now_seconds() - t0
     local loss, entries, tokens = 0, 0, 0
     for r = 0, dist.size - 1 do
         local first, last = selfstudy.share(self.accum, r, dist.size)
@@ -435,7 +439,10 @@ function Stepper:step(convos)
         end
     end
     local out = self.sum:part(0)
+    t0 = C.cart_now_seconds()
     self.sum:reduce(#convos, entries > 0 and 1 / entries or 0, out)
+    self.summed = C.cart_now_seconds() - t0
+    self.waited = waited
     C.cart_cartridge_grad_import(c.handle, out)
     return entries > 0 and loss / entries or 0, tokens
 end
