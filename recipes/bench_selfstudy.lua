@@ -71,13 +71,6 @@ end
 -- ---------------------------------------------------------------------------
 -- --ranks N: the recipe alone and under mpirun, and the projection
 
-local function sh(cmd)
-    local p = io.popen(cmd)
-    local out = p:read("*a")
-    p:close()
-    return out
-end
-
 -- A run's seconds from its metrics file: of its steps in all, and of them
 -- rank 0's in the step's collectives (waiting for the other ranks, then the
 -- sum; 0 alone).
@@ -110,7 +103,10 @@ local function ranks_mode()
     if C.cart_dist_built_with_mpi() == 0 then
         fail("this build has no MPI: install libopenmpi-dev (and openmpi-bin) and rebuild, cmake finds it")
     end
-    local dir = sh("mktemp -d /tmp/cartridge-bench-selfstudy.XXXXXX"):gsub("%s+$", "")
+    local fs = require("cartridge.fs")
+    local base = os.tmpname() -- an empty file of a fresh name: the directory beside it is ours alone
+    local dir = base .. ".d"
+    fs.mkdirs(dir)
     local host = package.loaded["cartridge.host"]
     local exe = host and host.executable or (cartridge.root .. "/build/cartridge")
     local function q(x) return "'" .. tostring(x):gsub("'", "'\\''") .. "'" end
@@ -124,7 +120,8 @@ local function ranks_mode()
     for i, a in ipairs(args) do quoted[i] = q(a) end
     local recipe = q(exe) .. " run " .. q(cartridge.root .. "/recipes/selfstudy.lua") .. " " .. table.concat(quoted, " ")
     -- as root, Open MPI's mpirun wants its two confirmation variables
-    local root_env = sh("id -u"):match("^0") and "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " or ""
+    pcall(cartridge.ffi.cdef, "unsigned int getuid(void);")
+    local root_env = C.getuid() == 0 and "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " or ""
     local runs = {}
     for _, n in ipairs({ 1, N }) do
         local save = ("%s/n%d.safetensors"):format(dir, n)
@@ -133,7 +130,12 @@ local function ranks_mode()
         io.stderr:write(("bench_selfstudy: self-study with %d process%s ...\n"):format(n, n == 1 and "" or "es"))
         local ok = os.execute(cmd .. " >" .. q(dir .. "/out") .. " 2>" .. q(dir .. "/err") .. " </dev/null")
         if ok ~= 0 and ok ~= true then
-            io.stderr:write(sh("tail -n 20 " .. q(dir .. "/out") .. " " .. q(dir .. "/err")))
+            for _, name in ipairs({ "/out", "/err" }) do
+                local f = io.open(dir .. name, "rb")
+                local text = f and f:read("*a") or ""
+                if f then f:close() end
+                io.stderr:write(text:sub(-2000))
+            end
             fail(("the run with %d process%s failed (its output is above; the files are in %s)"):format(n,
                 n == 1 and "" or "es", dir))
         end
@@ -185,7 +187,9 @@ local function ranks_mode()
         print(("   %5d  %5d  %10.3f s  %9.4f s  %7.1fx  %10.3f"):format(hosts, hosts * k, compute, reduce, speedup,
             speedup / hosts))
     end
-    sh("rm -rf " .. q(dir))
+    for _, name in ipairs(fs.list(dir)) do os.remove(dir .. "/" .. name) end
+    os.remove(dir)
+    os.remove(base)
 end
 
 if opts.ranks ~= 0 then return ranks_mode() end
