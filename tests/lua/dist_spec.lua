@@ -137,6 +137,23 @@ describe("selfstudy.lua under mpirun", function()
         assert.are.equal(losses(out1), losses(out2))
     end)
 
+    it("is what bench_selfstudy --ranks measures, and it prints the projection (figures unchecked)", function()
+        local why = cannot()
+        if why then return pending(why) end
+        local rc, out, err = helper.cartridge("run", "recipes/bench_selfstudy.lua", "--model",
+            helper.shared .. "/models/stories260K.gguf", "--corpus", "README.md", "--p", "64", "--chunk-min", "32",
+            "--chunk-max", "64", "--max-q", "12", "--max-a", "16", "--steps", "2", "--accum", "2", "--ranks", "2")
+        assert.are.equal(0, rc, out .. err)
+        assert.truthy(out:find("N = 2: +%d+%.%d s of steps, %d+%.%d+ conversations/s"), out)
+        assert.truthy(out:find("speed%-up %d+%.%d+x, efficiency %d+%.%d+ %(goal 0.90%)"), out)
+        assert.truthy(out:find("artifacts: the same bits", 1, true), out)
+        assert.truthy(out:find("= 78.75 KiB; the reproducible sum sends 196.88 KiB", 1, true), out)
+        for _, hosts in ipairs({ 8, 64, 512 }) do
+            assert.truthy(out:find(("\n +%d +%d +%%d+%%.%%d+ s +%%d+%%.%%d+ s +%%d+%%.%%dx +%%d%%.%%d+"):format(hosts,
+                hosts)), out)
+        end
+    end)
+
     it("stops at start, naming the rank, when ranks read another corpus or flags", function()
         local why = cannot()
         if why then return pending(why) end
