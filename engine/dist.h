@@ -68,16 +68,18 @@ int cart_dist_allgather(void *out, const void *in, int64_t bytes);
  *
  * Floating-point addition is not associative, so a plain MPI_SUM over
  * floats gives bits that depend on the order the library picks. Here the
- * sum is exact instead: for each element, E is the largest binary exponent
- * any part has there (one MPI_MAX allreduce of int16), every part's value is
- * rounded to the integer grid 2^(E - F) with F = 62 - ceil(log2(total
- * parts)) (exactly, unless the value lies more than 2^(F - 24) below the
- * element's largest: 2^36 for 4 parts, where a float sum has long lost
- * it too), those
- * int64 values are added (one MPI_SUM allreduce: integer addition is exact
- * in any order and cannot overflow at that F), and the exact sum is rounded
- * once to double, scaled, and rounded to float. An element where any part
- * is NaN or infinite gives NaN; one where all are zero gives +0.
+ * sum is exact instead: the ranks first add up their part counts (one
+ * MPI_SUM allreduce of an int64) to know A, the number of parts in all;
+ * then, for each element, E is the largest binary exponent any part has
+ * there (one MPI_MAX allreduce of int16), every part's value is rounded to
+ * the integer grid 2^(E - F) with F = 62 - ceil(log2 A) (exactly, unless
+ * the value lies more than 2^(F - 24) below the element's largest: 2^36 for
+ * A = 4), those int64 values are added (one MPI_SUM allreduce: integer
+ * addition is exact in any order and cannot overflow at that F), and the
+ * exact sum is rounded once to double, scaled, and rounded to float. The
+ * result is the exact sum within half a float ulp plus A * 2^(E - F - 1).
+ * An element where any part is NaN or infinite gives NaN; one where all are
+ * zero gives +0. Elements go in rounds of 4 Mi (two allreduces each).
  * Memory: max_parts * n floats for the parts and a bounded scratch. */
 typedef struct cart_dist_sum cart_dist_sum;
 

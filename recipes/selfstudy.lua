@@ -99,7 +99,7 @@ cartridge.set_threads(opts.threads)
 if dist.size > 1 then
     -- first of all: how many processes share the work
     print(("dist: %d ranks (%s), %d thread%s on rank 0; each step's %d conversations split %s"):format(dist.size,
-        dist.library(), cartridge.threads(), cartridge.threads() == 1 and "" or "s", opts.accum,
+        dist.library():match("^[^,]+"), cartridge.threads(), cartridge.threads() == 1 and "" or "s", opts.accum,
         opts.accum % dist.size == 0 and ("evenly, " .. math.floor(opts.accum / dist.size) .. " per rank")
             or ("unevenly (a multiple of " .. dist.size .. " balances them)")))
 end
