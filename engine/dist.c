@@ -61,7 +61,9 @@ static long env_number(const char *const *names, const char **which) {
 
 static const char *const launcher_rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", NULL};
 static const char *const launcher_size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL};
-static const char *const slurm_size_vars[] = {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", NULL};
+/* srun sets it for the tasks of a step (a batch script's own shell has
+ * SLURM_NTASKS and SLURM_PROCID=0 for the whole allocation, but no step) */
+static const char *const slurm_size_vars[] = {"SLURM_STEP_NUM_TASKS", NULL};
 
 /* ------------------------------------------------------------------------- */
 /* MPI errors as the engine's. */
@@ -112,9 +114,9 @@ int cart_dist_init(void) {
     if (!launched) {
         /* srun started several tasks but gave them no PMI: each would train
          * alone and write the same files */
-        if (slurm_size > 1 && getenv("SLURM_PROCID"))
+        if (slurm_size > 1)
             return cart_fail(CART_E_STATE,
-                             "dist: Slurm started %ld tasks (%s) without an MPI launcher's "
+                             "Slurm started %ld tasks (%s) without an MPI launcher's "
                              "environment, so each would train alone; launch with `srun --mpi=pmix` "
                              "(or mpirun inside the allocation)",
                              slurm_size, slurm_var);
@@ -124,7 +126,7 @@ int cart_dist_init(void) {
 #ifndef CART_HAVE_MPI
     if (env_size > 1 || (env_size < 0 && slurm_size > 1))
         return cart_fail(CART_E_UNSUPPORTED,
-                         "dist: launched as one of %ld processes (%s), but this cartridge was built "
+                         "launched as one of %ld processes (%s), but this cartridge was built "
                          "without MPI; install libopenmpi-dev and rebuild (cmake finds it), or run a "
                          "single process without mpirun",
                          env_size > 1 ? env_size : slurm_size, env_size > 1 ? size_var : slurm_var);
@@ -136,7 +138,7 @@ int cart_dist_init(void) {
     if (!already) {
         int provided = 0;
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
-            return cart_fail(CART_E_STATE, "dist: MPI_Init_thread failed (launched by %s)",
+            return cart_fail(CART_E_STATE, "MPI_Init_thread failed (launched by %s)",
                              rank_var ? rank_var : size_var);
         job.mpi = 1;
     }
@@ -151,7 +153,7 @@ int cart_dist_init(void) {
     if (expect > 0 && expect != size) {
         MPI_Comm_free(&comm);
         return cart_fail(CART_E_STATE,
-                         "dist: the launcher started %ld processes (%s) but MPI sees a job of %d: "
+                         "the launcher started %ld processes (%s) but MPI sees a job of %d: "
                          "the launcher belongs to another MPI than this build's (%s), or srun ran "
                          "without --mpi=pmix; use the matching mpirun",
                          expect, env_size > 0 ? size_var : slurm_var, size, cart_dist_library());
@@ -389,7 +391,7 @@ int cart_dist_finalize(void) {
     if (job.mpi) {
         if (job_comm != MPI_COMM_NULL) MPI_Comm_free(&job_comm);
         job.mpi = 0;
-        if (MPI_Finalize() != MPI_SUCCESS) return cart_fail(CART_E_IO, "dist: MPI_Finalize failed");
+        if (MPI_Finalize() != MPI_SUCCESS) return cart_fail(CART_E_IO, "MPI_Finalize failed");
     }
 #endif
     return CART_OK;

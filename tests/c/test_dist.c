@@ -19,20 +19,26 @@ static int launched(void) {
 }
 
 /* Launcher variables that are not there refuse or change nothing. */
-static void test_refuses_a_slurm_step_without_an_mpi_launcher(void) {
+static void test_refuses_a_slurm_step_without_an_mpi_launcher_but_not_a_batch_script(void) {
     if (launched()) return; /* the launcher's own variables are set: not this case */
-    setenv("SLURM_PROCID", "0", 1);
-    setenv("SLURM_NTASKS", "3", 1);
+    /* a step srun started without PMI: refused */
+    setenv("SLURM_STEP_NUM_TASKS", "3", 1);
     CHECK_ERR(cart_dist_init(), CART_E_STATE);
     CHECK_ERROR_MENTIONS("srun --mpi=pmix");
-    unsetenv("SLURM_PROCID");
-    unsetenv("SLURM_NTASKS");
+    unsetenv("SLURM_STEP_NUM_TASKS");
     if (!cart_dist_built_with_mpi()) {
         setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
         CHECK_ERR(cart_dist_init(), CART_E_UNSUPPORTED);
         CHECK_ERROR_MENTIONS("built without MPI");
         unsetenv("OMPI_COMM_WORLD_SIZE");
     }
+    /* a batch script's own shell (the allocation's tasks, no step): one process */
+    setenv("SLURM_PROCID", "0", 1);
+    setenv("SLURM_NTASKS", "3", 1);
+    CHECK_OK(cart_dist_init());
+    CHECK(cart_dist_size() == 1);
+    unsetenv("SLURM_PROCID");
+    unsetenv("SLURM_NTASKS");
 }
 
 static void test_joins_the_job_once(void) {
@@ -232,7 +238,7 @@ static void test_hash_is_fnv1a_64(void) {
 }
 
 int main(void) {
-    RUN(test_refuses_a_slurm_step_without_an_mpi_launcher);
+    RUN(test_refuses_a_slurm_step_without_an_mpi_launcher_but_not_a_batch_script);
     RUN(test_joins_the_job_once);
     RUN(test_barrier_broadcast_and_allgather);
     RUN(test_sum_is_the_exact_sum_rounded_once);
