@@ -262,26 +262,23 @@ if dist.root() then
 end
 
 -- exact-match accuracy on --qa: bare and ICL once, the cartridge as it
--- trains (rank 0; the others wait at the next step's sum)
+-- trains (rank 0 alone; the others wait at the next step's collectives)
 local qa, facts
 local function score_qa(step)
-    if not dist.root() then return end
     local t0 = C.cart_now_seconds()
     local right, total = facts.accuracy(m, qa, { cartridge = c, max_a = 32 })
     print(("step %3d (%d conversations): cartridge answers %d/%d of %s (%.1f s)"):format(step, step * opts.accum,
         right, total, opts.qa, C.cart_now_seconds() - t0))
     record({ event = "qa", step = step, conversations = step * opts.accum, right = right, total = total })
 end
-if opts.qa then
+if opts.qa and dist.root() then -- only rank 0's host needs the file
     facts = require("cartridge.facts")
     qa = facts.read_qa(opts.qa)
-    if dist.root() then
-        local bare = facts.accuracy(m, qa, { max_a = 32 })
-        local icl_text = serve.icl_text(corpus, tok, opts.icl_max)
-        local icl = facts.accuracy(m, qa, { system = icl_text, max_a = 32 })
-        print(("qa: %d questions; bare %d/%d, ICL %d/%d"):format(#qa, bare, #qa, icl, #qa))
-        record({ event = "qa_reference", bare = bare, icl = icl, total = #qa })
-    end
+    local bare = facts.accuracy(m, qa, { max_a = 32 })
+    local icl_text = serve.icl_text(corpus, tok, opts.icl_max)
+    local icl = facts.accuracy(m, qa, { system = icl_text, max_a = 32 })
+    print(("qa: %d questions; bare %d/%d, ICL %d/%d"):format(#qa, bare, #qa, icl, #qa))
+    record({ event = "qa_reference", bare = bare, icl = icl, total = #qa })
     score_qa(0)
 end
 
