@@ -114,7 +114,6 @@ if #opts.corpus > 0 then
     corpus = corpus_mod.load(opts.corpus, tok)
     print(("corpus: %d files, %d tokens"):format(#corpus.files, corpus.n_tokens))
 end
-if dist.size > 1 and not corpus then fail("--corpus is required for training (a text file or a directory of .md files)") end
 
 -- ---------------------------------------------------------------------------
 -- Serve mode
