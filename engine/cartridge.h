@@ -30,6 +30,7 @@
 #include "params.h"
 #include "spec.h"
 #include "http.h"
+#include "dist.h"
 #include "abi.h"
 
 #endif

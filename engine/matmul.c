@@ -322,45 +322,60 @@ static int64_t block_tokens(const cart_kernels *k, int64_t n) {
     return ceil_div(ceil_div(n, blocks), k->mu) * k->mu;
 }
 
-static int forward_run(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w,
-                       int64_t n, cart_pool *pool) {
+/* The GEMV path for n <= GEMV_MAX_N tokens. */
+static int forward_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w, int64_t n,
+                        cart_pool *pool) {
     const int32_t threads = cart_pool_size(pool);
     const cart_kernels *k = cart_kern();
-    job j = {.k = k,
-             .w = w,
-             .out = y,
-             .ldo = ldy,
-             .in = x,
-             .ldi = ldx,
-             .n = n,
-             .round = round_for(w->dtype)};
+    job j = {.k = k, .w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
     workspace ws;
-    if (n <= GEMV_MAX_N) {
-        int64_t rounded = j.round != MM_ROUND_NONE ? n * w->cols : 0;
-        if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_GEMV, k->mv), rounded) != CART_OK)
-            return CART_E_NOMEM;
-        if (rounded) {
-            k->round_rows(j.packed, x, ldx, w->cols, j.round, 0, n);
-            j.in = j.packed;
-            j.ldi = w->cols;
-        }
-        cart_pool_for(pool, ceil_div(w->rows, GEMV_ROWS), 1, gemv_task, &j);
-    } else {
-        const int64_t per = block_tokens(k, n);
-        if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_FORWARD, k->mv),
-                          per * min64(w->cols, MM_DEPTH)) != CART_OK)
-            return CART_E_NOMEM;
-        for (int64_t i0 = 0; i0 < n; i0 += per)
-            for (j.d0 = 0; j.d0 < w->cols; j.d0 += MM_DEPTH) {
-                j.n = min64(per, n - i0);
-                j.depth = min64(MM_DEPTH, w->cols - j.d0);
-                j.in = x + i0 * ldx + j.d0;
-                j.out = y + i0 * ldy;
-                cart_pool_for(pool, ceil_div(j.n, k->mu), 4, pack_task, &j);
-                cart_pool_for(pool, ceil_div(w->rows, MM_FWD_ROWS), 1, forward_task, &j);
-            }
+    int64_t rounded = j.round != MM_ROUND_NONE ? n * w->cols : 0;
+    if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_GEMV, k->mv), rounded) != CART_OK)
+        return CART_E_NOMEM;
+    if (rounded) {
+        k->round_rows(j.packed, x, ldx, w->cols, j.round, 0, n);
+        j.in = j.packed;
+        j.ldi = w->cols;
     }
+    cart_pool_for(pool, ceil_div(w->rows, GEMV_ROWS), 1, gemv_task, &j);
     workspace_put(&ws);
+    return CART_OK;
+}
+
+/* The GEMM path for any n. */
+static int forward_gemm(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w, int64_t n,
+                        cart_pool *pool) {
+    const int32_t threads = cart_pool_size(pool);
+    const cart_kernels *k = cart_kern();
+    job j = {.k = k, .w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
+    workspace ws;
+    const int64_t per = block_tokens(k, n);
+    if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_FORWARD, k->mv),
+                      per * min64(w->cols, MM_DEPTH)) != CART_OK)
+        return CART_E_NOMEM;
+    for (int64_t i0 = 0; i0 < n; i0 += per)
+        for (j.d0 = 0; j.d0 < w->cols; j.d0 += MM_DEPTH) {
+            j.n = min64(per, n - i0);
+            j.depth = min64(MM_DEPTH, w->cols - j.d0);
+            j.in = x + i0 * ldx + j.d0;
+            j.out = y + i0 * ldy;
+            cart_pool_for(pool, ceil_div(j.n, k->mu), 4, pack_task, &j);
+            cart_pool_for(pool, ceil_div(w->rows, MM_FWD_ROWS), 1, forward_task, &j);
+        }
+    workspace_put(&ws);
+    return CART_OK;
+}
+
+/* The forward on `path`: GEMV in passes of at most GEMV_MAX_N tokens (each
+ * token's output is the same in any pass), or GEMM. */
+static int forward_run(float *y, int64_t ldy, const float *x, int64_t ldx, const mm_src *w, int64_t n,
+                       int32_t path, cart_pool *pool) {
+    if (path == CART_MM_AUTO) path = cart_matmul_path_for(n);
+    if (path == CART_MM_GEMM) return forward_gemm(y, ldy, x, ldx, w, n, pool);
+    for (int64_t i0 = 0; i0 < n; i0 += GEMV_MAX_N) {
+        int rc = forward_gemv(y + i0 * ldy, ldy, x + i0 * ldx, ldx, w, min64(GEMV_MAX_N, n - i0), pool);
+        if (rc != CART_OK) return rc;
+    }
     return CART_OK;
 }
 
@@ -390,10 +405,17 @@ static int backward_run(float *dx, int64_t ldx, const float *dy, int64_t ldy, co
 
 /* ---- entry points --------------------------------------------------------- */
 
-int cart_matmul_forward(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
-                        int64_t n, cart_pool *pool) {
+int32_t cart_matmul_path_for(int64_t n) {
+    return n <= GEMV_MAX_N ? CART_MM_GEMV : CART_MM_GEMM;
+}
+
+int cart_matmul_forward_path(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
+                             int64_t n, int32_t path, cart_pool *pool) {
     static const char fn[] = "cart_matmul_forward";
     if (cart_isa_init() != CART_OK) return cart_fail_context(cart_last_status(), "%s", fn);
+    if (path != CART_MM_AUTO && path != CART_MM_GEMV && path != CART_MM_GEMM)
+        return cart_fail(CART_E_ARG, "%s: path %d is not CART_MM_AUTO, CART_MM_GEMV or CART_MM_GEMM", fn,
+                         (int)path);
     mm_src src;
     int rc = check_weight(&src, w, fn);
     if (rc != CART_OK) return rc;
@@ -405,7 +427,12 @@ int cart_matmul_forward(float *y, int64_t ldy, const float *x, int64_t ldx, cons
         return CART_OK;
     }
     if (!pool) pool = cart_default_pool();
-    return forward_run(y, ldy, x, ldx, &src, n, pool);
+    return forward_run(y, ldy, x, ldx, &src, n, path, pool);
+}
+
+int cart_matmul_forward(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
+                        int64_t n, cart_pool *pool) {
+    return cart_matmul_forward_path(y, ldy, x, ldx, w, n, CART_MM_AUTO, pool);
 }
 
 enum { MANY_MAX = 8 };
@@ -437,13 +464,25 @@ static void gemv_many_task(void *ctx, int64_t begin, int64_t end, int32_t thread
     }
 }
 
-int cart_matmul_forward_many(int32_t count, float *const *y, const int64_t *ldy, const float *x,
-                             int64_t ldx, const cart_weight *const *w, int64_t n,
-                             cart_pool *pool) {
+int cart_matmul_forward_many_path(int32_t count, float *const *y, const int64_t *ldy, const float *x,
+                                  int64_t ldx, const cart_weight *const *w, int64_t n, int32_t path,
+                                  cart_pool *pool) {
     static const char fn[] = "cart_matmul_forward_many";
     if (count < 0) return cart_fail(CART_E_ARG, "%s: count %d", fn, (int)count);
     if (cart_isa_init() != CART_OK) return cart_fail_context(cart_last_status(), "%s", fn);
-    int same = count >= 1 && count <= MANY_MAX && n >= 1 && n <= GEMV_MAX_N;
+    if (path == CART_MM_AUTO) path = cart_matmul_path_for(n);
+    if (path == CART_MM_GEMV && n > GEMV_MAX_N && count <= MANY_MAX) {
+        /* passes of at most GEMV_MAX_N tokens: the same bits per token */
+        float *yp[MANY_MAX];
+        for (int64_t i0 = 0; i0 < n; i0 += GEMV_MAX_N) {
+            for (int32_t k = 0; k < count; k++) yp[k] = y[k] + i0 * ldy[k];
+            int rc = cart_matmul_forward_many_path(count, yp, ldy, x + i0 * ldx, ldx, w, min64(GEMV_MAX_N, n - i0),
+                                                   CART_MM_GEMV, pool);
+            if (rc != CART_OK) return rc;
+        }
+        return CART_OK;
+    }
+    int same = path == CART_MM_GEMV && count >= 1 && count <= MANY_MAX && n >= 1 && n <= GEMV_MAX_N;
     many_job j = {.k = cart_kern(), .count = count, .in = x, .ldi = ldx, .n = n};
     int64_t scratch = 0;
     for (int32_t k = 0; same && k < count; k++) {
@@ -480,10 +519,16 @@ int cart_matmul_forward_many(int32_t count, float *const *y, const int64_t *ldy,
         return CART_OK;
     }
     for (int32_t k = 0; k < count; k++) {
-        int rc = cart_matmul_forward(y[k], ldy[k], x, ldx, w[k], n, pool);
+        int rc = cart_matmul_forward_path(y[k], ldy[k], x, ldx, w[k], n, path, pool);
         if (rc != CART_OK) return rc;
     }
     return CART_OK;
+}
+
+int cart_matmul_forward_many(int32_t count, float *const *y, const int64_t *ldy, const float *x,
+                             int64_t ldx, const cart_weight *const *w, int64_t n,
+                             cart_pool *pool) {
+    return cart_matmul_forward_many_path(count, y, ldy, x, ldx, w, n, CART_MM_AUTO, pool);
 }
 
 int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy, const cart_weight *w,

@@ -32,7 +32,9 @@
  * differ by f32 rounding (about 1e-6 relative). Speculative verification of
  * up to 8 drafted tokens (9 rows) therefore gives exactly the bits of
  * one-token decoding, and two prefills of more than 16 tokens agree bit for
- * bit, which the equivalence gate relies on.
+ * bit, which the equivalence gate relies on. cart_matmul_forward_path fixes
+ * the path whatever n is, so that a batch of independent streams can give
+ * every stream exactly the bits it gets alone (cart_model_forward does).
  *
  * A CART_ISA this machine cannot run makes every call fail with its message
  * (cpu.h).
@@ -74,6 +76,27 @@ int cart_matmul_forward(float *y, int64_t ldy, const float *x, int64_t ldx, cons
 int cart_matmul_forward_many(int32_t count, float *const *y, const int64_t *ldy, const float *x,
                              int64_t ldx, const cart_weight *const *w, int64_t n,
                              cart_pool *pool);
+
+/* The two forward paths (see "Batch invariance" above). */
+typedef enum cart_mm_path {
+    CART_MM_AUTO = 0, /* GEMV for n <= 16 tokens, else GEMM: what cart_matmul_forward does */
+    CART_MM_GEMV = 1, /* GEMV kernels, in passes of at most 16 tokens */
+    CART_MM_GEMM = 2  /* GEMM kernels for any n */
+} cart_mm_path;
+
+/* The path CART_MM_AUTO takes for n tokens. */
+int32_t cart_matmul_path_for(int64_t n);
+
+/* cart_matmul_forward and cart_matmul_forward_many on a fixed path. Every
+ * token's output is then bitwise what the same path gives it alone, so a
+ * batch of independent streams can run each stream's tokens on the path the
+ * stream would take by itself (cart_model_forward does). CART_E_ARG for an
+ * unknown path. */
+int cart_matmul_forward_path(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
+                             int64_t n, int32_t path, cart_pool *pool);
+int cart_matmul_forward_many_path(int32_t count, float *const *y, const int64_t *ldy, const float *x,
+                                  int64_t ldx, const cart_weight *const *w, int64_t n, int32_t path,
+                                  cart_pool *pool);
 
 /* dx[i, :] += W^T @ dy[i, :] for i in [0, n). ldx >= cols, ldy >= rows. */
 int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy,

@@ -432,6 +432,12 @@ typedef struct forward_state {
     int64_t *block_start; /* attention blocks: up to 16 consecutive tokens of one stream */
     int32_t *block_len;
     int64_t n_blocks;
+    /* matmul runs: consecutive streams whose token counts take the same
+     * path on their own (matmul.h), so each stream gets its own bits */
+    int64_t *run_start, *run_len; /* [n_runs] first token and tokens */
+    int32_t *run_path;            /* [n_runs] cart_mm_path */
+    int32_t n_runs;
+    int64_t *stream_logits;       /* [n_streams] logit rows each stream asked for */
     cart_kv *const *kvs;
     int32_t layer;
     float *arena;    /* the allocation behind all of the above */
@@ -528,7 +534,8 @@ static int forward_setup(forward_state *s, const int32_t *tokens, const int64_t 
     const int64_t T = s->T, E = c->n_embd, F = c->n_ff, D = c->head_dim;
     const int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
     size_t floats = (size_t)T * (size_t)(3 * E + HD * 2 + KD * 2 + 2 * F + c->n_rot);
-    size_t bytes = floats * sizeof(float) + (size_t)T * (2 * sizeof(int64_t) + 2 * sizeof(int32_t)) + 64;
+    size_t bytes = floats * sizeof(float) + (size_t)T * (2 * sizeof(int64_t) + 2 * sizeof(int32_t)) +
+                   (size_t)n_streams * (3 * sizeof(int64_t) + sizeof(int32_t)) + 64;
     s->arena = cart_malloc(bytes, "forward activations");
     if (!s->arena) return CART_E_NOMEM;
     float *p = s->arena; /* floats first, then the index arrays */
@@ -546,6 +553,22 @@ static int forward_setup(forward_state *s, const int32_t *tokens, const int64_t 
     s->block_start = s->pos + T;
     s->stream = (int32_t *)(s->block_start + T);
     s->block_len = s->stream + T;
+    s->run_start = (int64_t *)(s->block_len + T);
+    s->run_len = s->run_start + n_streams;
+    s->stream_logits = s->run_len + n_streams;
+    s->run_path = (int32_t *)(s->stream_logits + n_streams);
+    s->n_runs = 0;
+    for (int32_t b = 0, t = 0; b < n_streams; t += (int32_t)n_tokens[b], b++) {
+        if (n_tokens[b] == 0) continue;
+        int32_t path = cart_matmul_path_for(n_tokens[b]);
+        if (s->n_runs > 0 && s->run_path[s->n_runs - 1] == path) {
+            s->run_len[s->n_runs - 1] += n_tokens[b];
+        } else {
+            s->run_start[s->n_runs] = t;
+            s->run_len[s->n_runs] = n_tokens[b];
+            s->run_path[s->n_runs++] = path;
+        }
+    }
     for (int32_t b = 0, t = 0; b < n_streams; b++)
         for (int64_t i = 0; i < n_tokens[b]; i++, t++) {
             s->pos[t] = cart_kv_len(s->kvs[b]) + i;
@@ -564,6 +587,21 @@ static int forward_setup(forward_state *s, const int32_t *tokens, const int64_t 
     return CART_OK;
 }
 
+/* y = x @ W^T over the pass's tokens, run by run: each stream's tokens on
+ * the path its own count takes, so its outputs do not depend on the other
+ * streams of the batch. count weights share the input (matmul.h _many). */
+static int linear_runs(const forward_state *s, int32_t count, float *const *y, const int64_t *ldy,
+                       const float *x, int64_t ldx, const cart_weight *const *w, cart_pool *pool) {
+    float *yr[3];
+    for (int32_t r = 0; r < s->n_runs; r++) {
+        for (int32_t k = 0; k < count; k++) yr[k] = y[k] + s->run_start[r] * ldy[k];
+        int rc = cart_matmul_forward_many_path(count, yr, ldy, x + s->run_start[r] * ldx, ldx, w, s->run_len[r],
+                                               s->run_path[r], pool);
+        if (rc) return rc;
+    }
+    return CART_OK;
+}
+
 /* One transformer block over the pass, its new K/V rows written to the
  * streams' caches: attention, then the SwiGLU FFN, each with its residual. */
 static int forward_layer(forward_state *s, const int64_t *n_tokens, int32_t n_streams, cart_pool *pool) {
@@ -576,40 +614,50 @@ static int forward_layer(forward_state *s, const int64_t *n_tokens, int32_t n_st
     float *qkv[3] = {s->q, s->k, s->v};
     int64_t qkv_ld[3] = {HD, KD, KD};
     const cart_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
-    if ((rc = cart_matmul_forward_many(3, qkv, qkv_ld, s->xn, E, qkv_w, T, pool))) return rc;
+    if ((rc = linear_runs(s, 3, qkv, qkv_ld, s->xn, E, qkv_w, pool))) return rc;
     cart_pool_for(pool, T, 16, qk_prepare_range, s);
     for (int32_t b = 0, t = 0; b < n_streams; t += (int32_t)n_tokens[b], b++)
         if (n_tokens[b] > 0)
             cart_kv_write(s->kvs[b], s->layer, cart_kv_len(s->kvs[b]), n_tokens[b], s->k + t * KD, s->v + t * KD);
     cart_pool_for(pool, s->n_blocks * c->n_head_kv, 1, attention_range, s);
-    if ((rc = cart_matmul_forward(s->tmp, E, s->att, HD, &L->wo, T, pool))) return rc;
+    float *out[1] = {s->tmp};
+    const int64_t out_ld[1] = {E};
+    const cart_weight *wo[1] = {&L->wo}, *wdown[1] = {&L->wdown};
+    if ((rc = linear_runs(s, 1, out, out_ld, s->att, HD, wo, pool))) return rc;
     for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
     rmsnorm_forward(s->xn, s->x, L->ffn_norm, T, E, c->rms_eps);
     float *gu[2] = {s->gate, s->up};
     int64_t gu_ld[2] = {F, F};
     const cart_weight *gu_w[2] = {&L->wgate, &L->wup};
-    if ((rc = cart_matmul_forward_many(2, gu, gu_ld, s->xn, E, gu_w, T, pool))) return rc;
+    if ((rc = linear_runs(s, 2, gu, gu_ld, s->xn, E, gu_w, pool))) return rc;
     swiglu_forward(s->gate, s->up, T * F);
-    if ((rc = cart_matmul_forward(s->tmp, E, s->gate, F, &L->wdown, T, pool))) return rc;
+    if ((rc = linear_runs(s, 1, out, out_ld, s->gate, F, wdown, pool))) return rc;
     for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
     return CART_OK;
 }
 
 /* The logits of the wanted rows: gathered T at a time (xn has room for T),
- * normed, one head product per chunk. */
-static int forward_logits(forward_state *s, const int64_t *logit_rows, int64_t n_logit_rows, float *logits,
-                          cart_pool *pool) {
+ * normed, one head product per chunk of rows whose streams take the same
+ * path on their own (by how many logit rows each stream asked for). */
+static int forward_logits(forward_state *s, int32_t n_streams, const int64_t *logit_rows, int64_t n_logit_rows,
+                          float *logits, cart_pool *pool) {
     const cart_model *m = s->m;
     const cart_model_config *c = s->c;
     const int64_t T = s->T, E = c->n_embd;
+    for (int32_t b = 0; b < n_streams; b++) s->stream_logits[b] = 0;
+    for (int64_t j = 0; j < n_logit_rows; j++) s->stream_logits[s->stream[logit_rows[j]]]++;
     int rc = CART_OK;
     for (int64_t done = 0; !rc && done < n_logit_rows;) {
-        int64_t chunk = n_logit_rows - done < T ? n_logit_rows - done : T;
-        for (int64_t j = 0; j < chunk; j++)
-            memcpy(s->xn + j * E, s->x + logit_rows[done + j] * E, (size_t)E * sizeof(float));
+        int32_t path = cart_matmul_path_for(s->stream_logits[s->stream[logit_rows[done]]]);
+        int64_t chunk = 0;
+        while (chunk < T && done + chunk < n_logit_rows &&
+               cart_matmul_path_for(s->stream_logits[s->stream[logit_rows[done + chunk]]]) == path) {
+            memcpy(s->xn + chunk * E, s->x + logit_rows[done + chunk] * E, (size_t)E * sizeof(float));
+            chunk++;
+        }
         rmsnorm_forward(s->xn, s->xn, m->output_norm, chunk, E, c->rms_eps);
-        rc = cart_matmul_forward(logits + done * (int64_t)c->n_vocab, c->n_vocab, s->xn, E, &m->output, chunk,
-                                 pool);
+        rc = cart_matmul_forward_path(logits + done * (int64_t)c->n_vocab, c->n_vocab, s->xn, E, &m->output, chunk,
+                                      path, pool);
         done += chunk;
     }
     return rc;
@@ -628,7 +676,7 @@ int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
         s.layer = l;
         rc = forward_layer(&s, n_tokens, n_streams, pool);
     }
-    if (!rc) rc = forward_logits(&s, logit_rows, n_logit_rows, logits, pool);
+    if (!rc) rc = forward_logits(&s, n_streams, logit_rows, n_logit_rows, logits, pool);
     if (!rc)
         for (int32_t b = 0; b < n_streams; b++)
             cart_kv_set_len(kvs[b], cart_kv_len(kvs[b]) + n_tokens[b]);

@@ -101,6 +101,12 @@ int cart_model_new_kv(cart_kv **out, const cart_model *m, int64_t capacity, int3
  * rows 0..their own position of kvs[b] (causal). Every cache grows by its
  * stream's count; a stream with 0 tokens is left alone. Caches must differ.
  *
+ * Batch invariance: each stream's tokens run the weight products on the
+ * path its own token count takes (matmul.h), and its logit rows on the path
+ * of its own count of logit rows, so a stream's logits and cache rows are
+ * bit for bit what the stream computed alone gives, whatever else is in the
+ * batch (a lockstep group of any size, a prefill beside decodes).
+ *
  * logit_rows lists indices into the concatenated tokens (0..total-1) whose
  * logits are wanted; row j of `logits` ([n_logit_rows, n_vocab]) receives
  * those of token logit_rows[j]. Only those rows pay for the output head.

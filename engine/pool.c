@@ -15,6 +15,7 @@
  * generation (never neither).
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -101,6 +102,13 @@ static void *worker_main(void *arg_) {
 }
 
 int32_t cart_cpu_count(void) {
+    /* the CPUs this process may run on: what taskset, cgroups' cpusets or
+     * mpirun's binding of one rank to its cores leave it */
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return (int32_t)n;
+    }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int32_t)n : 1;
 }

@@ -22,7 +22,9 @@ typedef struct cart_pool cart_pool;
 /* Work function: handle items [begin, end) on thread `thread`. */
 typedef void (*cart_pool_fn)(void *ctx, int64_t begin, int64_t end, int32_t thread);
 
-/* Online CPU cores as the OS reports them (at least 1). */
+/* The CPU cores this process may run on (its affinity mask: all online
+ * cores unless taskset, a cpuset or an MPI launcher's binding narrowed it),
+ * at least 1. */
 int32_t cart_cpu_count(void);
 
 /* A pool of n_threads threads in all, the caller included; 0 means

@@ -21,6 +21,14 @@ void cart_rng_seed(cart_rng *rng, uint64_t seed) {
     for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&x);
 }
 
+void cart_rng_seed_item(cart_rng *rng, uint64_t seed, uint64_t a, uint64_t b) {
+    uint64_t x = seed, h = splitmix64(&x);
+    x = h ^ a;
+    h = splitmix64(&x);
+    x = h ^ b;
+    cart_rng_seed(rng, splitmix64(&x));
+}
+
 uint64_t cart_rng_next(cart_rng *rng) {
     uint64_t *s = rng->s;
     uint64_t result = rotl(s[1] * 5, 7) * 9;

@@ -29,6 +29,12 @@ typedef struct cart_rng {
 /* Seeds the generator (any seed, 0 included). */
 void cart_rng_seed(cart_rng *rng, uint64_t seed);
 
+/* Seeds the generator for item (a, b) of the family `seed` (self-study:
+ * conversation b of step a): splitmix64 folds seed, a and b into one seed.
+ * The same triple gives the same stream on every platform, whatever else
+ * was drawn before; different triples give unrelated streams. */
+void cart_rng_seed_item(cart_rng *rng, uint64_t seed, uint64_t a, uint64_t b);
+
 /* The next 64 random bits. */
 uint64_t cart_rng_next(cart_rng *rng);
 

@@ -197,6 +197,20 @@ int cart_cartridge_adam_step(cart_cartridge *c, cart_adam *a) {
     return CART_OK;
 }
 
+void cart_cartridge_grad_export(const cart_cartridge *c, float *dst) {
+    size_t skip = (size_t)c->frozen * (size_t)c->row, per_block = (size_t)(c->p - c->frozen) * (size_t)c->row;
+    for (int32_t l = 0; l < c->n_layer; l++)
+        for (int32_t which = 0; which < 2; which++, dst += per_block)
+            memcpy(dst, c->grad + block_offset(c, l, which) + skip, per_block * sizeof(float));
+}
+
+void cart_cartridge_grad_import(cart_cartridge *c, const float *src) {
+    size_t skip = (size_t)c->frozen * (size_t)c->row, per_block = (size_t)(c->p - c->frozen) * (size_t)c->row;
+    for (int32_t l = 0; l < c->n_layer; l++)
+        for (int32_t which = 0; which < 2; which++, src += per_block)
+            memcpy(c->grad + block_offset(c, l, which) + skip, src, per_block * sizeof(float));
+}
+
 /* ---- teacher targets ------------------------------------------------------- */
 
 int cart_topk_targets(int32_t *ids, float *logprobs, int32_t *n_out, const float *logits,

@@ -89,6 +89,14 @@ int cart_cartridge_append_to_kv(const cart_cartridge *c, cart_kv *kv);
 int64_t cart_cartridge_trainable_count(const cart_cartridge *c);
 int cart_cartridge_adam_step(cart_cartridge *c, cart_adam *a);
 
+/* The gradient of the trainable rows as one vector of
+ * cart_cartridge_trainable_count(c) floats, in the optimizer's order (layer
+ * by layer, K then V, rows frozen..p-1): copied out into dst, or in from
+ * src (the frozen rows' gradient stays zero). For summing the gradients of
+ * several passes, or of several processes (dist.h). */
+void cart_cartridge_grad_export(const cart_cartridge *c, float *dst);
+void cart_cartridge_grad_import(cart_cartridge *c, const float *src);
+
 /* Distillation targets: n sparse entries (position, token, teacher
  * log-probability). `position` is the index in the packed token sequence of
  * the token being predicted; the student's prediction is read from the row

@@ -14,6 +14,11 @@
  *
  * Exit status: 0 on success, 1 on a Lua error or a missing script, 2 on bad
  * usage, 130 when SIGINT interrupted the Lua code. os.exit() works as usual.
+ *
+ * MPI: the host never initializes it. A recipe that trains across processes
+ * joins the job it was launched in (cartridge.dist, engine/dist.h: only
+ * under mpirun, mpiexec or srun); the host then leaves MPI at the end, and an
+ * error on one rank stops the whole job naming that rank (see report()).
  */
 #include <errno.h>
 #include <limits.h>
@@ -31,6 +36,7 @@
 
 #include "common.h"
 #include "cpu.h"
+#include "dist.h"
 
 #ifndef CART_VERSION_STRING
 #define CART_VERSION_STRING "0.0.0"
@@ -214,14 +220,25 @@ static int docall(lua_State *L, int nargs) {
 }
 
 /* Prints "cartridge: <message>" for a failed load or call and returns the
- * exit status that goes with it. Pops the message. */
+ * exit status that goes with it. Pops the message.
+ * In a job of several processes (engine/dist.h; a recipe joined it): an
+ * error every rank raised together is printed by rank 0 alone, and the
+ * caller ends normally on every rank; any other error names its rank and
+ * stops the whole job here (MPI_Abort), since the other ranks may be
+ * waiting for this one in a collective. */
 static int report(lua_State *L, int status) {
     if (status == 0) return 0;
     const char *msg = lua_tostring(L, -1);
-    fprintf(stderr, "cartridge: %s\n", msg ? msg : "(error object is not a string)");
-    fflush(stderr);
+    if (!msg) msg = "(error object is not a string)";
+    int code = interrupt_raised ? EXIT_INTERRUPTED : EXIT_LUA_ERROR;
+    if (cart_dist_size() > 1 && !cart_dist_failing_together()) {
+        cart_dist_abort(code, msg); /* does not return */
+    } else if (cart_dist_rank() == 0) {
+        fprintf(stderr, "cartridge: %s\n", msg);
+        fflush(stderr);
+    }
     lua_pop(L, 1);
-    return interrupt_raised ? EXIT_INTERRUPTED : EXIT_LUA_ERROR;
+    return code;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -440,5 +457,10 @@ int main(int argc, char **argv) {
     }
     code = report(L, status);
     lua_close(L);
+    /* leaves MPI when a recipe joined a job (every rank gets here) */
+    if (cart_dist_finalize() != CART_OK && code == 0) {
+        fprintf(stderr, "cartridge: %s\n", cart_last_error());
+        code = EXIT_LUA_ERROR;
+    }
     return code;
 }

@@ -1,9 +1,11 @@
 -- bench_selfstudy.lua: seconds per self-study conversation at the Qwen3-0.6B
 -- shape, broken down into bot A, bot B, teacher and training step, next to the
--- floor this machine allows.
+-- floor this machine allows; with --ranks N, self-study's speed at 1 and N
+-- processes and a projection to many hosts.
 --
 --   cartridge run recipes/bench_selfstudy.lua               # generates the model once (~1.2 GB)
 --   cartridge run recipes/bench_selfstudy.lua --model M --steps 8
+--   cartridge run recipes/bench_selfstudy.lua --model models/default.gguf --ranks 2
 --
 -- Budgets default to the reference's demo: p 256, chunks 256-512, max-q 64,
 -- max-a 160, accum 4, 8 steps. The floor: the FLOPs of a conversation (chunk
@@ -12,6 +14,16 @@
 -- bandwidth. Both are measured here first (probe.h): the peak by a plain
 -- 1536^3 GEMM (the faster of OpenBLAS and the engine's f32 kernel), not by the
 -- engine's own prefill, and the bandwidth by integer sums over 512 MiB.
+--
+-- --ranks N runs recipes/selfstudy.lua itself twice with these budgets and
+-- one thread per process: alone, then under `--mpirun` (default `mpirun
+-- --oversubscribe`) with N ranks. It prints the conversations per second of
+-- each (from the per-step seconds of their metrics), the speed-up and the
+-- efficiency (goal: at least 0.9 N), whether the two artifacts are the same
+-- bits, the bytes each step's gradient sum sends, and a projected speed-up
+-- for 8, 64 and 512 hosts from the measured compute per conversation and a
+-- ring-allreduce model at --bandwidth Gbit/s and --latency microseconds
+-- (docs/scale-out.md states the model).
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
@@ -20,6 +32,8 @@ local defaults = require("cartridge.defaults")
 local corpus_mod = require("cartridge.corpus")
 local selfstudy = require("cartridge.selfstudy")
 local chat = require("cartridge.chat")
+local json = require("cartridge.json")
+local dist = require("cartridge.dist")
 local C = cartridge.C
 
 local opts = options.parse(arg, {
@@ -36,14 +50,15 @@ local opts = options.parse(arg, {
         { "max-q", type = "int", default = 64, help = "bot A budget" },
         { "max-a", type = "int", default = 160, help = "bot B budget" },
         { "spec-b", type = "boolean", help = "bot B decodes speculatively" },
-        { "teacher-pass", type = "boolean", help = "run the separate packed teacher pass" },
+        { "teacher-pass", type = "boolean", help = "run the separate teacher pass" },
+        { "ranks", type = "int", default = 0, help = "measure self-study alone and with this many processes (one thread each)" },
+        { "mpirun", default = "mpirun --oversubscribe", help = "with --ranks: the launcher, given -np N" },
+        { "bandwidth", type = "number", default = 10, help = "with --ranks: the projection's link bandwidth, Gbit/s" },
+        { "latency", type = "number", default = 50, help = "with --ranks: the projection's link latency, microseconds" },
     },
 })
+local function fail(msg) error("bench_selfstudy: " .. msg, 0) end
 
-cartridge.set_threads(opts.threads)
-local bandwidth = C.cart_probe_read_bandwidth(512 * 2 ^ 20, 5, nil)
-local engine_gemm = C.cart_probe_engine_gemm(1536, 3, nil)
-local gemm_rate = math.max(C.cart_probe_blas_gemm(1536, 3), engine_gemm)
 local path = opts.model
 if not path then
     path = cartridge.root .. "/models/bench-qwen3-0.6b-f16.gguf"
@@ -52,6 +67,140 @@ if not path then
         randmodel.write({ out = path, preset = "qwen3-0.6b", dtype = "f16", seed = 7 })
     end
 end
+
+-- ---------------------------------------------------------------------------
+-- --ranks N: the recipe alone and under mpirun, and the projection
+
+-- A run's seconds from its metrics file: of its steps in all, and of them
+-- rank 0's in the step's collectives (waiting for the other ranks, then the
+-- sum; 0 alone).
+local function run_seconds(metrics)
+    local total, collectives, steps = 0, 0, 0
+    for line in io.lines(metrics) do
+        local rec = json.decode(line)
+        if rec.step then
+            steps = steps + 1
+            total = total + rec.seconds
+            collectives = collectives + (rec.wait_seconds or 0) + (rec.sum_seconds or 0)
+        end
+    end
+    return total, collectives, steps
+end
+
+-- Ring allreduce of `bytes` over n hosts: 2 (n - 1) steps, each a latency
+-- and 1/n of the bytes at the link's bandwidth (bytes/s).
+local function ring_allreduce(n, bytes, latency, bandwidth)
+    return 2 * (n - 1) * latency + 2 * (n - 1) / n * bytes / bandwidth
+end
+
+local function ranks_mode()
+    local N = opts.ranks
+    if N < 2 then fail("--ranks N needs N >= 2 (one process is measured anyway)") end
+    if opts.accum % N ~= 0 then
+        fail(("--accum %d must be a multiple of --ranks %d, so that every rank has as many conversations"):format(
+            opts.accum, N))
+    end
+    if C.cart_dist_built_with_mpi() == 0 then
+        fail("this build has no MPI: install libopenmpi-dev (and openmpi-bin) and rebuild, cmake finds it")
+    end
+    local fs = require("cartridge.fs")
+    local base = os.tmpname() -- an empty file of a fresh name: the directory beside it is ours alone
+    local dir = base .. ".d"
+    fs.mkdirs(dir)
+    local host = package.loaded["cartridge.host"]
+    local exe = host and host.executable or (cartridge.root .. "/build/cartridge")
+    local function q(x) return "'" .. tostring(x):gsub("'", "'\\''") .. "'" end
+    local args = { "--model", path, "--p", opts.p, "--steps", opts.steps, "--accum", opts.accum,
+        "--chunk-min", opts.chunk_min, "--chunk-max", opts.chunk_max, "--max-q", opts.max_q, "--max-a", opts.max_a,
+        "--threads", 1 }
+    for _, c in ipairs(opts.corpus) do args[#args + 1], args[#args + 2] = "--corpus", c end
+    if opts.spec_b then args[#args + 1] = "--spec-b" end
+    if opts.teacher_pass then args[#args + 1] = "--teacher-pass" end
+    local quoted = {}
+    for i, a in ipairs(args) do quoted[i] = q(a) end
+    local recipe = q(exe) .. " run " .. q(cartridge.root .. "/recipes/selfstudy.lua") .. " " .. table.concat(quoted, " ")
+    -- as root, Open MPI's mpirun wants its two confirmation variables
+    pcall(cartridge.ffi.cdef, "unsigned int getuid(void);")
+    local root_env = C.getuid() == 0 and "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " or ""
+    local runs = {}
+    for _, n in ipairs({ 1, N }) do
+        local save = ("%s/n%d.safetensors"):format(dir, n)
+        local cmd = recipe .. " --save " .. q(save)
+        if n > 1 then cmd = ("%s%s -np %d %s"):format(root_env, opts.mpirun, n, cmd) end
+        io.stderr:write(("bench_selfstudy: self-study with %d process%s ...\n"):format(n, n == 1 and "" or "es"))
+        local ok = os.execute(cmd .. " >" .. q(dir .. "/out") .. " 2>" .. q(dir .. "/err") .. " </dev/null")
+        if ok ~= 0 and ok ~= true then
+            for _, name in ipairs({ "/out", "/err" }) do
+                local f = io.open(dir .. name, "rb")
+                local text = f and f:read("*a") or ""
+                if f then f:close() end
+                io.stderr:write(text:sub(-2000))
+            end
+            fail(("the run with %d process%s failed (its output is above; the files are in %s)"):format(n,
+                n == 1 and "" or "es", dir))
+        end
+        local total, collectives, steps = run_seconds(save:gsub("%.safetensors$", "") .. ".metrics.jsonl")
+        local f = assert(io.open(save, "rb"))
+        runs[n] = { seconds = total, collectives = collectives, steps = steps, bytes = f:read("*a") }
+        f:close()
+    end
+    local one, many = runs[1], runs[N]
+    local conversations = opts.steps * opts.accum
+    local rate1, rateN = conversations / one.seconds, conversations / many.seconds
+    print(("self-study on %s: %d steps x %d conversations, chunks %d-%d, max-q %d, max-a %d, one thread per process")
+        :format(path, opts.steps, opts.accum, opts.chunk_min, opts.chunk_max, opts.max_q, opts.max_a))
+    print(("machine: %s; %d cores; shared with whatever else runs on it"):format(
+        cartridge.ffi.string(C.cart_cpu_features()), C.cart_cpu_count()))
+    print(("  N = 1: %6.1f s of steps, %.3f conversations/s"):format(one.seconds, rate1))
+    print(("  N = %d: %6.1f s of steps, %.3f conversations/s (%s)"):format(N, many.seconds, rateN, opts.mpirun))
+    print(("  speed-up %.2fx, efficiency %.2f (goal 0.90)"):format(rateN / rate1, rateN / rate1 / N))
+    print(("  artifacts: %s"):format(one.bytes == many.bytes and "the same bits" or "DIFFERENT"))
+    -- the reduction each step: the trainable rows' gradient, summed reproducibly
+    local meta = require("cartridge.safetensors").open(dir .. "/n1.safetensors").metadata
+    local layers, kv_heads, head_dim = tonumber(meta["cartridge.n_layer"]), tonumber(meta["cartridge.kv_heads"]),
+        tonumber(meta["cartridge.head_dim"])
+    local p, frozen = tonumber(meta["cartridge.p"]), tonumber(meta["cartridge.frozen"])
+    local n = layers * 2 * (p - frozen) * kv_heads * head_dim
+    local sum_bytes, sum_calls = dist.sum_traffic(n)
+    print(("per step: the gradient is (p - frozen) x layers x 2 x kv_heads x head_dim x 4 = %d x %d x 2 x %d x %d x 4 "
+        .. "= %s; the reproducible sum sends %s (int16 exponents and int64 fixed point, 10 bytes a value) in %d "
+        .. "allreduces, and the step's losses in one allgather"):format(p - frozen, layers, kv_heads, head_dim,
+        cartridge.fmt.bytes(n * 4), cartridge.fmt.bytes(sum_bytes), sum_calls))
+    -- the projection: weak scaling, every host doing what one rank did here
+    local per_conv = one.seconds / conversations
+    local k = opts.accum / N
+    local compute = (many.seconds - many.collectives) / many.steps -- rank 0's k conversations a step
+    print(("  of the %d-rank steps, rank 0 spent %.1f s computing its %g conversation%s a step and %.1f s in the "
+        .. "collectives (waiting for the other ranks, then the sum)"):format(N, many.seconds - many.collectives, k,
+        k == 1 and "" or "s", many.collectives))
+    local lat, bw = opts.latency * 1e-6, opts.bandwidth * 1e9 / 8
+    print(("projection to hosts: each does what rank 0 did here (%g conversation%s a step, %.3f s), one host alone "
+        .. "%.3f s a conversation (N = 1 above), the global --accum grows with the hosts; every collective a ring "
+        .. "allreduce at %g Gbit/s and %g us"):format(k, k == 1 and "" or "s", compute, per_conv, opts.bandwidth,
+        opts.latency))
+    print("   hosts  accum  compute/step  reduce/step  speed-up  efficiency")
+    for _, hosts in ipairs({ 8, 64, 512 }) do
+        -- the sum's allreduces (a latency term per call, the bytes once) and the losses' allgather
+        local reduce = ring_allreduce(hosts, sum_bytes, lat, bw) + (sum_calls - 1) * 2 * (hosts - 1) * lat
+            + (hosts - 1) * lat
+        local speedup = hosts * k * per_conv / (compute + reduce)
+        print(("   %5d  %5d  %10.3f s  %9.4f s  %7.1fx  %10.3f"):format(hosts, hosts * k, compute, reduce, speedup,
+            speedup / hosts))
+    end
+    for _, name in ipairs(fs.list(dir)) do os.remove(dir .. "/" .. name) end
+    os.remove(dir)
+    os.remove(base)
+end
+
+if opts.ranks ~= 0 then return ranks_mode() end
+
+-- ---------------------------------------------------------------------------
+-- One process: the breakdown and the floor
+
+cartridge.set_threads(opts.threads)
+local bandwidth = C.cart_probe_read_bandwidth(512 * 2 ^ 20, 5, nil)
+local engine_gemm = C.cart_probe_engine_gemm(1536, 3, nil)
+local gemm_rate = math.max(C.cart_probe_blas_gemm(1536, 3), engine_gemm)
 local now = C.cart_now_seconds
 local m = cartridge.model.load(path)
 local mc = m.config
@@ -73,16 +222,19 @@ local tr = cartridge.trainer.new(m)
 local opt = cartridge.adam.new(c, { lr = 2e-3 })
 local synth = selfstudy.synthesizer(m, tok, corpus, {
     chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, max_q = opts.max_q, max_a = opts.max_a, top_k = 20,
-    rng = selfstudy.rng(42), template = template, teacher_pass = opts.teacher_pass, trainer = tr, spec_b = opts.spec_b,
+    seed = 42, template = template, teacher_pass = opts.teacher_pass, trainer = tr, spec_b = opts.spec_b,
 })
+local stepper = selfstudy.stepper(tr, c, opts.accum)
 
 local train_s, tokens, convos = 0, 0, 0
 local prefill_tokens, student_tokens, head_rows, decode_steps_a, decode_steps_b = 0, 0, 0, 0, 0
 local started = now()
 for step = 1, opts.steps do
-    local group = synth:group(opts.accum)
+    local keys = {}
+    for i = 1, opts.accum do keys[i] = { step, i } end
+    local group = synth:group(keys)
     local t = now()
-    selfstudy.train_step(tr, c, group, true)
+    stepper:step(group)
     opt:step()
     train_s = train_s + (now() - t)
     local max_q_len, max_a_len = 0, 0

@@ -11,6 +11,14 @@
 -- the cartridge: the student sees the user turn and the answer only, behind
 -- the p trainable KV rows. One conversation, drawn first and never trained
 -- on, measures the held-out loss before and after. See docs/selfstudy.md.
+--
+-- Across processes and hosts (docs/scale-out.md):
+--   mpirun -np 8 cartridge run recipes/selfstudy.lua --threads 1 --accum 32 ...
+-- Conversation i of step s is drawn from (--seed, s, i) alone; each rank
+-- makes and trains its block of every step's --accum conversations, and the
+-- gradients are added exactly over the ranks, so the artifact has the same
+-- bits for any number of processes. Rank 0 alone prints, writes the metrics,
+-- the checkpoints and the artifact.
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
@@ -22,6 +30,7 @@ local serve = require("cartridge.serve")
 local progress = require("cartridge.progress")
 local json = require("cartridge.json")
 local chat = require("cartridge.chat")
+local fs = require("cartridge.fs")
 local C = cartridge.C
 
 local opts = options.parse(arg, {
@@ -48,11 +57,10 @@ local opts = options.parse(arg, {
         { "gen-batch", type = "int", default = 0, help = "conversations generated per lockstep group (a multiple of --accum; 0: --accum)" },
         { "spec-b", type = "boolean", help = "bot B decodes speculatively, drafting from its own chunk" },
         { "checkpoint", type = "boolean", help = "recompute each layer in the backward (less memory, bit-identical results)" },
-        { "no-pack", type = "boolean", help = "one conversation per forward/backward (the packed gradient up to rounding)" },
         { "teacher-pass", type = "boolean", help = "score B's answers with a separate packed teacher pass instead of reusing B's logits" },
         { "qa", help = "a JSONL file of {\"question\", \"answer\"} lines: exact-match accuracy of the cartridge as it trains" },
         { "qa-every", type = "int", default = 0, help = "with --qa: score every N steps (0: at the end only), with bare and ICL at the start" },
-        { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
+        { "threads", type = "int", default = 0, help = "threads (0: every core this process may use; under mpirun, the rank's)" },
         { "load", help = "serve mode: a saved cartridge" },
         { "ask", help = "with --load: answer this from the cartridge; without: train, save, then answer it" },
         { "spec-serve", type = "boolean", help = "serve mode: corpus-drafted speculative decoding" },
@@ -60,10 +68,19 @@ local opts = options.parse(arg, {
 })
 
 -- ---------------------------------------------------------------------------
--- Checks that do not need the model
+-- The job (one process unless an MPI launcher started several), and the
+-- checks that do not need the model
 
-local function fail(msg) error("selfstudy: " .. msg, 0) end
+local dist = require("cartridge.dist").init()
+-- every rank runs the same code on the same data; only rank 0 speaks
+local print = dist.print
+-- an error every rank meets at the same point (so it is printed once)
+local function fail(msg) dist.fail("selfstudy: " .. msg) end
 if opts.load and not opts.ask then fail("--load needs --ask \"question\"") end
+if opts.load and dist.size > 1 then
+    fail(("serving (--load) runs in one process, and this one is rank %d of %d: run it without mpirun")
+        :format(dist.rank, dist.size))
+end
 if opts.steps < 1 or opts.accum < 1 then fail("--steps and --accum must be at least 1") end
 if opts.chunk_min < 1 or opts.chunk_min > opts.chunk_max then
     fail(("--chunk-min %d and --chunk-max %d: need 0 < chunk-min <= chunk-max"):format(opts.chunk_min, opts.chunk_max))
@@ -73,8 +90,19 @@ if gen_batch % opts.accum ~= 0 then
     fail(("--gen-batch %d must be a multiple of --accum %d"):format(gen_batch, opts.accum))
 end
 if opts.top_k < 1 or opts.max_q < 1 or opts.max_a < 1 then fail("--top-k, --max-q and --max-a must be at least 1") end
+if opts.accum < dist.size then
+    fail(("--accum %d is below the %d ranks: every rank needs a conversation each step; use --accum %d or a "
+        .. "multiple of it"):format(opts.accum, dist.size, dist.size))
+end
 
 cartridge.set_threads(opts.threads)
+if dist.size > 1 then
+    -- first of all: how many processes share the work
+    print(("dist: %d ranks (%s), %d thread%s on rank 0; each step's %d conversations split %s"):format(dist.size,
+        dist.library():match("^[^,]+"), cartridge.threads(), cartridge.threads() == 1 and "" or "s", opts.accum,
+        opts.accum % dist.size == 0 and ("evenly, " .. math.floor(opts.accum / dist.size) .. " per rank")
+            or ("unevenly (a multiple of " .. dist.size .. " balances them)")))
+end
 local started = C.cart_now_seconds()
 local m = cartridge.model.load(defaults.pick_model(opts.model))
 local mc = m.config
@@ -107,29 +135,67 @@ end
 -- Training
 
 if not corpus then fail("--corpus is required for training (a text file or a directory of .md files)") end
+
+local training = {
+    model = m.path, corpus = opts.corpus, p = opts.p, frozen = opts.frozen, steps = opts.steps, accum = opts.accum,
+    lr = opts.lr, chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, top_k = opts.top_k,
+    max_q = opts.max_q, max_a = opts.max_a, seed = opts.seed, gen_batch = gen_batch,
+    checkpoint = opts.checkpoint or false, resumed_from = opts.resume,
+    teacher_pass = opts.teacher_pass or false, spec_b = opts.spec_b or false,
+}
+-- fingerprints: ranks that read another model, corpus or flags stop here,
+-- before any work (the model's path may differ between hosts, its content not)
+do
+    local settings = {}
+    for k, v in pairs(training) do settings[k] = v end
+    settings.model = nil
+    local text = json.encode(settings)
+    local ptr, n = require("cartridge.ids").view(corpus.ids)
+    dist.agree({ { "model", cartridge.cart.fingerprint(m) }, { "corpus", dist.hash(ptr, n * 4) },
+        { "flags", dist.hash(text, #text) } },
+        "every rank must read the same model, the same corpus files at the same paths, and the same flags")
+end
+
 -- the rows are initialized from the corpus opening (p tokens) unless they are
 -- resumed; the chunks need chunk_min tokens either way
-if opts.resume then
-    corpus:require_tokens(opts.chunk_min + 2, ("lower --chunk-min (now %d), or add text"):format(opts.chunk_min))
-else
-    corpus:require_tokens(math.max(opts.p, opts.chunk_min) + 2,
-        ("lower --p (now %d) or --chunk-min (now %d), or add text"):format(opts.p, opts.chunk_min))
-end
+local ok, why = pcall(function()
+    if opts.resume then
+        corpus:require_tokens(opts.chunk_min + 2, ("lower --chunk-min (now %d), or add text"):format(opts.chunk_min))
+    else
+        corpus:require_tokens(math.max(opts.p, opts.chunk_min) + 2,
+            ("lower --p (now %d) or --chunk-min (now %d), or add text"):format(opts.p, opts.chunk_min))
+    end
+end)
+if not ok then dist.fail(why) end
 
 local template = chat.for_model(m)
 local c, draft_ref
 if opts.resume then
-    local info
-    c, info = cart.load(opts.resume, m)
-    draft_ref = info.draft_reference
-    print(("cartridge resumed from %s: p = %d rows/layer x %d layers"):format(opts.resume, c.p, c.n_layer))
+    -- rank 0 reads the file and sends the rows to the others, so only its
+    -- host needs it (where the checkpoints were written)
+    local shape = cartridge.ffi.new("int64_t[2]")
+    if dist.root() then
+        local info
+        c, info = cart.load(opts.resume, m)
+        draft_ref = info.draft_reference
+        local step = info.metadata["cartridge.step"]
+        print(("cartridge resumed from %s%s: p = %d rows/layer x %d layers"):format(opts.resume,
+            step and (" (written after step " .. step .. ")") or "", c.p, c.n_layer))
+        shape[0], shape[1] = c.p, c.frozen
+    end
+    dist.broadcast(shape, 16, 0)
+    if not dist.root() then c = cart.new(m, tonumber(shape[0]), tonumber(shape[1])) end
 else
     local ids = selfstudy.init_ids(tok, template, corpus.text, opts.p)
     if opts.frozen >= #ids then fail(("--frozen %d must be below the %d init rows"):format(opts.frozen, #ids)) end
     c = cart.new(m, #ids, opts.frozen)
-    c:capture(m, ids)
+    if dist.root() then c:capture(m, ids) end
     print(("cartridge initialized from the corpus opening: p = %d rows/layer x %d layers"):format(c.p, c.n_layer))
 end
+for l = 0, c.n_layer - 1 do
+    for which = 0, 1 do dist.broadcast(c:rows(l, which), c.p * c.row * 4, 0) end
+end
+training.p, training.frozen = c.p, c.frozen
 if opts.draft_ref then
     if draft_ref then
         print(("draft reference kept from the resumed artifact: %d tokens"):format(#draft_ref))
@@ -139,43 +205,63 @@ if opts.draft_ref then
     end
 end
 
+-- The rows of every rank are the same bits (the same gradient, the same
+-- Adam step): checked at every checkpoint and at the end.
+local function check_rows(step)
+    if dist.size == 1 then return end
+    local h
+    for l = 0, c.n_layer - 1 do
+        for which = 0, 1 do h = dist.hash(c:rows(l, which), c.p * c.row * 4, h) end
+    end
+    dist.agree({ { ("cartridge after step %d"):format(step), h } }, "the ranks computed different bits from the "
+        .. "same data: are they running the same build of cartridge? (cartridge --version on every host)")
+end
+
 local tr = cartridge.trainer.new(m, { recompute = opts.checkpoint })
 local opt = cartridge.adam.new(c, { lr = opts.lr })
-local rng = selfstudy.rng(opts.seed)
 local synth = selfstudy.synthesizer(m, tok, corpus, {
     chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, max_q = opts.max_q, max_a = opts.max_a,
-    top_k = opts.top_k, rng = rng, template = template, teacher_pass = opts.teacher_pass, trainer = tr,
+    top_k = opts.top_k, seed = opts.seed, template = template, teacher_pass = opts.teacher_pass, trainer = tr,
     spec_b = opts.spec_b,
 })
+local stepper = selfstudy.stepper(tr, c, opts.accum, dist)
+local first, last = selfstudy.share(opts.accum, dist.rank, dist.size) -- this rank's conversations of each step
 
-local training = {
-    model = m.path, corpus = opts.corpus, p = c.p, frozen = c.frozen, steps = opts.steps, accum = opts.accum,
-    lr = opts.lr, chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, top_k = opts.top_k,
-    max_q = opts.max_q, max_a = opts.max_a, seed = opts.seed, gen_batch = gen_batch,
-    packed = not opts.no_pack, checkpoint = opts.checkpoint or false, resumed_from = opts.resume,
-}
-require("cartridge.fs").mkdirs(require("cartridge.fs").parent(opts.save))
-require("cartridge.fs").sweep_temps(opts.save) -- what a killed earlier run left beside the artifact
-local metrics_path = opts.save:gsub("%.safetensors$", "") .. ".metrics.jsonl"
-local metrics = assert(io.open(metrics_path, "w"))
+local metrics, metrics_path
 local function record(t)
+    if not metrics then return end
     metrics:write(json.encode(t), "\n")
     metrics:flush()
 end
+if dist.root() then
+    fs.mkdirs(fs.parent(opts.save))
+    fs.sweep_temps(opts.save) -- what a killed earlier run left beside the artifact
+    metrics_path = opts.save:gsub("%.safetensors$", "") .. ".metrics.jsonl"
+    metrics = assert(io.open(metrics_path, "w"))
+end
 record({ event = "start", settings = training })
 
-local function save(path)
-    c:save(path, m, { training = training, draft_reference = draft_ref })
+-- rank 0 writes (atomically: a temporary file, fsynced, renamed); `step` is
+-- the number of optimizer steps in the rows
+local function save(path, step)
+    if dist.root() then
+        c:save(path, m, { training = training, draft_reference = draft_ref, extra_meta = { ["cartridge.step"] = step } })
+    end
 end
 
--- held-out: the first conversation drawn, never trained on
-local heldout = synth:group(1)[1]
-print("held-out question: " .. heldout.question:gsub("\n", " "))
-local heldout_before = selfstudy.eval_loss(tr, c, heldout)
-print(("held-out distill loss before training: %.4f"):format(heldout_before))
-record({ event = "heldout_before", loss = heldout_before })
+-- held-out: a conversation of its own, (seed, step 0), never trained on;
+-- rank 0 makes and scores it
+local heldout, heldout_before
+if dist.root() then
+    heldout = synth:group({ { 0, 1 } })[1]
+    print("held-out question: " .. heldout.question:gsub("\n", " "))
+    heldout_before = selfstudy.eval_loss(tr, c, heldout)
+    print(("held-out distill loss before training: %.4f"):format(heldout_before))
+    record({ event = "heldout_before", loss = heldout_before })
+end
 
--- exact-match accuracy on --qa: bare and ICL once, the cartridge as it trains
+-- exact-match accuracy on --qa: bare and ICL once, the cartridge as it
+-- trains (rank 0 alone; the others wait at the next step's collectives)
 local qa, facts
 local function score_qa(step)
     local t0 = C.cart_now_seconds()
@@ -184,7 +270,7 @@ local function score_qa(step)
         right, total, opts.qa, C.cart_now_seconds() - t0))
     record({ event = "qa", step = step, conversations = step * opts.accum, right = right, total = total })
 end
-if opts.qa then
+if opts.qa and dist.root() then -- only rank 0's host needs the file
     facts = require("cartridge.facts")
     qa = facts.read_qa(opts.qa)
     local bare = facts.accuracy(m, qa, { max_a = 32 })
@@ -195,7 +281,7 @@ if opts.qa then
     score_qa(0)
 end
 
-local bar = progress.new(opts.steps, "self-study")
+local bar = dist.root() and progress.new(opts.steps, "self-study")
 local last_saved -- the step of the last checkpoint written
 -- What a stopped run leaves at --save, for its message.
 local function kept()
@@ -207,68 +293,86 @@ local function kept()
     end
     return "nothing was saved"
 end
+local function clear() if bar then bar:clear() end end
+local steps_per_group = math.floor(gen_batch / opts.accum)
 local pending, answer_tokens = {}, 0
 local train_started = C.cart_now_seconds()
 for step = 1, opts.steps do
     local t0 = C.cart_now_seconds()
-    if #pending < opts.accum then
-        -- refill with a lockstep group, never more than the remaining steps need
-        local want = math.min(gen_batch, (opts.steps - step + 1) * opts.accum)
-        for _, convo in ipairs(synth:group(want)) do pending[#pending + 1] = convo end
+    if (step - 1) % steps_per_group == 0 then
+        -- this rank's share of the next steps, as one lockstep group, never
+        -- more than the remaining steps need
+        local keys = {}
+        for s = step, math.min(step + steps_per_group - 1, opts.steps) do
+            for i = first, last do keys[#keys + 1] = { s, i } end
+        end
+        pending = synth:group(keys)
     end
     local batch = {}
-    for i = 1, opts.accum do batch[i] = table.remove(pending, 1) end
-    local loss, tokens = selfstudy.train_step(tr, c, batch, not opts.no_pack)
+    for i = 1, last - first + 1 do batch[i] = table.remove(pending, 1) end
+    local loss, tokens = stepper:step(batch)
     -- a non-finite loss or gradient stops the run before the update, so the
-    -- rows and the last checkpoint on disk stay as they were
+    -- rows and the last checkpoint on disk stay as they were (every rank has
+    -- the same loss and gradient, so every rank stops here)
     local bad = loss ~= loss or loss == math.huge or loss == -math.huge
     if bad or C.cart_cartridge_check_finite(c.handle, 1) ~= 0 then
-        bar:clear()
-        local last = kept()
+        clear()
+        local last_kept = kept()
         fail(("step %d: the %s is not finite (%s); stopping before the update: %s. Lower --lr, or check the "
             .. "model and corpus"):format(step, bad and "distill loss" or "gradient",
-            bad and tostring(loss) or require("cartridge.core").last_error(), last))
+            bad and tostring(loss) or require("cartridge.core").last_error(), last_kept))
     end
     opt:step()
     if C.cart_cartridge_check_finite(c.handle, 0) ~= 0 then
-        bar:clear()
+        clear()
         fail(("step %d: the update made the cartridge rows non-finite (%s); stopping: %s. Lower --lr"):format(step,
             require("cartridge.core").last_error(), kept()))
     end
     answer_tokens = answer_tokens + tokens
     local dt = C.cart_now_seconds() - t0
-    bar:clear()
+    clear()
     print(("step %3d/%d: distill loss %.4f (%d answer tokens so far, %.1f s)"):format(step, opts.steps, loss,
         answer_tokens, dt))
     io.stdout:flush()
-    record({ step = step, steps = opts.steps, loss = loss, answer_tokens = answer_tokens, seconds = dt,
-        lr = opts.lr, conversations = step * opts.accum })
+    local rec = { step = step, steps = opts.steps, loss = loss, answer_tokens = answer_tokens, seconds = dt,
+        lr = opts.lr, conversations = step * opts.accum }
+    if dist.size > 1 then
+        -- rank 0's seconds in the step's collectives: waiting for the others, then the sum
+        rec.wait_seconds, rec.sum_seconds = stepper.waited, stepper.summed
+    end
+    record(rec)
     if opts.save_every > 0 and step % opts.save_every == 0 and step < opts.steps then
-        save(opts.save)
+        check_rows(step)
+        save(opts.save, step)
         last_saved = step
         print(("checkpoint saved to %s (step %d)"):format(opts.save, step))
     end
     if qa and opts.qa_every > 0 and step % opts.qa_every == 0 and step < opts.steps then
-        bar:clear()
+        clear()
         score_qa(step)
     end
-    bar:update(step)
+    if bar then bar:update(step) end
 end
-bar:finish()
+if bar then bar:finish() end
 if qa then score_qa(opts.steps) end
+check_rows(opts.steps)
+local empty = 0
+for _, r in ipairs(dist.allgather_doubles({ synth.stats.empty_questions })) do empty = empty + r[1] end
+stepper:free()
 
 local elapsed = C.cart_now_seconds() - train_started
 local conversations = opts.steps * opts.accum
 print(("self-study: %d conversations, %d supervised answer tokens, %.1f min (%.1f s/conversation)"):format(
     conversations, answer_tokens, elapsed / 60, elapsed / conversations))
+if not dist.root() then return end
 local heldout_after = selfstudy.eval_loss(tr, c, heldout)
 print(("held-out distill loss after training: %.4f (before %.4f)"):format(heldout_after, heldout_before))
 record({ event = "heldout_after", loss = heldout_after })
-if synth.stats.empty_questions > 0 then
+if empty > 0 then
     print(("note: bot A wrote no usable question %d times; those conversations asked the seed instruction itself")
-        :format(synth.stats.empty_questions))
+        :format(empty))
 end
-save(opts.save)
+save(opts.save, opts.steps)
 print("cartridge saved to " .. opts.save)
 metrics:close()
 if opts.ask then

@@ -50,7 +50,7 @@ max_len() {
 build() {
     if ! grep -qs '^CART_FUZZ:BOOL=ON' "$BUILD/CMakeCache.txt"; then
         cmake -S . -B "$BUILD" -DCART_FUZZ=ON -DCMAKE_C_COMPILER="${CC:-clang}" \
-            -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCART_BUILD_HOST=OFF -DCART_BUILD_TESTS=OFF >/dev/null
+            -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCART_BUILD_HOST=OFF -DCART_BUILD_TESTS=OFF -DCART_MPI=OFF >/dev/null
     fi
     cmake --build "$BUILD" -j"${JOBS:-$(nproc)}" --target "$@" >"$BUILD/fuzz-build.log" 2>&1 || {
         tail -n 40 "$BUILD/fuzz-build.log" >&2

@@ -7,6 +7,10 @@
 set -eu
 
 PACKAGES="build-essential cmake luajit libluajit-5.1-dev libopenblas-dev libcjson-dev libedit-dev lua-busted"
+# Open MPI: optional for the build (without it self-study runs in one process;
+# docs/scale-out.md), installed here so that the tests run self-study under
+# mpirun too.
+PACKAGES="$PACKAGES openmpi-bin libopenmpi-dev"
 # The server tests use curl and the official openai and Anthropic npm clients as HTTP
 # clients. A machine that already has node and npm (from NodeSource, say, whose
 # nodejs conflicts with Debian's npm) keeps them.

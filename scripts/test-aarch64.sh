@@ -10,7 +10,8 @@
 #
 # Usage: scripts/test-aarch64.sh [BUILD_DIR]   (default build-aarch64)
 # The toolchain is scripts/aarch64-toolchain.cmake; the LuaJIT host is not
-# built (-DCART_BUILD_HOST=OFF).
+# built (-DCART_BUILD_HOST=OFF), nor MPI (-DCART_MPI=OFF: the Open MPI installed
+# is the host's, x86-64).
 set -eu
 cd "$(dirname "$0")/.."
 build=${1:-build-aarch64}
@@ -50,7 +51,7 @@ t1=$(date +%s)
 
 # ---- build ------------------------------------------------------------------
 cmake -S . -B "$build" -DCMAKE_TOOLCHAIN_FILE="$PWD/scripts/aarch64-toolchain.cmake" \
-    -DCMAKE_BUILD_TYPE=Release -DCART_BUILD_HOST=OFF -DCART_BUILD_TESTS=ON
+    -DCMAKE_BUILD_TYPE=Release -DCART_BUILD_HOST=OFF -DCART_BUILD_TESTS=ON -DCART_MPI=OFF
 # The arm64 libraries, not the host's (both may be installed): refuse a mix.
 for var in OPENBLAS_INCLUDE_DIR OPENBLAS_LIBRARY CJSON_LIBRARY MATH_LIBRARY; do
     value=$(sed -n "s/^$var:[A-Z]*=//p" "$build/CMakeCache.txt")

@@ -145,8 +145,10 @@ end
 local Synth = {}
 Synth.__index = Synth
 
--- opts: chunk_min, chunk_max, max_q, max_a, top_k, rng (selfstudy.rng),
--- teacher_pass (bool), trainer (for teacher_pass), template (chat template).
+-- opts: chunk_min, chunk_max, max_q, max_a, top_k, seed (each
+-- conversation's draws come from (seed, step, index) alone: see
+-- Synth:group), teacher_pass (bool), trainer (for teacher_pass), template
+-- (chat template), spec_b (bool).
 function selfstudy.synthesizer(m, tok, corpus, opts)
     local self = setmetatable({ m = m, tok = tok, corpus = corpus, o = opts }, Synth)
     self.template = opts.template or chat.for_model(m)
@@ -178,10 +180,11 @@ function Synth:chunk_block(c)
     return out:extend(self.sys_tail)
 end
 
--- The random draws of one conversation, in the order they are made: chunk
--- length, chunk start, seed instruction, bot A's sampling seed.
-function Synth:draw()
-    local n, r = self.corpus.n_tokens, self.o.rng
+-- The random draws of one conversation from its own generator r, in the
+-- order they are made: chunk length, chunk start, seed instruction, bot A's
+-- sampling seed.
+function Synth:draw(r)
+    local n = self.corpus.n_tokens
     local cmax = math.min(self.o.chunk_max, n)
     local len = r:int(math.min(self.o.chunk_min, cmax), cmax)
     local start = r:int(0, n - len)
@@ -237,15 +240,30 @@ end
 
 local function now() return C.cart_now_seconds() end
 
--- Synthesizes n conversations as one lockstep group. Returns a list of
--- conversations: { question, seed_name, chunk_start, chunk_len, path,
--- sys_ids, prefix, answer, student (cartridge.ids sequences), first_answer,
--- answer_len, stopped, targets (a trainer.targets list held in C: entries
--- { position in student, token, logprob }) }.
-function Synth:group(n)
+-- Synthesizes conversations as one lockstep group: keys is a list of {
+-- step, index }, and conversation (step, index) draws from a generator
+-- seeded by (seed, step, index) alone (rng.h cart_rng_seed_item), so it is
+-- the same conversation whichever process makes it, in whatever group. A
+-- number n stands for the keys (0, 1) .. (0, n). Returns a list of
+-- conversations in key order: { step, index, question, seed_name,
+-- chunk_start, chunk_len, path, sys_ids, prefix, answer, student
+-- (cartridge.ids sequences), first_answer, answer_len, stopped, empty
+-- (bot A wrote no usable question), targets (a trainer.targets list held in
+-- C: entries { position in student, token, logprob }) }.
+function Synth:group(keys)
     local o, tok, m, T = self.o, self.tok, self.m, self.template
+    if type(keys) == "number" then
+        local n = keys
+        keys = {}
+        for i = 1, n do keys[i] = { 0, i } end
+    end
     local convos = {}
-    for i = 1, n do convos[i] = self:draw() end -- all draws before any generation
+    local rng = setmetatable({ r = ffi.new("cart_rng") }, Rng)
+    for i, key in ipairs(keys) do -- all draws before any generation
+        C.cart_rng_seed_item(rng.r, o.seed, key[1], key[2])
+        convos[i] = self:draw(rng)
+        convos[i].step, convos[i].index = key[1], key[2]
+    end
     local streams_a = {}
     for i, c in ipairs(convos) do
         c.path = self.corpus:file_of(c.chunk_start)
@@ -274,6 +292,7 @@ function Synth:group(n)
             -- user message, so the conversation still asks about the chunk
             self.stats.empty_questions = self.stats.empty_questions + 1
             c.question = selfstudy.SEEDS[c.seed].text
+            c.empty = true
         end
     end
     local t1 = now()
@@ -335,66 +354,100 @@ function Synth:group(n)
     if o.teacher_pass then self:teacher_pass(convos) end
     self.stats.time.a = self.stats.time.a + (t1 - t0)
     self.stats.time.b = self.stats.time.b + (t2 - t1)
-    self.stats.conversations = self.stats.conversations + n
+    self.stats.conversations = self.stats.conversations + #convos
     return convos
 end
 
--- Recomputes every conversation's targets with one packed teacher forward
--- (chunk system block + student sequence, no prefix) through the training
--- path.
+-- Recomputes every conversation's targets with a teacher forward (chunk
+-- system block + student sequence, no prefix) through the training path,
+-- one conversation per pass: the training forward's head runs its rows in
+-- chunks whose makeup would otherwise depend on the other conversations of
+-- the group, and a conversation's targets must not (selfstudy.share).
 function Synth:teacher_pass(convos)
     local t0 = now()
-    local segments, rows = {}, {}
-    local base = 0
-    for i, c in ipairs(convos) do
-        segments[i] = concat(c.sys_ids, c.student)
-        for j = 0, c.answer_len - 1 do rows[#rows + 1] = base + #c.sys_ids + c.first_answer + j - 1 end
-        base = base + #segments[i]
-    end
-    local logits = self.o.trainer:logits(nil, segments, rows)
-    local r = 0
     for _, c in ipairs(convos) do
+        local rows = {}
+        for j = 0, c.answer_len - 1 do rows[j + 1] = #c.sys_ids + c.first_answer + j - 1 end
+        local logits = self.o.trainer:logits(nil, { concat(c.sys_ids, c.student) }, rows)
         c.targets = trainer_mod.targets()
         for j = 0, c.answer_len - 1 do
-            c.targets:append_topk(c.first_answer + j, logits + r * self.m.n_vocab, self.m.n_vocab, self.o.top_k, 0.99)
-            r = r + 1
+            c.targets:append_topk(c.first_answer + j, logits + j * self.m.n_vocab, self.m.n_vocab, self.o.top_k, 0.99)
         end
     end
     self.stats.time.teacher = self.stats.time.teacher + (now() - t0)
 end
 
--- Packs conversations into one training pass: the segments and one target
--- list with each conversation's entries shifted to its place in the pack.
-function selfstudy.pack(convos)
-    local segments, targets, base = {}, trainer_mod.targets(), 0
-    for i, c in ipairs(convos) do
-        segments[i] = c.student
-        targets:append(c.targets, base)
-        base = base + #c.student
-    end
-    return segments, targets
+-- The conversations of every step are split over the ranks in blocks: rank
+-- r of size makes and trains conversations first..last (1-based; none when
+-- last < first) of the step's accum.
+function selfstudy.share(accum, rank, size)
+    return math.floor(rank * accum / size) + 1, math.floor((rank + 1) * accum / size)
 end
 
--- One optimizer step's forward/backward over conversations. pack = false runs
--- them one at a time with sum reduction scaled by 1 / (all entries), which
--- gives the gradient of the packed mean. Returns the step's loss (the mean
--- over all target entries) and the supervised answer tokens.
-function selfstudy.train_step(tr, cart, convos, pack)
-    cart:zero_grad()
-    local tokens = 0
-    for _, c in ipairs(convos) do tokens = tokens + c.answer_len end
-    if pack ~= false then
-        local segments, targets = selfstudy.pack(convos)
-        return tr:distill(cart, segments, targets, { backward = true }), tokens
+-- One optimizer step's gradient, the same bits for any number of ranks (and
+-- alone): each conversation's gradient is computed by itself (a pass of its
+-- own, sum reduction), and the conversations' gradients are added exactly,
+-- over all ranks, by the reproducible sum (engine/dist.h), then scaled by 1
+-- / (all target entries): the gradient of the step's mean loss.
+local Stepper = {}
+Stepper.__index = Stepper
+
+-- tr: a trainer; cart: the cartridge; accum: conversations per step; dist:
+-- cartridge.dist after init (nil: the job of one).
+function selfstudy.stepper(tr, cart, accum, dist)
+    dist = dist or require("cartridge.dist")
+    local most = 0
+    for r = 0, dist.size - 1 do
+        local first, last = selfstudy.share(accum, r, dist.size)
+        most = math.max(most, last - first + 1)
     end
-    local total = 0
-    for _, c in ipairs(convos) do total = total + c.targets:count() end
-    local loss = 0
-    for _, c in ipairs(convos) do
-        loss = loss + tr:distill(cart, { c.student }, c.targets, { backward = true, mean = false, scale = 1 / total })
-    end
-    return loss, tokens
+    return setmetatable({ tr = tr, cart = cart, accum = accum, dist = dist, most = most,
+        sum = dist.sum(cart:trainable_count(), math.max(most, 1)) }, Stepper)
 end
+
+-- convos: this rank's share of the step's conversations, in index order.
+-- Leaves the step's gradient in the cartridge's buffers on every rank and
+-- returns the step's loss (the mean over every target entry of every rank's
+-- conversations, added in conversation order) and its supervised answer
+-- tokens. Afterwards self.waited is the seconds the first collective took
+-- (mostly waiting for the slowest rank) and self.summed the seconds of the
+-- reproducible sum.
+function Stepper:step(convos)
+    local c, dist = self.cart, self.dist
+    local mine = {}
+    for j = 1, self.most do
+        local cv = convos[j]
+        if cv then
+            c:zero_grad()
+            local loss = self.tr:distill(c, { cv.student }, cv.targets, { backward = true, mean = false })
+            C.cart_cartridge_grad_export(c.handle, self.sum:part(j - 1))
+            mine[3 * j - 2], mine[3 * j - 1], mine[3 * j] = loss, cv.targets:count(), cv.answer_len
+        else
+            mine[3 * j - 2], mine[3 * j - 1], mine[3 * j] = 0, 0, 0
+        end
+    end
+    local t0 = C.cart_now_seconds()
+    local all = dist.allgather_doubles(mine)
+    local waited = C.cart_now_seconds() - t0
+    local loss, entries, tokens = 0, 0, 0
+    for r = 0, dist.size - 1 do
+        local first, last = selfstudy.share(self.accum, r, dist.size)
+        for j = 1, last - first + 1 do
+            loss = loss + all[r + 1][3 * j - 2]
+            entries = entries + all[r + 1][3 * j - 1]
+            tokens = tokens + all[r + 1][3 * j]
+        end
+    end
+    local out = self.sum:part(0)
+    t0 = C.cart_now_seconds()
+    self.sum:reduce(#convos, entries > 0 and 1 / entries or 0, out)
+    self.summed = C.cart_now_seconds() - t0
+    self.waited = waited
+    C.cart_cartridge_grad_import(c.handle, out)
+    return entries > 0 and loss / entries or 0, tokens
+end
+
+function Stepper:free() self.sum:free() end
 
 -- The held-out loss of a conversation behind the cartridge (no gradient).
 function selfstudy.eval_loss(tr, cart, convo)

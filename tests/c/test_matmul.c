@@ -236,7 +236,8 @@ static void test_widened_weights_multiply_bit_for_bit_like_the_originals(void) {
  * bits it gives alone, and from 17 tokens on (GEMM, every ISA level) the first
  * 17 tokens of a longer call give the bits of a call with just those 17.
  * (Between the regimes results differ by f32 rounding: the summation orders
- * differ.) */
+ * differ.) A fixed path (cart_matmul_forward_path) keeps each token's bits
+ * whatever the count. */
 static void test_forward_of_a_token_does_not_depend_on_its_batch(void) {
     const int32_t dtypes[] = {CART_F32, CART_F16, CART_Q4_K};
     uint64_t seed = 11;
@@ -259,9 +260,32 @@ static void test_forward_of_a_token_does_not_depend_on_its_batch(void) {
         CHECK_OK(cart_matmul_forward(y, rows, x, cols, &w, n, NULL));
         CHECK_OK(cart_matmul_forward(part, rows, x, cols, &w, 17, NULL));
         differ |= memcmp(part, y, sizeof(float) * (size_t)(17 * rows)) != 0;
+        /* a fixed path gives each token what that path gives it alone: GEMV
+         * over all 40 tokens (three passes) as one token at a time, GEMM over
+         * 3 tokens as the first 3 of the GEMM over 40 above */
+        CHECK(cart_matmul_path_for(16) == CART_MM_GEMV && cart_matmul_path_for(17) == CART_MM_GEMM);
+        CHECK_OK(cart_matmul_forward_path(part, rows, x, cols, &w, 3, CART_MM_GEMM, NULL));
+        differ |= memcmp(part, y, sizeof(float) * (size_t)(3 * rows)) != 0;
+        float *y2 = malloc(sizeof(float) * (size_t)(n * rows));
+        CHECK_OK(cart_matmul_forward_path(y, rows, x, cols, &w, n, CART_MM_GEMV, NULL));
+        for (int64_t i = 0; i < n; i++) {
+            CHECK_OK(cart_matmul_forward(part, rows, x + i * cols, cols, &w, 1, NULL));
+            differ |= memcmp(part, y + i * rows, sizeof(float) * (size_t)rows) != 0;
+        }
+        /* and _many on a fixed path is one call per weight, bit for bit */
+        float *ys[2] = {part, y2};
+        const int64_t lds[2] = {rows, rows};
+        const cart_weight *ws[2] = {&w, &w};
+        for (int32_t path = CART_MM_GEMV; path <= CART_MM_GEMM; path++) {
+            CHECK_OK(cart_matmul_forward_many_path(2, ys, lds, x, cols, ws, n, path, NULL));
+            CHECK_OK(cart_matmul_forward_path(y, rows, x, cols, &w, n, path, NULL));
+            differ |= memcmp(part, y, sizeof(float) * (size_t)(n * rows)) != 0;
+            differ |= memcmp(y2, y, sizeof(float) * (size_t)(n * rows)) != 0;
+        }
+        CHECK_ERR(cart_matmul_forward_path(y, rows, x, cols, &w, n, 3, NULL), CART_E_ARG);
         CHECK_MSG(!differ, "%s: a token's outputs depend on the rest of its batch",
                   cart_dtype_name(dtypes[d]));
-        free(x), free(y), free(part), free(wf), free(data);
+        free(x), free(y), free(y2), free(part), free(wf), free(data);
     }
 }
 

@@ -354,6 +354,39 @@ static void test_packed_segments_match_one_at_a_time(void) {
     free_problem(&pb);
 }
 
+/* The trainable rows' gradient as one vector in Adam's order, and back;
+ * the frozen rows' gradient stays zero. */
+static void test_gradient_exports_in_the_optimizer_order_and_imports_back(void) {
+    cart_cartridge *c;
+    CHECK_OK(cart_cartridge_new(&c, 2, 2, 3, 5, 2));
+    const int64_t per = 5 * 6, skip = 2 * 6, n = cart_cartridge_trainable_count(c);
+    CHECK(n == 2 * 2 * (5 - 2) * 6);
+    for (int32_t l = 0; l < 2; l++)
+        for (int32_t w = 0; w < 2; w++) {
+            float *g = cart_cartridge_grad(c, l, w);
+            for (int64_t i = skip; i < per; i++) g[i] = (float)(1000 * l + 100 * w + i);
+        }
+    float *v = malloc(sizeof(float) * (size_t)n);
+    cart_cartridge_grad_export(c, v);
+    int64_t at = 0, bad = 0;
+    for (int32_t l = 0; l < 2; l++)
+        for (int32_t w = 0; w < 2; w++)
+            for (int64_t i = skip; i < per; i++) bad += v[at++] != (float)(1000 * l + 100 * w + i);
+    CHECK(at == n && bad == 0);
+    for (int64_t i = 0; i < n; i++) v[i] = -v[i];
+    cart_cartridge_zero_grad(c);
+    cart_cartridge_grad_import(c, v);
+    for (int32_t l = 0; l < 2; l++)
+        for (int32_t w = 0; w < 2; w++) {
+            const float *g = cart_cartridge_grad(c, l, w);
+            for (int64_t i = 0; i < per; i++)
+                bad += g[i] != (i < skip ? 0.0f : -(float)(1000 * l + 100 * w + i));
+        }
+    CHECK(bad == 0);
+    free(v);
+    cart_cartridge_free(c);
+}
+
 static void test_recompute_gives_bitwise_equal_loss_and_gradients(void) {
     problem a, b;
     const int64_t lens[2] = {9, 6};
@@ -580,6 +613,7 @@ int main(void) {
     RUN(test_llama_stack_gradients_match_finite_differences);
     RUN(test_fused_loss_equals_the_unfused_computation);
     RUN(test_packed_segments_match_one_at_a_time);
+    RUN(test_gradient_exports_in_the_optimizer_order_and_imports_back);
     RUN(test_recompute_gives_bitwise_equal_loss_and_gradients);
     RUN(test_a_captured_cartridge_continues_like_the_full_sequence);
     RUN(test_adam_follows_torch_and_lowers_the_loss);

@@ -126,7 +126,7 @@ describe("self-study data", function()
         local corpus = require("cartridge.corpus").load({ path }, tok)
         assert.is_true(ids.is(corpus.ids))
         local synth = selfstudy.synthesizer(m, tok, corpus, { chunk_min = 32, chunk_max = 64, max_q = 6, max_a = 9,
-            top_k = 4, rng = selfstudy.rng(5), template = chat.for_model(m) })
+            top_k = 4, seed = 5, template = chat.for_model(m) })
         local group = synth:group(2)
         for _, c in ipairs(group) do
             -- the system block holds the chunk's corpus ids verbatim
@@ -150,11 +150,13 @@ describe("self-study data", function()
             end
             for j = 0, c.answer_len - 1 do assert.is_true(seen[c.first_answer + j]) end
         end
-        local segments, packed = selfstudy.pack(group)
-        assert.are.equal(group[1].targets:count() + group[2].targets:count(), packed:count())
-        local pos = packed:get(group[1].targets:count())
-        assert.are.equal(#group[1].student + group[2].targets:get(0), pos)
-        assert.are.equal(2, #segments)
+        -- conversation (0, 2) made alone is the one made in the group: the same
+        -- draws, ids and targets
+        local alone = synth:group({ { 0, 2 } })[1]
+        assert.are.same({ 0, 2 }, { alone.step, alone.index })
+        assert.are.equal(group[2].chunk_start, alone.chunk_start)
+        assert.are.same(group[2].student:list(), alone.student:list())
+        assert.are.same(group[2].targets:list(), alone.targets:list())
         m:free()
     end)
 end)
