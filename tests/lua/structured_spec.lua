@@ -129,7 +129,7 @@ describe("generate.run with a grammar", function()
     end)
 end)
 
-describe("generate.lua --json-schema", function()
+describe("the CLI recipes with --json-schema", function()
     local tmp
     setup(function() tmp = helper.tmpdir() end)
     teardown(function() helper.rmdir(tmp) end)
@@ -157,6 +157,37 @@ describe("generate.lua --json-schema", function()
         rc, _, err = helper.cartridge("run", "recipes/generate.lua", "--model", MODEL, "--json-schema", tmp .. "/broken.json")
         assert.are.equal(1, rc)
         assert.truthy(err:find("not valid JSON", 1, true), err)
+    end)
+
+    it("makes ask.lua answer behind a cartridge, bare and in context with documents of the schema", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local m = cartridge.model.load(MODEL)
+        cartridge.cart.from_text(m, "Lily and Tom played with a red ball."):save(tmp .. "/c.safetensors", m)
+        m:free()
+        helper.write_file(tmp .. "/corpus.txt", "Lily and Tom played with a red ball.")
+        helper.write_file(tmp .. "/a.json", '{"type":"object","properties":{"answer":{"enum":["yes","no"]},'
+            .. '"who":{"type":"string","maxLength":5}},"required":["answer","who"],"additionalProperties":false}')
+        local rc, out, err = helper.cartridge("run", "recipes/ask.lua", "--model", MODEL, "--load", tmp .. "/c.safetensors",
+            "--ask", "Who played?", "--corpus", tmp .. "/corpus.txt", "--json-schema", tmp .. "/a.json", "--threads", "1",
+            "--max-a", "400")
+        assert.are.equal(0, rc, err)
+        -- each answer runs from its "[...]" header line to the next (a document may span lines)
+        local sections = {}
+        for line in out:gmatch("[^\n]+") do
+            if line:find("^%[") then sections[#sections + 1] = {}
+            elseif #sections > 0 then table.insert(sections[#sections], line) end
+        end
+        local answers = 0
+        for _, lines in ipairs(sections) do
+            local doc = json.decode(table.concat(lines, "\n"))
+            assert.truthy(doc.answer == "yes" or doc.answer == "no", table.concat(lines, "\n"))
+            answers = answers + 1
+        end
+        assert.are.equal(3, answers, out)
+        rc, _, err = helper.cartridge("run", "recipes/ask.lua", "--model", MODEL, "--load", tmp .. "/c.safetensors",
+            "--ask", "Who?", "--json-schema", tmp .. "/a.json", "--spec-serve")
+        assert.are.equal(1, rc)
+        assert.truthy(err:find("--json-schema and --spec-serve cannot go together", 1, true), err)
     end)
 end)
 
