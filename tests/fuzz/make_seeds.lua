@@ -387,6 +387,13 @@ local REQUESTS = {
     { 3, { input = { { role = "developer", content = "x" }, { type = "message", role = "user",
         content = { { type = "input_text", text = "a" } } } }, temperature = 0.5, top_p = 0.5, stream = true } },
     { 3, { input = "x", previous_response_id = "resp_1" } },
+    -- structured output
+    { 0, { messages = { { role = "user", content = "x" } }, response_format = { type = "json_schema", json_schema = {
+        name = "p", strict = true, schema = { type = "object", properties = { a = { type = "integer", minimum = 0 },
+            b = { type = "array", items = { enum = { "x", 1 } }, maxItems = 2 } }, required = { "a" } } } } } },
+    { 0, { messages = { { role = "user", content = "x" } }, response_format = { type = "json_object" } } },
+    { 3, { input = "x", text = { format = { type = "json_schema", name = "s", schema = { anyOf = {
+        { type = "string", maxLength = 3 }, { ["$ref"] = "#/$defs/n" } }, ["$defs"] = { n = { type = "null" } } } } } } },
 }
 for i, r in ipairs(REQUESTS) do put("fuzz_request", ("req%02d"):format(i), string.char(r[1]) .. json.encode(r[2])) end
 for i, text in ipairs({ '{"prompt":"a","max_tokens":1e309}', '{"prompt":"a","temperature":-0.0,"top_p":0}',
