@@ -25,6 +25,7 @@
 #include "kv.h"
 #include "model.h"
 #include "sampler.h"
+#include "grammar.h"
 #include "adam.h"
 #include "train.h"
 #include "params.h"

@@ -142,7 +142,24 @@ static int64_t best_k(candidate *c, int64_t n, int64_t k) {
     return k;
 }
 
+static int allowed(const uint32_t *mask, int64_t i) {
+    return !mask || ((mask[i / 32] >> (i % 32)) & 1u);
+}
+
+/* Argmax over the allowed tokens, lowest id on ties; -1 when none. */
+static int32_t masked_argmax(const float *logits, int64_t n, const uint32_t *mask) {
+    if (!mask) return cart_argmax(logits, n);
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (allowed(mask, i) && (best < 0 || logits[i] > logits[best])) best = i;
+    return (int32_t)best;
+}
+
 int32_t cart_sampler_sample(cart_sampler *s, const float *logits, int64_t n_vocab) {
+    return cart_sampler_sample_masked(s, logits, n_vocab, NULL);
+}
+
+int32_t cart_sampler_sample_masked(cart_sampler *s, const float *logits, int64_t n_vocab, const uint32_t *mask) {
     if (n_vocab <= 0) return -1;
     if (s->cap < n_vocab) {
         float *l = realloc(s->logit, sizeof(float) * (size_t)n_vocab);
@@ -151,7 +168,7 @@ int32_t cart_sampler_sample(cart_sampler *s, const float *logits, int64_t n_voca
         if (c) s->cand = c;
         int32_t *k = calloc((size_t)n_vocab, sizeof(int32_t));
         if (k) free(s->count), s->count = k;
-        if (!l || !c || !k) return cart_argmax(logits, n_vocab); /* out of memory: degrade to greedy */
+        if (!l || !c || !k) return masked_argmax(logits, n_vocab, mask); /* out of memory: degrade to greedy */
         s->cap = n_vocab;
     }
     float *logit = s->logit;
@@ -172,12 +189,15 @@ int32_t cart_sampler_sample(cart_sampler *s, const float *logits, int64_t n_voca
             count[t] = 0;
         }
     }
-    if (s->p.temperature <= 0.0f) return cart_argmax(logit, n_vocab);
+    if (s->p.temperature <= 0.0f) return masked_argmax(logit, n_vocab, mask);
 
-    /* 2. top-k (everything, sorted, when off) */
+    /* 2. top-k (everything, sorted, when off) among the allowed tokens */
     candidate *c = s->cand;
-    for (int64_t i = 0; i < n_vocab; i++) c[i] = (candidate){logit[i], (int32_t)i};
-    int64_t n = best_k(c, n_vocab, s->p.top_k);
+    int64_t n_allowed = 0;
+    for (int64_t i = 0; i < n_vocab; i++)
+        if (allowed(mask, i)) c[n_allowed++] = (candidate){logit[i], (int32_t)i};
+    if (n_allowed == 0) return -1;
+    int64_t n = best_k(c, n_allowed, s->p.top_k);
     /* 3. top-p on the untempered softmax of the survivors */
     double max = c[0].logit, sum = 0.0;
     for (int64_t i = 0; i < n; i++) sum += exp((double)c[i].logit - max);

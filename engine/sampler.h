@@ -57,6 +57,13 @@ void cart_sampler_free(cart_sampler *s);
 /* Picks a token id from logits[0..n_vocab) (not modified). */
 int32_t cart_sampler_sample(cart_sampler *s, const float *logits, int64_t n_vocab);
 
+/* Like cart_sampler_sample, but only a token whose bit is set in mask can
+ * be chosen: bit (i % 32) of mask[i / 32], as cart_matcher_mask
+ * (grammar.h) writes it. The others are left out before every step, greedy
+ * included, so top-k, top-p and min-p count allowed tokens only. Returns
+ * -1 when the mask allows none. mask NULL: every token. */
+int32_t cart_sampler_sample_masked(cart_sampler *s, const float *logits, int64_t n_vocab, const uint32_t *mask);
+
 /* Records an emitted token for the repetition penalty. */
 void cart_sampler_accept(cart_sampler *s, int32_t id);
 

@@ -3,6 +3,7 @@
 --   cartridge run recipes/ask.lua --load out/readme.safetensors --ask "What is a cartridge?"
 --   cartridge run recipes/ask.lua --load F --ask Q --corpus README.md      # adds the ICL answer
 --   cartridge run recipes/ask.lua --load F --ask Q --spec-serve            # corpus-drafted decoding
+--   cartridge run recipes/ask.lua --load F --ask Q --json-schema answer.json  # answers as JSON documents
 --
 -- Prints the answer behind the cartridge (with its time and speed), the bare
 -- model's answer with no context, and with --corpus the answer with the whole
@@ -14,6 +15,7 @@ local options = require("cartridge.options")
 local defaults = require("cartridge.defaults")
 local corpus_mod = require("cartridge.corpus")
 local serve = require("cartridge.serve")
+local grammar = require("cartridge.grammar")
 
 local opts = options.parse(arg, {
     summary = "Answer a question behind a cartridge, from the bare model, and with the corpus in context.",
@@ -25,10 +27,15 @@ local opts = options.parse(arg, {
         { "icl-max", type = "int", default = 4096, help = "corpus tokens given to the ICL answer at most" },
         { "max-a", type = "int", default = 192, help = "answer budget, tokens" },
         { "spec-serve", type = "boolean", help = "decode the cartridge answer speculatively, drafting from the corpus" },
+        { "json-schema", help = "every answer is a JSON document this JSON Schema file accepts (not with --spec-serve)" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
     },
 })
 if not opts.load or not opts.ask then error("ask: --load CARTRIDGE and --ask QUESTION are both required (see --help)", 0) end
+if opts.json_schema and opts.spec_serve then
+    error("ask: --json-schema and --spec-serve cannot go together (drafted tokens are not checked against the schema)", 0)
+end
+local schema = opts.json_schema and grammar.from_file(opts.json_schema, "--json-schema")
 
 cartridge.set_threads(opts.threads)
 local m = cartridge.model.load(defaults.pick_model(opts.model))
@@ -44,7 +51,7 @@ if opts.spec_serve then
     spec, label = require("cartridge.speculative").for_serving(opts.load, corpus, m)
 end
 serve.print_three({ model = m, cartridge = c, question = opts.ask, max_a = opts.max_a, corpus = corpus,
-    icl_max = opts.icl_max, speculative = spec, spec_label = label })
+    icl_max = opts.icl_max, speculative = spec, spec_label = label, grammar = schema })
 if spec then
     local s = spec.stats
     io.stderr:write(("speculative: %d forward passes, %d drafted, %d accepted (%.0f%%)\n"):format(s.forwards,

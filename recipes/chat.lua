@@ -12,6 +12,7 @@
 -- word after "/" is refused, not sent to the model ("//text" sends "/text").
 -- Ctrl-C stops a reply where it is (the part written stays in the
 -- conversation) or clears the line at the prompt; the session goes on.
+-- --json-schema FILE makes every reply a JSON document the schema accepts.
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
@@ -21,6 +22,7 @@ local chat = require("cartridge.chat")
 local repl = require("cartridge.repl")
 local json = require("cartridge.json")
 local fs = require("cartridge.fs")
+local grammar = require("cartridge.grammar")
 
 local opts = options.parse(arg, {
     summary = "Chat with a GGUF model in its chat template.",
@@ -32,11 +34,13 @@ local opts = options.parse(arg, {
         { "temp", type = "number", default = 0.7, help = "temperature; 0 is greedy" },
         { "top-p", type = "number", default = 0.9, help = "nucleus sampling mass" },
         { "seed", type = "int", default = 0, help = "sampling seed" },
+        { "json-schema", help = "every reply is a JSON document this JSON Schema file accepts" },
         { "kv", default = "f16", choices = { "f16", "f32" }, help = "KV cache dtype" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
     },
 })
 
+local schema = opts.json_schema and grammar.from_file(opts.json_schema, "--json-schema")
 cartridge.set_threads(opts.threads)
 local m = cartridge.model.load(defaults.pick_model(opts.model))
 local tok = m:tokenizer()
@@ -109,7 +113,7 @@ local function reply(line)
     io.write("model> ")
     local written = {}
     local ok, r = pcall(generate.run, {
-        model = m, tokenizer = tok, prompt_ids = rest, kv = kv, max_tokens = opts.n,
+        model = m, tokenizer = tok, prompt_ids = rest, kv = kv, max_tokens = opts.n, grammar = schema,
         sampling = { temperature = opts.temp, top_p = opts.top_p, seed = opts.seed + turn },
         on_text = function(s)
             written[#written + 1] = s

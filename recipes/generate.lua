@@ -3,8 +3,12 @@
 --   cartridge run recipes/generate.lua --model M --prompt "Once upon a time" --n 48
 --   cartridge run recipes/generate.lua --prompt "Why is the sky blue?" --chat --temp 0.7 --seed 3
 --   cartridge run recipes/generate.lua --prompt "Hi" --json     # one JSON object, nothing else
+--   cartridge run recipes/generate.lua --chat --prompt "A person, as JSON" --json-schema person.json
 --
--- Prints the text as it is decoded, then prompt and decode speed. --json
+-- Prints the text as it is decoded, then prompt and decode speed.
+-- --json-schema FILE constrains the text to a JSON document the schema
+-- accepts (engine/grammar.h: OpenAI's strict subset); decoding stops when
+-- the document is complete. --json
 -- prints {"prompt_ids", "ids", "text", "finish", "timings": {"prompt_tok_s",
 -- "decode_tok_s", ...}} instead; scripts depend on those fields.
 
@@ -14,6 +18,7 @@ local defaults = require("cartridge.defaults")
 local generate = require("cartridge.generate")
 local chat = require("cartridge.chat")
 local json = require("cartridge.json")
+local grammar = require("cartridge.grammar")
 
 local opts = options.parse(arg, {
     summary = "Continue a prompt with a GGUF model, streaming the text.",
@@ -33,6 +38,7 @@ local opts = options.parse(arg, {
         { "presence-penalty", type = "number", default = 0, help = "subtracted once per token in the window (0: off)" },
         { "seed", type = "int", default = 0, help = "sampling seed" },
         { "stop", repeatable = true, help = "stop at this text (repeatable)" },
+        { "json-schema", help = "constrain the text to a JSON document this JSON Schema file accepts" },
         { "kv", default = "f16", choices = { "f16", "f32" }, help = "KV cache dtype" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
         { "widen", type = "boolean", help = "keep f32 copies of the weights (faster prefill, more memory)" },
@@ -40,6 +46,8 @@ local opts = options.parse(arg, {
     },
 })
 
+-- the schema first: a bad file fails before the model loads
+local schema = opts.json_schema and grammar.from_file(opts.json_schema, "--json-schema")
 cartridge.set_threads(opts.threads)
 local m = cartridge.model.load(defaults.pick_model(opts.model), { widen = opts.widen })
 if opts.widen and not opts.json then
@@ -69,6 +77,7 @@ local result = generate.run({
     max_tokens = opts.n,
     kv_dtype = opts.kv,
     stop = opts.stop,
+    grammar = schema,
     sampling = {
         temperature = opts.temp, top_k = opts.top_k, top_p = opts.top_p, min_p = opts.min_p,
         repeat_penalty = opts.repeat_penalty, repeat_last_n = opts.repeat_last_n,

@@ -23,7 +23,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-TARGETS="fuzz_gguf fuzz_safetensors fuzz_cartridge fuzz_tokenizer fuzz_http fuzz_request fuzz_template fuzz_json fuzz_kvspill"
+TARGETS="fuzz_gguf fuzz_safetensors fuzz_cartridge fuzz_tokenizer fuzz_http fuzz_request fuzz_template fuzz_json fuzz_kvspill fuzz_grammar"
 BUILD=build-fuzz
 
 usage() {
@@ -42,7 +42,7 @@ max_len() {
     case $1 in
     fuzz_gguf) echo 16384 ;;
     fuzz_safetensors | fuzz_cartridge | fuzz_kvspill) echo 8192 ;;
-    fuzz_http | fuzz_request) echo 4096 ;;
+    fuzz_http | fuzz_request | fuzz_grammar) echo 4096 ;;
     *) echo 2048 ;;
     esac
 }

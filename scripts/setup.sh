@@ -25,14 +25,17 @@ for pkg in $PACKAGES; do
     fi
 done
 
-# The openai and @anthropic-ai/sdk npm packages the server spec drives (tests/node/package.json).
+# The openai and @anthropic-ai/sdk npm packages the server specs drive, and ajv,
+# the JSON Schema validator of the structured-output spec (tests/node/package.json).
 npm_client() {
     here=$(cd "$(dirname "$0")/.." && pwd)
-    if [ -f "$here/tests/node/node_modules/openai/package.json" ]; then return 0; fi
+    if [ -f "$here/tests/node/node_modules/openai/package.json" ] && [ -f "$here/tests/node/node_modules/ajv/package.json" ]; then
+        return 0
+    fi
     if command -v npm >/dev/null 2>&1; then
-        echo "setup: installing the openai and Anthropic npm clients into tests/node"
+        echo "setup: installing the openai and Anthropic npm clients and ajv into tests/node"
         npm install --prefix "$here/tests/node" --no-audit --no-fund --loglevel=error ||
-            echo "setup: npm install failed; the server spec's openai-client case will be pending"
+            echo "setup: npm install failed; the server specs' npm-client cases will be pending"
     fi
 }
 

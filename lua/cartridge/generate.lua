@@ -9,15 +9,20 @@
 --       sampling = { temperature = 0.7, top_p = 0.9, seed = 1 },  -- default greedy
 --       stop = { "\n\n" },            -- optional stop strings (not included in the text)
 --       on_text = io.write,           -- optional: receives text as soon as it is final
+--       grammar = g,                  -- optional: a cartridge.grammar; the text is then a document of it
 --   }
 --   r.ids, r.text, r.finish ("stop" | "length"), r.prompt_tokens, r.timings
 --
 -- Generation stops at an end-of-generation token (the tokenizer's is_eog; it
 -- is not part of the text or the ids), at a stop string, or after max_tokens.
+-- With a grammar, every token is drawn from those that can continue its
+-- document (greedy included), and generation also stops ("stop") as soon as
+-- the document is complete and nothing can follow it.
 -- Streaming holds back text that may still turn into a stop string and bytes
 -- of an unfinished UTF-8 character.
 
 local sampler_mod = require("cartridge.sampler")
+local grammar_mod = require("cartridge.grammar")
 local core = require("cartridge.core")
 local C = core.C
 
@@ -59,6 +64,7 @@ function generate.run(opts)
     end
     local s = sampler_mod.new(opts.sampling)
     local stream = tok:stream()
+    local matcher = opts.grammar and grammar_mod.matcher(opts.grammar, grammar_mod.vocab(tok, m.n_vocab))
 
     local t0 = now()
     local logits = m:forward(kv, prompt)
@@ -67,11 +73,16 @@ function generate.run(opts)
     local finish = "length"
     local emit = opts.on_text
     for _ = 1, max_tokens do
-        local id = s:sample(logits, m.n_vocab)
+        local id = s:sample(logits, m.n_vocab, matcher and (matcher:mask()))
+        if id < 0 then
+            error("generate: no token of the vocabulary can continue the structured output (it lacks the bytes " ..
+                "or the end-of-generation token the document needs)", 0)
+        end
         if tok:is_eog(id) then
             finish = "stop"
             break
         end
+        if matcher then matcher:accept(id) end
         s:accept(id)
         ids[#ids + 1] = id
         text = text .. stream:push(id)
@@ -92,6 +103,10 @@ function generate.run(opts)
                 shown = ready
             end
         end
+        if matcher and matcher:done() then
+            finish = "stop"
+            break
+        end
         if #ids == max_tokens then break end
         logits = m:forward(kv, { id })
     end
@@ -99,6 +114,7 @@ function generate.run(opts)
     if emit and #text > shown then emit(text:sub(shown + 1)) end
     local t2 = now()
     s:free()
+    if matcher then matcher:free() end
     if own_kv then kv:free() end
     local decode_s = t2 - t1
     return {

@@ -181,7 +181,8 @@ local function decode_string(s, pos)
     -- pos is at the opening quote
     local parts, i = {}, pos + 1
     while true do
-        local j = s:find('["\\%c]', i)
+        -- %c would also stop at DEL (0x7f), which RFC 8259 lets a string hold as it is
+        local j = s:find('["\\%z\1-\31]', i)
         if not j then fail("unterminated string", pos) end
         parts[#parts + 1] = s:sub(i, j - 1)
         local c = s:sub(j, j)

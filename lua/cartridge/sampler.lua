@@ -2,6 +2,7 @@
 --
 --   local s = sampler.new{ temperature = 0.7, top_p = 0.9, seed = 42 }
 --   local id = s:sample(logits, n_vocab)   -- logits: a float*
+--   local id = s:sample(logits, n_vocab, mask)  -- only tokens whose bit is set (cartridge.grammar); -1: none
 --   s:accept(id)                           -- feeds the repetition penalty
 --
 -- Fields (defaults): temperature 0 (greedy), top_k 0 (off), top_p 1 (off),
@@ -39,7 +40,8 @@ function sampler.new(params)
     return setmetatable({ handle = core.new("cart_sampler", C.cart_sampler_new, C.cart_sampler_free, "sampler.new", p), greedy = p.temperature <= 0 }, Sampler)
 end
 
-function Sampler:sample(logits, n_vocab)
+function Sampler:sample(logits, n_vocab, mask)
+    if mask then return C.cart_sampler_sample_masked(self.handle, logits, n_vocab, mask) end
     return C.cart_sampler_sample(self.handle, logits, n_vocab)
 end
 

@@ -8,13 +8,17 @@
 --   r.prompt_tokens, r.question_tokens (the question's turn within the prompt)
 --
 -- Every arm decodes greedily up to max_a tokens and stops at the template's
--- end of turn (not included). The prompt is the user turn and the assistant
+-- end of turn (not included); with a grammar (cartridge.grammar) the answer
+-- is a document of it, greedy among the tokens that can continue it, and
+-- ends when the document is complete. The prompt is the user turn and the assistant
 -- opener (thinking off); the cartridge arm writes the cartridge rows into an
 -- empty cache first and prefills the prompt at position p.
 
 local core = require("cartridge.core")
 local chat = require("cartridge.chat")
 local selfstudy = require("cartridge.selfstudy")
+local grammar_mod = require("cartridge.grammar")
+local sampler_mod = require("cartridge.sampler")
 local C = core.C
 
 local serve = {}
@@ -23,7 +27,8 @@ local function now() return C.cart_now_seconds() end
 
 -- opts: model, question, max_a (192), cartridge (optional), system (optional
 -- system-message text, for ICL), kv ("f16"), speculative (optional: a
--- speculative drafter with :decode, see cartridge.speculative), template.
+-- speculative drafter with :decode, see cartridge.speculative), template,
+-- grammar (optional, not with speculative).
 function serve.answer(opts)
     local m = opts.model
     local tok = m:tokenizer()
@@ -40,7 +45,26 @@ function serve.answer(opts)
     local t0 = now()
     if opts.cartridge then opts.cartridge:append_to(kv) end
     local ids
-    if opts.speculative then
+    if opts.speculative and opts.grammar then
+        error("serve.answer: a grammar and speculative decoding together are not supported (drafted tokens are not "
+            .. "checked against the grammar)", 0)
+    end
+    if opts.grammar then
+        local matcher = grammar_mod.matcher(opts.grammar, grammar_mod.vocab(tok, m.n_vocab))
+        local greedy = sampler_mod.new()
+        ids = {}
+        local logits = m:forward(kv, prompt)
+        for _ = 1, max_a do
+            local id = greedy:sample(logits, m.n_vocab, (matcher:mask()))
+            if id < 0 or tok:is_eog(id) then break end
+            matcher:accept(id)
+            ids[#ids + 1] = id
+            if #ids == max_a or matcher:done() then break end
+            logits = m:forward(kv, { id })
+        end
+        greedy:free()
+        matcher:free()
+    elseif opts.speculative then
         ids = opts.speculative:decode(m, kv, prompt, max_a)
     else
         ids = {}
@@ -78,21 +102,23 @@ end
 -- model's, and the one with the corpus in context, each under a header line
 -- with its KV rows and speed.
 -- opts: model, cartridge, cartridge_path, question, max_a, corpus (optional),
--- icl_max, speculative (optional), spec_label (text after "KV rows").
+-- icl_max, speculative (optional), spec_label (text after "KV rows"),
+-- grammar (optional: every answer a document of it).
 function serve.print_three(opts)
     local m, c = opts.model, opts.cartridge
     local tok = m:tokenizer()
     local r = serve.answer({ model = m, cartridge = c, question = opts.question, max_a = opts.max_a,
-        speculative = opts.speculative })
+        speculative = opts.speculative, grammar = opts.grammar })
     print(("[cartridge, %d KV rows%s] (%.2f s, ~%.1f tok/s)"):format(c.p, opts.spec_label or "", r.seconds, r.tok_s))
     print(r.text)
-    local bare = serve.answer({ model = m, question = opts.question, max_a = opts.max_a })
+    local bare = serve.answer({ model = m, question = opts.question, max_a = opts.max_a, grammar = opts.grammar })
     print("[bare model, no context]")
     print(bare.text)
     local icl
     if opts.corpus then
         local text, _, truncated = serve.icl_text(opts.corpus, tok, opts.icl_max or 4096)
-        icl = serve.answer({ model = m, question = opts.question, max_a = opts.max_a, system = text })
+        icl = serve.answer({ model = m, question = opts.question, max_a = opts.max_a, system = text,
+            grammar = opts.grammar })
         if truncated then
             print(("[ICL, %d KV rows — %.1fx the cartridge; corpus TRUNCATED from %d tokens]"):format(
                 icl.prompt_tokens, icl.prompt_tokens / c.p, opts.corpus.n_tokens))

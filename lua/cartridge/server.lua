@@ -32,6 +32,7 @@ local sampler_mod = require("cartridge.sampler")
 local toolcall = require("cartridge.toolcall")
 local metrics = require("cartridge.metrics")
 local kvstore = require("cartridge.kvstore")
+local grammar = require("cartridge.grammar")
 local C = core.C
 local ffi = core.ffi
 
@@ -386,7 +387,7 @@ function Server:chat_tools(body, flat)
     end
     if json.kind(tools) ~= "array" then reject(400, "tools must be an array; got " .. shown(tools, body, "tools"), "tools") end
     if #tools > 128 then reject(400, ("at most 128 tools; got %d"):format(#tools), "tools") end
-    local list, names = {}, {}
+    local list, names, functions = {}, {}, {}
     for k, tool in ipairs(tools) do
         local f = json.kind(tool) == "object" and tool.type == "function" and (flat and tool or tool["function"])
         if json.kind(f) ~= "object" then
@@ -404,9 +405,13 @@ function Server:chat_tools(body, flat)
         if f.description ~= nil and type(f.description) ~= "string" then
             reject(400, ("%sdescription must be a string"):format(pre), "tools")
         end
-        names[f.name] = true
-        if flat then f.type, f.strict = nil, nil end -- chat's shape: the function's own fields, in the client's order
+        names[f.name] = { f = f, index = k - 1, where = pre .. "parameters" }
+        functions[#functions + 1] = names[f.name]
+        if flat then f.type = nil end -- chat's shape: the function's own fields, in the client's order
+        local strict = f.strict
+        if flat then f.strict = nil end -- chat's shape for the template: strict sits beside the function there
         local ok, text = pcall(json.encode, flat and f or tool, { python = true })
+        if flat then f.strict = strict end
         if ok and flat then text = '{"type": "function", "function": ' .. text .. "}" end
         if not ok then
             reject(400, ("tools[%d] cannot be written into the prompt: %s"):format(k - 1,
@@ -416,9 +421,9 @@ function Server:chat_tools(body, flat)
         list[k] = text
     end
     if #list == 0 or choice == "none" then return nil end
-    local prefill = nil
+    local forced = nil -- the tools a forced call may name
     if choice == "required" then
-        prefill = "<tool_call>\n"
+        forced = functions
     elseif json.kind(choice) == "object" then
         local f = choice.type == "function" and (flat and choice or choice["function"])
         if json.kind(f) ~= "object" or type(f.name) ~= "string" then
@@ -429,7 +434,7 @@ function Server:chat_tools(body, flat)
         if not names[f.name] then
             reject(400, ("tool_choice names %s, which is not among the tools"):format(shown(f.name)), "tool_choice")
         end
-        prefill = '<tool_call>\n{"name": "' .. f.name .. '", "arguments": '
+        forced = { names[f.name] }
     elseif choice ~= nil and choice ~= json.null and choice ~= "auto" then
         reject(400, ('tool_choice must be "none", "auto", "required" or %s; got %s'):format(flat and
             '{"type": "function", "name"}' or '{"type": "function", "function": {"name"}}',
@@ -439,7 +444,115 @@ function Server:chat_tools(body, flat)
         reject(400, ("this model's chat template (%s) has no tool-call format; tools need a Qwen-style chatml template")
             :format(self.template.name or "custom"), "tools")
     end
-    return { list = list, prefill = prefill, parallel = body.parallel_tool_calls ~= false }
+    local call_grammar = forced and self:call_grammar(forced)
+    return { list = list, prefill = forced and "<tool_call>\n" or nil, parallel = body.parallel_tool_calls ~= false,
+        grammar = call_grammar }
+end
+
+-- A JSON Schema's $refs ("#/...") made to point into the schema placed at
+-- `prefix` of a bigger one; enum, const, default and examples hold data,
+-- not schemas, and are left as they are. Changes t in place.
+local DATA_KEYWORDS = { enum = true, const = true, default = true, examples = true }
+local function rebase_refs(t, prefix)
+    if type(t) ~= "table" or t == json.null then return end
+    for k, v in pairs(t) do
+        if k == "$ref" and type(v) == "string" and v:sub(1, 1) == "#" then
+            t[k] = prefix .. v:sub(2)
+        elseif not DATA_KEYWORDS[k] then
+            rebase_refs(v, prefix)
+        end
+    end
+end
+
+-- The grammar of a forced tool call: the JSON object {"name": one of the
+-- tools, "arguments": what its parameters schema accepts} (any object when
+-- it has none). A strict function's schema must compile as it is; the others
+-- are read leniently (unsupported keywords ignored). Errors are 400s naming
+-- the tool.
+function Server:call_grammar(forced)
+    local alts = {}
+    for i, t in ipairs(forced) do
+        local f = t.f
+        local params = f.parameters
+        local strict = f.strict == true
+        if params ~= nil then
+            local ok, g = pcall(grammar.schema, params, { lenient = not strict })
+            if not ok then
+                reject(400, ("tools[%d]: %s cannot be enforced for a forced call: %s%s"):format(t.index, t.where,
+                    (tostring(g):gsub("^grammar%.schema: ", "")),
+                    strict and " (without strict: true unsupported keywords are ignored)" or ""), "tools")
+            end
+            g:free()
+            rebase_refs(params, #forced == 1 and "#/properties/arguments" or
+                ("#/anyOf/%d/properties/arguments"):format(i - 1))
+        end
+        local ok, text = pcall(json.encode, params or { type = "object" }, { ordered = true })
+        if not ok then reject(400, ("tools[%d]: %s cannot be written: %s"):format(t.index, t.where, text), "tools") end
+        alts[i] = '{"type":"object","properties":{"name":{"const":' .. json.encode(f.name) .. '},"arguments":' ..
+            text .. '},"required":["name","arguments"],"additionalProperties":false}'
+    end
+    local schema = #alts == 1 and alts[1] or '{"anyOf":[' .. table.concat(alts, ",") .. "]}"
+    local ok, g = pcall(grammar.schema, schema, { lenient = true })
+    if not ok then reject(400, "tools: the forced call cannot be enforced: " .. tostring(g), "tools") end
+    return g
+end
+
+-- ---------------------------------------------------------------------------
+-- Structured output: response_format (chat) and text.format (Responses)
+
+local FORMAT_NAME = "^[%w_%-]+$"
+
+-- A response format object as { grammar, echo } (nil for text or absent).
+-- where names it in messages ("response_format", "text.format"); flat: the
+-- Responses shape, where name, schema and strict sit beside type instead
+-- of in a json_schema object.
+function Server:response_format(f, where, param, flat)
+    if f == nil or f == json.null then return nil end
+    if json.kind(f) ~= "object" then
+        reject(400, ('%s must be an object such as {"type": "json_schema", ...}; got %s'):format(where, shown(f)), param)
+    end
+    local t = f.type
+    if t == "text" then return nil end
+    if t == "json_object" then
+        self.any_object = self.any_object or grammar.json_object()
+        return { grammar = self.any_object, echo = { type = "json_object" } }
+    end
+    if t ~= "json_schema" then
+        reject(400, ('%s.type must be "text", "json_object" or "json_schema"; got %s'):format(where,
+            shown(t, f, "type")), param)
+    end
+    local js, jwhere = f, where
+    if not flat then
+        js, jwhere = f.json_schema, where .. ".json_schema"
+        if json.kind(js) ~= "object" then
+            reject(400, ('%s must be an object {"name", "schema", "strict"}; got %s'):format(jwhere,
+                shown(js, f, "json_schema")), param)
+        end
+    end
+    if type(js.name) ~= "string" or #js.name > 64 or not js.name:find(FORMAT_NAME) then
+        reject(400, ("%s.name must be 1 to 64 letters, digits, _ or -; got %s"):format(jwhere,
+            shown(js.name, js, "name")), param)
+    end
+    local strict = js.strict
+    if strict ~= nil and strict ~= json.null and type(strict) ~= "boolean" then
+        reject(400, ("%s.strict must be a boolean; got %s"):format(jwhere, shown(strict, js, "strict")), param)
+    end
+    if js.description ~= nil and js.description ~= json.null and type(js.description) ~= "string" then
+        reject(400, ("%s.description must be a string; got %s"):format(jwhere, shown(js.description, js,
+            "description")), param)
+    end
+    if json.kind(js.schema) ~= "object" then
+        reject(400, ("%s.schema must be a JSON Schema object; got %s"):format(jwhere, shown(js.schema, js, "schema")),
+            param)
+    end
+    local ok, g = pcall(grammar.schema, js.schema, { lenient = strict ~= true })
+    if not ok then
+        reject(400, ("%s.schema: %s%s"):format(jwhere, (tostring(g):gsub("^grammar%.schema: schema: ", "")
+            :gsub("^grammar%.schema: ", "")), strict == true and
+            "; with strict: false unsupported keywords are ignored instead" or ""), param)
+    end
+    return { grammar = g, echo = { type = "json_schema", name = js.name, schema = js.schema,
+        strict = strict == true, description = js.description } }
 end
 
 -- The calls in a finished chat job's text, as OpenAI's tool_calls, and the
@@ -726,6 +839,20 @@ function Server:make_job(id, req)
     if route == "/v1/messages" then o = self:messages_options(body)
     elseif route == "/v1/responses" then o = self:responses_options(body)
     else o = self:common_options(body) end
+    local format
+    if route == "/v1/chat/completions" then
+        format = self:response_format(body.response_format, "response_format", "response_format")
+    elseif route == "/v1/responses" then
+        local t = body.text
+        if t ~= nil and t ~= json.null then
+            if json.kind(t) ~= "object" then
+                reject(400, 'text must be an object such as {"format": {"type": "json_schema", ...}}; got ' ..
+                    shown(t, body, "text"), "text")
+            end
+            format = self:response_format(t.format, "text.format", "text", true)
+        end
+        o.echo.text = { format = format and format.echo or { type = "text" } }
+    end
     if route == "/v1/messages" then
         kind = "messages"
         text = self:parse_messages(body)
@@ -760,8 +887,11 @@ function Server:make_job(id, req)
             "context_length_exceeded")
     end
     self.counter = self.counter + 1
+    -- a forced tool call is held to its tool's schema; otherwise the reply to the response format
+    local g = tools and tools.grammar or format and format.grammar
     return {
-        id = id, kind = kind, name = name, cart = cart, prompt = ids, opts = o, tools = tools,
+        id = id, kind = kind, name = name, cart = cart, prompt = ids, opts = o, tools = tools, grammar = g,
+        call_close = tools and tools.grammar and "\n" .. self.template.call_close or nil,
         out_ids = {}, text = tools and tools.prefill or "", sent = 0, finish = nil, cached = 0,
         completion_id = (kind == "chat" and "chatcmpl-" or kind == "messages" and "msg_" or
             kind == "responses" and "resp_" or "cmpl-")
@@ -857,6 +987,21 @@ function Server:bind(job, slot)
         presence_penalty = job.opts.presence_penalty, repeat_penalty = job.opts.repeat_penalty,
         repeat_last_n = job.opts.repeat_last_n, seed = seed })
     job.stream = self.tok:stream()
+    if job.grammar then
+        self.vocab = self.vocab or grammar.vocab(self.tok, self.m.n_vocab)
+        job.matcher = grammar.matcher(job.grammar, self.vocab)
+    end
+end
+
+-- The next token of a job from its row of logits: only tokens that can
+-- continue its document when it has a grammar.
+function Server:sample(job, logits)
+    local id = job.sampler:sample(logits, self.m.n_vocab, job.matcher and (job.matcher:mask()))
+    if id < 0 then
+        error("no token of this model's vocabulary can continue the structured output (it lacks the bytes or the "
+            .. "end-of-generation token the document needs)", 0)
+    end
+    return id
 end
 
 function Server:release(job)
@@ -866,6 +1011,8 @@ function Server:release(job)
     end
     if job.sampler then job.sampler:free() end
     job.sampler = nil
+    if job.matcher then job.matcher:free() end
+    job.matcher = nil
     local slot = job.slot
     if slot and job.finish == "error" then
         -- what the failed work left in the cache is unknown: start afresh
@@ -1030,9 +1177,10 @@ local pending_stop = require("cartridge.generate").pending_stop
 function Server:accept(job, id)
     if self.tok:is_eog(id) then
         job.finish = "stop"
-        job.text = job.text .. job.stream:flush()
+        job.text = job.text .. job.stream:flush() .. (job.call_close or "")
         return true
     end
+    if job.matcher then job.matcher:accept(id) end
     job.sampler:accept(id)
     job.out_ids[#job.out_ids + 1] = id
     job.text = job.text .. job.stream:push(id)
@@ -1043,6 +1191,12 @@ function Server:accept(job, id)
             job.finish, job.stop_hit = "stop", s
             return true
         end
+    end
+    if job.matcher and job.matcher:done() then
+        -- the document is complete and nothing can follow: no need to wait for an end token
+        job.finish = "stop"
+        job.text = job.text .. job.stream:flush() .. (job.call_close or "")
+        return true
     end
     if #job.out_ids >= job.opts.max_tokens then
         job.finish = "length"
@@ -1252,7 +1406,7 @@ function Server:admit()
     for i, job in ipairs(started) do
         self:guarded(job, function()
             for _, t in ipairs(job.pending) do job.slot.tokens[#job.slot.tokens + 1] = t end
-            job.next = job.sampler:sample(logits + (i - 1) * self.m.n_vocab, self.m.n_vocab)
+            job.next = self:sample(job, logits + (i - 1) * self.m.n_vocab)
             self.metrics:first_token(job, now())
         end)
     end
@@ -1288,7 +1442,7 @@ function Server:step()
     for i, job in ipairs(live) do
         self:guarded(job, function()
             job.slot.tokens[#job.slot.tokens + 1] = job.next
-            job.next = job.sampler:sample(logits + (i - 1) * self.m.n_vocab, self.m.n_vocab)
+            job.next = self:sample(job, logits + (i - 1) * self.m.n_vocab)
             self.metrics:next_token(job, now())
         end)
     end

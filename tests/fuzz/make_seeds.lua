@@ -388,6 +388,13 @@ local REQUESTS = {
     { 3, { input = { { role = "developer", content = "x" }, { type = "message", role = "user",
         content = { { type = "input_text", text = "a" } } } }, temperature = 0.5, top_p = 0.5, stream = true } },
     { 3, { input = "x", previous_response_id = "resp_1" } },
+    -- structured output
+    { 0, { messages = { { role = "user", content = "x" } }, response_format = { type = "json_schema", json_schema = {
+        name = "p", strict = true, schema = { type = "object", properties = { a = { type = "integer", minimum = 0 },
+            b = { type = "array", items = { enum = { "x", 1 } }, maxItems = 2 } }, required = { "a" } } } } } },
+    { 0, { messages = { { role = "user", content = "x" } }, response_format = { type = "json_object" } } },
+    { 3, { input = "x", text = { format = { type = "json_schema", name = "s", schema = { anyOf = {
+        { type = "string", maxLength = 3 }, { ["$ref"] = "#/$defs/n" } }, ["$defs"] = { n = { type = "null" } } } } } } },
 }
 for i, r in ipairs(REQUESTS) do put("fuzz_request", ("req%02d"):format(i), string.char(r[1]) .. json.encode(r[2])) end
 for i, text in ipairs({ '{"prompt":"a","max_tokens":1e309}', '{"prompt":"a","temperature":-0.0,"top_p":0}',
@@ -455,6 +462,31 @@ do
     end
     m:free()
 end
+-- Grammars: byte 0 control (bit 0 lenient, bit 1 json_object, bits 2-4 mask
+-- check interval, bits 5-7 walk seed), a schema, NUL, a document.
+local GRAMMARS = {
+    { 0, '{"type":"object","properties":{"name":{"type":"string","maxLength":8},"age":{"type":"integer","minimum":0,'
+        .. '"maximum":120}},"required":["name","age"],"additionalProperties":false}', '{"name": "Ann", "age": 42}' },
+    { 4, '{"type":"array","items":{"enum":["red",7,null,[1]]},"minItems":1,"maxItems":3}', '["red", 7,\n  null]' },
+    { 8, '{"anyOf":[{"type":"number","minimum":-1.5,"maximum":2.25},{"type":"string","minLength":2},{"type":"null"}]}',
+        '-1.25' },
+    { 12, '{"$defs":{"n":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":'
+        .. '{"$ref":"#/$defs/n"},"maxItems":2}},"required":["v","kids"]}},"$ref":"#/$defs/n"}',
+        '{"v":1,"kids":[{"v":2,"kids":[]}]}' },
+    { 16, '{"type":"object","properties":{"s":{"type":"string"},"next":{"anyOf":[{"$ref":"#"},{"type":"null"}]}},'
+        .. '"required":["s","next"]}', '{"s":"\\u00e9\\"\xc3\xa9","next":null}' },
+    { 20, '{"const":{"a":[true,false,null,0.1,"x"]}}', '{"a":[true,false,null,0.1,"x"]}' },
+    { 2, "", '{"k": [1, {"x": "y"}, -2e+10], "z": {}}' },
+    { 1, '{"type":"string","format":"email","pattern":"@","oneOf":[{}]}', '"a@b"' },
+    { 0, '{"type":"integer","multipleOf":3}', "3" },
+    { 0, '{"type":"object","properties":{"n":{"$ref":"#"}},"required":["n"]}', "{" },
+    { 0, '{"anyOf":[{"$ref":"#"},{"type":"null"}]}', "null" },
+    { 0, '{"type":"string","maxLength":1e999,"minimum":"x"}', '""' },
+    { 0, '{"type":"number","exclusiveMinimum":0,"exclusiveMaximum":1e-300}', "0.0000000000000001" },
+    { 0, "true", "[[[[[]]]]]" },
+    { 0, '{"type":"boolean"}', "tru" },
+}
+for i, c in ipairs(GRAMMARS) do put("fuzz_grammar", ("schema%02d"):format(i), string.char(c[1]) .. c[2] .. "\0" .. c[3]) end
 
 helper.rmdir(tmp)
 local names = {}

@@ -32,6 +32,7 @@ describe("json.decode against RFC 8259", function()
         { "0", 0 }, { "-0", 0 }, { "1.5e3", 1500 }, { "1E+2", 100 }, { "1e-2", 0.01 }, { "-12.25", -12.25 },
         { '"a\\"b\\\\c\\/d"', 'a"b\\c/d' }, { '"\\b\\f\\n\\r\\t"', "\b\f\n\r\t" },
         { '"\\u00e9\\u20ac"', "é€" }, { '"\\ud83d\\ude00"', "😀" }, { '"é€😀"', "é€😀" },
+        { '"a\127b"', "a\127b" }, -- DEL needs no escape
         { " \t\r\n[ 1 , 2 ]\n ", { 1, 2 } }, { "[]", {} }, { "{}", {} }, { '{"":1}', { [""] = 1 } },
         { "true", true }, { "false", false }, { '{"a":{"b":[{"c":null}]}}', nil },
         { '{"a":1,"a":2}', { a = 2 } }, -- duplicate keys: the last one wins

@@ -200,15 +200,17 @@ describe("the server's chat completions with tools", function()
     end)
 
     it("starts the reply with the call for tool_choice required or a named function", function()
-        -- named: the reply is made to start with the call's name; the model writes the arguments
+        -- the reply is made to start with the call's tag; the model writes the call object (held to the tool's
+        -- schema: tests/lua/structured_spec.lua), and the server closes the tag when the object is complete
         local _, body = serve({ messages = question, tools = tools, max_tokens = 100,
             tool_choice = { type = "function", ["function"] = { name = "get_weather" } } },
-            '{"city": "Oslo"}}\n</tool_call>')
-        local msg = json.decode(body).choices[1].message
-        assert.are.equal("get_weather", msg.tool_calls[1]["function"].name)
-        assert.are.equal('{"city":"Oslo"}', msg.tool_calls[1]["function"].arguments)
+            '{"name": "get_weather", "arguments": {"city": "Oslo"}}')
+        local choice = json.decode(body).choices[1]
+        assert.are.equal("tool_calls", choice.finish_reason)
+        assert.are.equal("get_weather", choice.message.tool_calls[1]["function"].name)
+        assert.are.equal('{"city":"Oslo"}', choice.message.tool_calls[1]["function"].arguments)
         _, body = serve({ messages = question, tools = tools, max_tokens = 100, tool_choice = "required" },
-            '{"name": "get_weather", "arguments": {"city": "Lima"}}\n</tool_call>')
+            '{"name": "get_weather", "arguments": {"city": "Lima"}}')
         assert.are.equal('{"city":"Lima"}', json.decode(body).choices[1].message.tool_calls[1]["function"].arguments)
         -- none: the tools are not shown and nothing is parsed
         _, body = serve({ messages = question, tools = tools, max_tokens = 100, tool_choice = "none" }, CALL)
@@ -306,9 +308,10 @@ describe("the server's chat completions with tools", function()
         local r = json.decode(body)
         assert.are.equal("It is 18 C.", r.output[1].content[1].text)
         -- a named tool_choice in the flat shape; a bad one is a 400
-        _, body = serve({ input = "Weather?", tools = flat, max_output_tokens = 50,
-            tool_choice = { type = "function", name = "get_weather" } }, '{"city": "Oslo"}}\n</tool_call>', "/v1/responses")
-        assert.are.equal('{"city":"Oslo"}', json.decode(body).output[1].arguments)
+        _, body = serve({ input = "Weather?", tools = flat, max_output_tokens = 100,
+            tool_choice = { type = "function", name = "get_weather" } }, '{"name": "get_weather", "arguments": {"city": '
+            .. '"Oslo"}}', "/v1/responses")
+        assert.are.equal('{"city":"Oslo"}', json.decode(body).output[1].arguments, body)
         status, body = serve({ input = "Weather?", tools = flat, tool_choice = { type = "function", name = "nope" } }, "x",
             "/v1/responses")
         assert.are.equal(400, status)
