@@ -6,6 +6,8 @@
 --   c:capture(m, ids)                      -- the model's own K/V of #ids == p tokens (f32 cache)
 --   local t = cart.from_text(m, "Some text.")  -- new + capture of the text's tokens
 --   c:append_to(kv)                        -- into a cache (serving), len += p
+--   local ab = cart.compose({ a, b })      -- a's rows then b's: p = a.p + b.p (each keeps its positions)
+--   ab:compose_grad()                      -- after a backward through ab: into a's and b's gradients
 --   c:save("out.safetensors", m, { training = {...}, draft_reference = ids })
 --   local d = cart.load("out.safetensors", m)   -- geometry from the header, checked against m
 --
@@ -95,6 +97,50 @@ end
 -- Writes the rows into a KV cache (a cartridge.model KV) after its current rows.
 function Cart:append_to(kv)
     core.check(C.cart_cartridge_append_to_kv(self.handle, kv.handle), "cartridge append_to")
+end
+
+-- Copies n rows of every layer (K and V) from src's rows src_row.. into
+-- this cartridge's rows dst_row.. (0-based; the same geometry).
+function Cart:copy_rows(dst_row, src, src_row, n)
+    core.check(C.cart_cartridge_copy_rows(self.handle, dst_row, src.handle, src_row, n), "cart:copy_rows")
+end
+
+-- What a part is called in an error: its file, or its place in the list.
+local function part_name(c, i)
+    return c.path or ("part " .. i)
+end
+
+-- A composed cartridge (engine/train.h): the parts' rows one after the other
+-- in every layer, each part's sinks first, each part keeping its positions;
+-- tokens behind it sit at positions sum(p_i). parts: a list of carts of one
+-- geometry; a mismatch is an error naming both files. The result is a new
+-- cart (free it when done) whose .parts is the list; after a backward pass
+-- through it, :compose_grad() adds its gradient into the parts'.
+function cart.compose(parts)
+    if #parts == 0 then error("cart.compose: no cartridges to compose", 0) end
+    local first = parts[1]
+    local arr = ffi.new("const cart_cartridge *[?]", #parts)
+    for i, c in ipairs(parts) do
+        if c.n_layer ~= first.n_layer or c.kv_heads ~= first.kv_heads or c.head_dim ~= first.head_dim then
+            error(("cart.compose: %s is %d layers x %d KV heads x %d dims and %s is %d x %d x %d; only cartridges "
+                .. "trained on one model compose"):format(part_name(c, i), c.n_layer, c.kv_heads, c.head_dim,
+                part_name(first, 1), first.n_layer, first.kv_heads, first.head_dim), 0)
+        end
+        arr[i - 1] = c.handle
+    end
+    local composed = wrap(core.new("cart_cartridge", C.cart_cartridge_compose, C.cart_cartridge_free, "cart.compose",
+        arr, #parts))
+    composed.parts = parts
+    return composed
+end
+
+-- Adds a composed cartridge's gradient into its parts' gradients (each
+-- part's own sink rows get none).
+function Cart:compose_grad()
+    local parts = assert(self.parts, "cart:compose_grad: not a composed cartridge")
+    local arr = ffi.new("cart_cartridge *[?]", #parts)
+    for i, c in ipairs(parts) do arr[i - 1] = c.handle end
+    core.check(C.cart_cartridge_compose_grad(self.handle, arr, #parts), "cart:compose_grad")
 end
 
 -- Bytes of the K/V rows (f32).
@@ -246,6 +292,7 @@ function cart.load(path, m)
         c:free()
         fail(why .. "; the file is damaged or its training diverged")
     end
+    c.path = path
     local training
     if meta["cartridge.training"] then
         local ok, v = pcall(json.decode, meta["cartridge.training"])
