@@ -40,9 +40,7 @@ cartridge.set_threads(opts.threads)
 if #opts.corpus == 0 then error("equiv: --corpus is required (a text file or a directory of .md files)", 0) end
 if opts.p < 1 or opts.suffix_max < 1 then error("equiv: --p and --suffix-max must be at least 1", 0) end
 local m = cartridge.model.load(defaults.pick_model(opts.model))
-local c = m.config
-print(("model: %s (%d layers, hidden %d, kv_heads %d, head_dim %d)"):format(m.path, c.n_layer, c.n_embd,
-    c.n_head_kv, c.head_dim))
+print(m:describe())
 local corpus = corpus_mod.load(opts.corpus, m:tokenizer())
 print(("corpus: %d files, %d tokens"):format(#corpus.files, corpus.n_tokens))
 local parts = opts.compose and 2 or 1

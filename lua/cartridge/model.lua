@@ -71,6 +71,14 @@ function Model:free()
     core.free(self, C.cart_model_free)
 end
 
+-- The line recipes print first: "model: PATH (N layers, hidden E, kv_heads
+-- G, head_dim D)".
+function Model:describe()
+    local c = self.config
+    return ("model: %s (%d layers, hidden %d, kv_heads %d, head_dim %d)"):format(self.path, c.n_layer, c.n_embd,
+        c.n_head_kv, c.head_dim)
+end
+
 -- The model's tokenizer (loaded on first use).
 function Model:tokenizer()
     if not self._tokenizer then

@@ -147,3 +147,333 @@ describe("recipes/equiv.lua --compose", function()
         assert.truthy(err:find("CorpusTooShort", 1, true) and err:find("with --compose", 1, true), err)
     end)
 end)
+
+-- ---------------------------------------------------------------------------
+-- Fleet training
+
+local fleet = require("cartridge.fleet")
+
+local function stories()
+    return helper.fixture("models/stories260K.gguf")
+end
+
+-- Three small documents of different lengths (the README's paragraphs).
+local function write_docs(where)
+    os.execute("mkdir -p " .. helper.q(where))
+    local readme = helper.read_file("README.md")
+    local lines = {}
+    for l in (readme .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+    local spans = { { 1, 40 }, { 41, 100 }, { 101, 130 } }
+    for k, s in ipairs(spans) do
+        helper.write_file(("%s/doc%d.md"):format(where, k), table.concat(lines, "\n", s[1], s[2]) .. "\n")
+    end
+    return where
+end
+
+local TINY = { "--p", "48", "--accum", "2", "--chunk-min", "24", "--chunk-max", "48", "--max-q", "8", "--max-a",
+    "12" }
+local function fleet_args(extra) return helper.args(TINY, extra) end
+
+-- A fleet directory's files, name -> bytes.
+local function snapshot(dir)
+    local out = {}
+    for _, name in ipairs(require("cartridge.fs").list(dir)) do
+        if name:match("%.safetensors$") or name == "fleet.json" then out[name] = helper.read_file(dir .. "/" .. name) end
+    end
+    return out
+end
+
+describe("the fleet manifest", function()
+    local m, docs
+    setup(function()
+        m = cartridge.model.load(model_path)
+        local where = write_docs(tmp .. "/mdocs")
+        docs = fleet.documents({ where }, m:tokenizer())
+    end)
+    teardown(function() m:free() end)
+
+    it("round-trips through fleet.json", function()
+        local man = fleet.new_manifest(m, docs, { p = 32, frozen = 1, settings = { lr = 2e-3 } })
+        man.rounds, man.docs[2].steps, man.docs[2].entered, man.docs[2].resident = 7, 5, 3, true
+        local dir = tmp .. "/manifest"
+        os.execute("mkdir -p " .. dir)
+        fleet.write_manifest(dir, man)
+        local back = fleet.read_manifest(dir)
+        assert.are.same(man, back)
+        assert.are.equal("cartridge-fleet", back.format)
+        assert.are.equal("doc-001.adam.safetensors", back.docs[2].opt_file)
+        assert.are.equal(#docs, #back.docs)
+        assert.are.equal(docs[3].corpus.n_tokens, back.docs[3].tokens)
+    end)
+
+    it("refuses a damaged manifest, naming the file and the field", function()
+        local dir = tmp .. "/bad-manifest"
+        os.execute("mkdir -p " .. dir)
+        local good = require("cartridge.json").encode(fleet.new_manifest(m, docs, { p = 32, frozen = 1 }))
+        local cases = {
+            { good:sub(1, 50), "json: " },
+            { good:gsub('"format":"cartridge%-fleet"', '"format":"other"'), 'format is "other"' },
+            { good:gsub('"version":1', '"version":9'), "version 9 is not one this build reads" },
+            { good:gsub('"doc%-001%.safetensors"', '"../../etc/passwd"'), 'docs[1].cart_file must be "doc-001.safetensors"' },
+            { good:gsub('"steps":0', '"steps":-1', 1), "docs[0].steps must be a non-negative integer" },
+            { good:gsub('"name":"doc2.md"', '"name":"doc1.md"'), 'docs[1].name "doc1.md" repeats docs[0]' },
+            { good:gsub('"p":32', '"p":1.5'), "p must be an integer" },
+            { good:gsub('"resident":false', '"resident":"no"', 1), "docs[0].resident must be true or false" },
+            { "[]", "the top level must be an object" },
+        }
+        for _, case in ipairs(cases) do
+            helper.write_file(dir .. "/fleet.json", case[1])
+            local ok, err = pcall(fleet.read_manifest, dir)
+            assert.is_false(ok)
+            assert.truthy(err:find(dir .. "/fleet.json", 1, true) and err:find(case[2], 1, true), err)
+            assert.truthy(err:find("damaged", 1, true), err)
+        end
+        local ok, err = pcall(fleet.read_manifest, tmp .. "/nowhere")
+        assert.is_false(ok)
+        assert.truthy(err:find("is not a fleet directory", 1, true), err)
+    end)
+
+    it("names documents by file name and refuses two of one name", function()
+        os.execute("mkdir -p " .. tmp .. "/twins/a " .. tmp .. "/twins/b")
+        helper.write_file(tmp .. "/twins/a/same.md", "one text")
+        helper.write_file(tmp .. "/twins/b/same.md", "another text")
+        local ok, err = pcall(fleet.documents, { tmp .. "/twins/a", tmp .. "/twins/b" }, m:tokenizer())
+        assert.is_false(ok)
+        assert.truthy(err:find("two documents are named same.md", 1, true), err)
+        assert.are.same({ "doc1.md", "doc2.md", "doc3.md" }, { docs[1].name, docs[2].name, docs[3].name })
+        -- no document header: the document's own ids
+        local ids = m:tokenizer():encode_ids(helper.read_file(tmp .. "/mdocs/doc1.md"), { special = true })
+        assert.are.equal(#ids, docs[1].corpus.n_tokens)
+    end)
+end)
+
+describe("the budget manager", function()
+    local m, docs
+    -- a fleet directory of corpus-init cartridges for the documents
+    local function init_fleet(dir, p)
+        os.execute("mkdir -p " .. helper.q(dir))
+        local man = fleet.new_manifest(m, docs, { p = p, frozen = 1 })
+        for i, d in ipairs(docs) do
+            local ids = d.corpus.ids:sub(0, p)
+            local c = cart.new(m, p, 1)
+            c:capture(m, ids)
+            c:save(dir .. "/" .. fleet.cart_file(i), m, { extra_meta = { ["fleet.steps"] = 0 } })
+            c:free()
+        end
+        fleet.write_manifest(dir, man)
+        return man
+    end
+    -- a conversation with hand-made targets, as the synthesizer makes them
+    local function convo(seed)
+        local tg = cartridge.trainer.targets()
+        local student = {}
+        for j = 1, 8 do student[j] = (seed * 7 + j * 13) % 200 + 1 end
+        for j = 2, 8 do tg:push(j - 1, (student[j] + seed) % 200, -0.3) end
+        return { student = student, targets = tg, answer_len = 7 }
+    end
+    setup(function()
+        m = cartridge.model.load(model_path)
+        docs = fleet.documents({ write_docs(tmp .. "/bdocs") }, m:tokenizer())
+    end)
+    teardown(function() m:free() end)
+
+    it("evicts and reloads a cartridge bit-identically to keeping it resident", function()
+        local mans = { init_fleet(tmp .. "/keep", 16), init_fleet(tmp .. "/move", 16) }
+        local mgrs = {}
+        for k, dir in ipairs({ tmp .. "/keep", tmp .. "/move" }) do
+            mgrs[k] = fleet.manager(m, dir, mans[k], { budget = 3, lr = 1e-2, warmup = 3, rotate_every = 0,
+                evict_frac = 0.5 })
+            mgrs[k]:restore()
+        end
+        local tr = cartridge.trainer.new(m)
+        for step = 1, 5 do
+            for _, mgr in ipairs(mgrs) do
+                local plan = { target = 1, parts = step % 2 == 0 and { 3, 1 } or { 1, 2 } }
+                fleet.train_round(mgr, tr, plan, { convo(step), convo(step + 10) }, 2)
+            end
+            if step == 2 or step == 3 then
+                -- out to disk and back, keeping its warm-up where it was
+                local d = mans[2].docs[1]
+                local entered = d.entered
+                mgrs[2]:evict(1, true)
+                assert.is_nil(mgrs[2].resident[1])
+                mgrs[2]:load(1, entered)
+            end
+        end
+        local a, b = mgrs[1].resident[1], mgrs[2].resident[1]
+        local same = true
+        for l = 0, a.cart.n_layer - 1 do
+            for which = 0, 1 do
+                same = same and ffi.C.memcmp(a.cart:rows(l, which), b.cart:rows(l, which), a.cart.p * a.cart.row * 4) == 0
+            end
+        end
+        local n = a.cart:trainable_count() * 4
+        for which = 0, 1 do
+            same = same and ffi.C.memcmp(cartridge.C.cart_adam_moment(a.opt.handle, which),
+                cartridge.C.cart_adam_moment(b.opt.handle, which), n) == 0
+        end
+        assert.is_true(same, "the rows or moments differ after an eviction")
+        assert.are.equal(a.opt:steps(), b.opt:steps())
+        assert.are.equal(5, mans[2].docs[1].steps)
+        assert.are.equal(3, mans[2].docs[2].steps) -- parts of rounds 1, 3, 5
+        print(("  doc 1 after 5 steps with two evictions: rows and Adam moments bitwise equal (%d values)")
+            :format(a.cart:trainable_count()))
+        for _, mgr in ipairs(mgrs) do mgr:free() end
+        tr:free()
+    end)
+
+    it("warms each part's learning rate up from its entry", function()
+        local man = init_fleet(tmp .. "/warm", 16)
+        local mgr = fleet.manager(m, tmp .. "/warm", man, { budget = 1, lr = 0.01, warmup = 4, rotate_every = 1,
+            evict_frac = 1 })
+        mgr:restore()
+        assert.are.same({ 1 }, mgr:residents())
+        local lrs = {}
+        for k = 1, 6 do
+            lrs[k] = mgr:lr(1)
+            man.docs[1].steps = man.docs[1].steps + 1
+        end
+        assert.are.same({ 0.0025, 0.005, 0.0075, 0.01, 0.01, 0.01 }, lrs)
+        mgr:free()
+    end)
+
+    it("rotates out the most-stepped residents and brings in the least-stepped absent ones", function()
+        local man = init_fleet(tmp .. "/rot", 16)
+        local mgr = fleet.manager(m, tmp .. "/rot", man, { budget = 2, lr = 0.01, warmup = 1, rotate_every = 2,
+            evict_frac = 0.5 })
+        assert.are.same({ 1, 2 }, mgr:restore())
+        man.docs[1].steps, man.docs[2].steps, man.docs[3].steps = 4, 6, 4
+        man.rounds = 1
+        assert.is_nil(mgr:rotate()) -- not yet
+        man.rounds = 2
+        local evicted, loaded = mgr:rotate()
+        assert.are.same({ 2 }, evicted)
+        assert.are.same({ 3 }, loaded)
+        assert.are.same({ 1, 3 }, mgr:residents())
+        -- the checkpoint on disk: steps in the files and the manifest
+        local back = fleet.read_manifest(tmp .. "/rot")
+        assert.are.same({ true, false, true }, { back.docs[1].resident, back.docs[2].resident, back.docs[3].resident })
+        local _, info = cart.load(tmp .. "/rot/" .. fleet.cart_file(2), m)
+        assert.are.equal("6", info.metadata["fleet.steps"])
+        -- ties: the lower index leaves first, and the lower index comes in
+        man.docs[2].steps = 3
+        man.rounds = 4
+        evicted, loaded = mgr:rotate()
+        assert.are.same({ 1 }, evicted)
+        assert.are.same({ 2 }, loaded)
+        mgr:free()
+    end)
+
+    it("plans rounds from (seed, round): targets by tokens, isolated with p_iso, distinct distractors", function()
+        local fake = { resident = {} }
+        local tokens = { 100, 300, 600, 0 }
+        function fake:residents() return { 1, 2, 3, 4 } end
+        function fake:doc(i) return { tokens = tokens[i] } end
+        local hits, iso, n = { 0, 0, 0, 0 }, 0, 4000
+        for round = 1, n do
+            local plan = fleet.plan(fake, 42, round, { p_iso = 0.75, distract_max = 2 })
+            hits[plan.target] = hits[plan.target] + 1
+            if plan.isolated then
+                iso = iso + 1
+                assert.are.same({ plan.target }, plan.parts)
+            else
+                assert.truthy(#plan.parts >= 2 and #plan.parts <= 3)
+                local seen = {}
+                for _, i in ipairs(plan.parts) do
+                    assert.is_nil(seen[i])
+                    seen[i] = true
+                end
+                assert.truthy(seen[plan.target])
+            end
+        end
+        print(("  %d plans: targets %d/%d/%d/%d (tokens 100/300/600/0), isolated %.3f"):format(n, hits[1], hits[2],
+            hits[3], hits[4], iso / n))
+        assert.truthy(math.abs(hits[1] / n - 0.1) < 0.03 and math.abs(hits[3] / n - 0.6) < 0.03)
+        assert.truthy(math.abs(iso / n - 0.75) < 0.03)
+        -- the same round gives the same plan
+        assert.are.same(fleet.plan(fake, 42, 17, { p_iso = 0.5, distract_max = 3 }),
+            fleet.plan(fake, 42, 17, { p_iso = 0.5, distract_max = 3 }))
+    end)
+end)
+
+describe("recipes/fleet.lua training", function()
+    it("trains a fleet, and a resumed fleet ends with the bits of an uninterrupted one", function()
+        local model, why = stories()
+        if not model then return pending(why) end
+        local where = write_docs(tmp .. "/docs")
+        local common = { "--model", model, "--corpus", where, "--budget", "2", "--rotate-every", "1", "--p-iso", "0.4" }
+        local function run(dir, rounds, resume)
+            local args = { "--fleet", dir, "--rounds", tostring(rounds) }
+            for _, a in ipairs(common) do args[#args + 1] = a end
+            if resume then args[#args + 1] = "--resume" end
+            return recipe("fleet.lua", fleet_args(args))
+        end
+        local rc, out, err = run(tmp .. "/whole", 4)
+        if not rc then return pending("build/cartridge not built") end
+        assert.are.equal(0, rc, err)
+        local order = { "^model: ", "\ndocuments: 3, %d+ tokens", "\nfleet initialized in ", "\nresident: doc1.md, doc2.md %(budget 2%)",
+            "\nheld%-out distill loss %(doc1.md, isolated%) before: %d", "\nround 1/4: target doc %d %(doc%d.md%), [%w %-x]+, distill loss %d",
+            "\nrotation after round 1: evicted ", "\nround 4/4: ", "\nfleet: 4 rounds, 8 conversations, ",
+            "\nheld%-out distill loss %(doc1.md, isolated%) after: ", "\nsteps per document: %d+/%d+/%d+ %(fleet round 4%)",
+            "\nfleet saved to " }
+        helper.assert_in_order(out, order)
+        assert.truthy(out:find("co%-loaded x2"), out) -- p_iso 0.4: some rounds have a distractor
+        rc, out, err = run(tmp .. "/halves", 2)
+        assert.are.equal(0, rc, err)
+        rc, out, err = run(tmp .. "/halves", 2, true)
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("fleet resumed from " .. tmp .. "/halves: 3 documents, p = 48, 2 rounds so far", 1, true), out)
+        local a, b = snapshot(tmp .. "/whole"), snapshot(tmp .. "/halves")
+        local n = 0
+        for name, bytes in pairs(a) do
+            assert.truthy(b[name] == bytes, name .. " differs between the whole run and the resumed one")
+            n = n + 1
+        end
+        print(("  4 rounds vs 2 + 2 resumed (a rotation after every round): %d files byte-identical"):format(n))
+        assert.are.equal(7, n) -- 3 cartridges, 3 moment files, the manifest
+        -- a second start without --resume is refused
+        rc, _, err = run(tmp .. "/whole", 1)
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("already holds a fleet; pass --resume", 1, true), err)
+    end)
+
+    it("refuses a corrupt cartridge or manifest, and documents that do not match", function()
+        local model, why = stories()
+        if not model then return pending(why) end
+        local where = write_docs(tmp .. "/cdocs")
+        local dir = tmp .. "/corrupt"
+        local rc, _, err = recipe("fleet.lua", fleet_args({ "--model", model, "--corpus", where, "--fleet", dir,
+            "--rounds", "0" }))
+        if not rc then return pending("build/cartridge not built") end
+        assert.are.equal(0, rc, err)
+        local function resume(corpus)
+            return recipe("fleet.lua", fleet_args({ "--model", model, "--corpus", corpus or where, "--fleet", dir,
+                "--rounds", "1", "--resume" }))
+        end
+        -- a flipped byte in a cartridge's data
+        local path = dir .. "/doc-001.safetensors"
+        local bytes = helper.read_file(path)
+        helper.write_file(path, bytes:sub(1, #bytes - 9) .. string.char((bytes:byte(#bytes - 8) + 1) % 256)
+            .. bytes:sub(#bytes - 7))
+        rc, _, err = resume()
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("fleet: document doc2.md: cart.load: ", 1, true) and err:find(path, 1, true), err)
+        assert.falsy(err:find("traceback", 1, true), err)
+        helper.write_file(path, bytes)
+        -- a damaged manifest
+        local man = helper.read_file(dir .. "/fleet.json")
+        helper.write_file(dir .. "/fleet.json", man:sub(1, 30))
+        rc, _, err = resume()
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("fleet.json: json: ", 1, true) and err:find("damaged", 1, true), err)
+        helper.write_file(dir .. "/fleet.json", man)
+        -- other documents
+        os.execute("mkdir -p " .. tmp .. "/odocs")
+        helper.write_file(tmp .. "/odocs/doc1.md", "text")
+        rc, _, err = resume(tmp .. "/odocs")
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("holds 3 documents and --corpus gives 1", 1, true), err)
+        rc, _, err = resume()
+        assert.are.equal(0, rc, err)
+    end)
+end)
