@@ -40,6 +40,7 @@ local fleet = {}
 fleet.FORMAT = "cartridge-fleet"
 fleet.VERSION = 1
 fleet.MANIFEST = "fleet.json"
+fleet.INDEX = "index.safetensors"
 fleet.MAX_BUDGET = 64
 fleet.MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 
@@ -199,6 +200,20 @@ function fleet.new_manifest(m, docs, opts)
             tokens = d.corpus.n_tokens, steps = 0, entered = 0, resident = false }
     end
     return man
+end
+
+-- The index (1-based) of the document a manifest names `name`, or nil.
+function fleet.find(man, name)
+    for i, d in ipairs(man.docs) do
+        if d.name == name then return i end
+    end
+end
+
+-- The names of a manifest's documents, comma-separated.
+function fleet.names(man)
+    local out = {}
+    for i, d in ipairs(man.docs) do out[i] = d.name end
+    return table.concat(out, ", ")
 end
 
 -- ---------------------------------------------------------------------------

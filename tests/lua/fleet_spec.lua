@@ -430,7 +430,7 @@ describe("recipes/fleet.lua training", function()
             n = n + 1
         end
         print(("  4 rounds vs 2 + 2 resumed (a rotation after every round): %d files byte-identical"):format(n))
-        assert.are.equal(7, n) -- 3 cartridges, 3 moment files, the manifest
+        assert.are.equal(8, n) -- 3 cartridges, 3 moment files, the manifest, the index
         -- a second start without --resume is refused
         rc, _, err = run(tmp .. "/whole", 1)
         assert.are_not.equal(0, rc)
@@ -475,5 +475,201 @@ describe("recipes/fleet.lua training", function()
         assert.truthy(err:find("holds 3 documents and --corpus gives 1", 1, true), err)
         rc, _, err = resume()
         assert.are.equal(0, rc, err)
+    end)
+end)
+
+-- ---------------------------------------------------------------------------
+-- Retrieval and serving from the CLI
+
+local retrieval = require("cartridge.retrieval")
+
+-- Four documents of different subjects: the openings of docs/*.md.
+local function subject_docs(where)
+    os.execute("mkdir -p " .. helper.q(where))
+    for _, name in ipairs({ "server", "scale-out", "fuzzing", "formats" }) do
+        helper.write_file(where .. "/" .. name .. ".md", helper.read_file("docs/" .. name .. ".md"):sub(1, 6000))
+    end
+    return where
+end
+
+describe("the retrieval index", function()
+    local m, docs, index
+    setup(function()
+        m = cartridge.model.load(helper.root .. "/models/default.gguf")
+        docs = fleet.documents({ subject_docs(tmp .. "/subjects") }, m:tokenizer())
+        index = retrieval.build(m, docs, 128)
+    end)
+    teardown(function() m:free() end)
+
+    it("chunks documents, keeping a short tail only when it is the first chunk or 32 tokens long", function()
+        assert.are.same({ { 0, 100 }, { 100, 100 }, { 200, 40 } }, retrieval.chunks(240, 100))
+        assert.are.same({ { 0, 100 }, { 100, 100 } }, retrieval.chunks(231, 100))
+        assert.are.same({ { 0, 20 } }, retrieval.chunks(20, 100))
+        local n = 0
+        for _, d in ipairs(docs) do n = n + #retrieval.chunks(d.corpus.n_tokens, 128) end
+        assert.are.equal(n, index.n)
+        -- unit rows, centred: their mean is (nearly) zero
+        local worst_norm, mean = 0, 0
+        for r = 0, index.n - 1 do
+            local s = 0
+            for i = 0, index.dim - 1 do s = s + index.rows[r * index.dim + i] ^ 2 end
+            worst_norm = math.max(worst_norm, math.abs(math.sqrt(s) - 1))
+        end
+        for i = 0, index.dim - 1 do
+            local c = 0
+            for r = 0, index.n - 1 do c = c + index.rows[r * index.dim + i] end
+            mean = math.max(mean, math.abs(c / index.n))
+        end
+        print(("  %d chunks x %d dims: max |norm - 1| %.2g, max |mean| %.3g"):format(index.n, index.dim, worst_norm, mean))
+        assert.truthy(worst_norm < 1e-5)
+        assert.truthy(mean < 0.2)
+    end)
+
+    it("picks the document a question came from", function()
+        -- a chunk's own text finds its chunk first
+        for i, d in ipairs(docs) do
+            local c = retrieval.chunks(d.corpus.n_tokens, 128)[2]
+            local text = m:tokenizer():decode(d.corpus.ids:sub(c[1], c[2]), { special = true })
+            local hit = index:top_docs(index:query(m, text), 8, 2)[1]
+            assert.are.equal(i, hit.doc)
+            assert.truthy(hit.score > 0.95, hit.score)
+        end
+        -- a sentence of a document, as a question quotes it (random weights:
+        -- well above the chance of 1 in 4, not always right)
+        local right, total = 0, 0
+        for i, d in ipairs(docs) do
+            local lines = {}
+            for l in d.corpus.text:gmatch("[^\n]+") do
+                if #l > 60 then lines[#lines + 1] = l:sub(1, 120) end
+            end
+            for k = 1, #lines, math.max(1, math.floor(#lines / 6)) do
+                total = total + 1
+                if index:top_docs(index:query(m, lines[k]), 8, 1)[1].doc == i then right = right + 1 end
+            end
+        end
+        print(("  top-1 retrieval of quoted sentences: %d/%d (chance %d/%d)"):format(right, total, total / 4, total))
+        assert.truthy(right >= total / 2, right .. "/" .. total)
+    end)
+
+    it("ranks chunks by score, ties to the lower chunk, and keeps each document once", function()
+        local fake = setmetatable({ n = 5, dim = 2, rows = ffi.new("float[10]", { 1, 0, 0.6, 0.8, 1, 0, 0, 1, 0.6, 0.8 }),
+            chunk_doc = { 2, 1, 3, 1, 2 } }, getmetatable(index))
+        local q = ffi.new("float[2]", { 0.6, 0.8 })
+        local hits = fake:top_docs(q, 8, 3)
+        assert.are.same({ 1, 2, 3 }, { hits[1].doc, hits[2].doc, hits[3].doc })
+        assert.are.equal(1, hits[1].chunk) -- rows 1 and 4 tie at 1.0: the lower
+        assert.are.equal(2, #fake:top_docs(q, 4, 9)) -- the best 4 chunks hold 2 documents
+        assert.are.equal(3, #fake:top_docs(q, 5, 9))
+        assert.are.equal(1, #fake:top_docs(q, 1, 3))
+    end)
+
+    it("saves and loads bit for bit, and refuses a damaged or foreign index", function()
+        local path = tmp .. "/index.safetensors"
+        index:save(path, m)
+        local back = retrieval.load(path, m, #docs)
+        assert.are.equal(index.n, back.n)
+        assert.are.equal(0, ffi.C.memcmp(index.rows, back.rows, index.n * index.dim * 4))
+        assert.are.equal(0, ffi.C.memcmp(index.centroid, back.centroid, index.dim * 4))
+        assert.are.same(index.chunk_doc, back.chunk_doc)
+        local ok, err = pcall(retrieval.load, path, m, 2)
+        assert.is_false(ok)
+        assert.truthy(err:find("not a document of the fleet's 2", 1, true) and err:find("rebuild the index", 1, true), err)
+        local other = cartridge.model.load(model_path)
+        ok, err = pcall(retrieval.load, path, other, #docs)
+        assert.is_false(ok)
+        assert.truthy(err:find("fingerprint", 1, true), err)
+        other:free()
+        local bytes = helper.read_file(path)
+        helper.write_file(path, bytes:sub(1, #bytes - 5) .. "\255" .. bytes:sub(#bytes - 3))
+        ok, err = pcall(retrieval.load, path, m, #docs)
+        assert.is_false(ok)
+        assert.truthy(err:find(path, 1, true) and err:find("checksum", 1, true), err)
+        local nan = ffi.new("float[4]", { 0 / 0, 1, 0, 1 })
+        cartridge.safetensors.write(path, {
+            { name = "embeddings", dtype = "F32", shape = { 2, 2 }, data = nan },
+            { name = "centroid", dtype = "F32", shape = { 2 }, data = nan + 2 },
+            { name = "chunk_doc", dtype = "I64", shape = { 2 }, data = ffi.new("int64_t[2]") },
+        }, { ["index.format"] = retrieval.FORMAT, ["index.embed_chunk"] = "4" })
+        ok, err = pcall(retrieval.load, path, nil, 1)
+        assert.is_false(ok)
+        assert.truthy(err:find("embeddings row 0 is not finite", 1, true), err)
+        cartridge.safetensors.write(path, { { name = "embeddings", dtype = "F32", shape = { 4 }, data = nan } },
+            { ["index.format"] = "something else" })
+        ok, err = pcall(retrieval.load, path, nil, 1)
+        assert.is_false(ok)
+        assert.truthy(err:find('index.format is "something else"', 1, true), err)
+    end)
+end)
+
+describe("mapped cartridges", function()
+    it("write the same rows into a cache as loaded ones, alone and stacked", function()
+        local m = cartridge.model.load(model_path)
+        local pa, pb = tmp .. "/map-a.safetensors", tmp .. "/map-b.safetensors"
+        local a, b = cart.from_text(m, "the first text", 2), cart.from_text(m, "and another one")
+        a:rows(0, 1)[a.row + 3] = 0.125 -- as if trained
+        a:save(pa, m)
+        b:save(pb, m)
+        local ma, mb = cart.map(pa, m), cart.map(pb, m)
+        assert.are.equal(a.p, ma.p)
+        assert.are.equal(2, ma.frozen)
+        for _, dtype in ipairs({ "f16", "f32" }) do
+            local k1, k2 = m:new_kv(64, dtype), m:new_kv(64, dtype)
+            local ab = cart.compose({ a, b })
+            ab:append_to(k1)
+            cart.stack({ ma, mb }):append_to(k2)
+            assert.are.equal(a.p + b.p, k2:len())
+            for l = 0, m.config.n_layer - 1 do
+                for which = 0, 1 do
+                    assert.are.equal(0, ffi.C.memcmp(k1:raw_rows(l, which), k2:raw_rows(l, which), k1:len() * k1:row_bytes()))
+                end
+            end
+            k1:free(); k2:free(); ab:free()
+        end
+        ma:free(); mb:free()
+        local ok, err = pcall(cart.map, tmp .. "/missing.safetensors", m)
+        assert.is_false(ok)
+        assert.truthy(err:find("missing.safetensors", 1, true), err)
+        m:free()
+    end)
+end)
+
+describe("recipes/fleet.lua --ask", function()
+    it("rebuilds the index with --rounds 0, retrieves, composes and answers beside the bare model", function()
+        local model, why = stories()
+        if not model then return pending(why) end
+        local where = write_docs(tmp .. "/adocs")
+        local dir = tmp .. "/ask"
+        local rc, out, err = recipe("fleet.lua", fleet_args({ "--model", model, "--corpus", where, "--fleet", dir,
+            "--rounds", "2", "--embed-chunk", "64" }))
+        if not rc then return pending("build/cartridge not built") end
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("\nindex: %d+ chunks of up to 64 tokens from 3 documents, 64 dims, built in"), out)
+        local man = fleet.read_manifest(dir)
+        assert.are.equal(64, man.embed_dim)
+        local carts = helper.read_file(dir .. "/doc-000.safetensors")
+        rc, out, err = recipe("fleet.lua", fleet_args({ "--model", model, "--corpus", where, "--fleet", dir,
+            "--rounds", "0", "--resume", "--embed-chunk", "48" }))
+        assert.are.equal(0, rc, err)
+        assert.falsy(out:find("\nround ", 1, true), out)
+        assert.truthy(out:find("index: %d+ chunks of up to 48 tokens"), out)
+        assert.truthy(out:find("steps per document: %d+/%d+/%d+ %(fleet round 2%)"), out)
+        assert.are.equal(carts, helper.read_file(dir .. "/doc-000.safetensors"))
+        assert.are.equal(48, fleet.read_manifest(dir).embed_chunk)
+        -- a question that quotes the second document
+        local line = helper.read_file(where .. "/doc2.md"):match("\n([^\n]+)\n")
+        rc, out, err = recipe("fleet.lua", "--model", model, "--fleet", dir, "--ask", line, "--max-a", "8",
+            "--rag-docs", "2")
+        assert.are.equal(0, rc, err)
+        helper.assert_in_order(out, { "\nretrieved: doc%d.md %(%-?%d%.%d+%), doc%d.md", "\n%[2 composed cartridge%(s%), %d+ KV rows%] %(",
+            "\n%[bare model, no context%]\n" })
+        rc, out, err = recipe("fleet.lua", "--model", model, "--fleet", dir, "--ask", line, "--max-a", "8",
+            "--oracle", "doc3.md")
+        assert.are.equal(0, rc, err)
+        local p3 = cart.map(dir .. "/doc-002.safetensors").p
+        assert.truthy(out:find(("\noracle: doc3.md\n[1 composed cartridge(s), %d KV rows]"):format(p3), 1, true), out)
+        rc, _, err = recipe("fleet.lua", "--model", model, "--fleet", dir, "--ask", line, "--oracle", "nope.md")
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("--oracle nope.md: no such document in " .. dir .. " (it holds doc1.md, doc2.md, doc3.md)",
+            1, true), err)
     end)
 end)
