@@ -91,7 +91,7 @@ local dir = opts.fleet
 
 if opts.ask then
     local man = fleet.read_manifest(dir)
-    fleet.manager(m, dir, man, {}) -- the model check
+    fleet.check_model(m, dir, man)
     local chosen = {}
     if #opts.oracle > 0 then
         for _, name in ipairs(opts.oracle) do
@@ -183,6 +183,7 @@ else
         c:capture(m, ids)
         c:save(fleet.join(dir, fleet.cart_file(i)), m, { training = man.settings,
             extra_meta = { ["fleet.document"] = d.name, ["fleet.steps"] = 0 } })
+        man.docs[i].rows = c.p
         c:free()
         os.remove(fleet.join(dir, fleet.opt_file(i))) -- fresh moments
     end

@@ -149,6 +149,9 @@ function fleet.check_manifest(man, where)
                 bad(("%s.%s must be a non-negative integer, not %s"):format(at, key, shown(d[key])))
             end
         end
+        if not is_int(d.rows, 1, man.p) then
+            bad(("%s.rows must be an integer in [1, p = %d], not %s"):format(at, man.p, shown(d.rows)))
+        end
         if not is_int(d.entered, 0, d.steps) then
             bad(("%s.entered must be an integer in [0, steps = %d], not %s"):format(at, d.steps, shown(d.entered)))
         end
@@ -187,7 +190,9 @@ function fleet.write_manifest(dir, man)
     fs.write_atomic(join(dir, fleet.MANIFEST), json.encode(man) .. "\n")
 end
 
--- A new manifest for documents docs (fleet.documents) and model m.
+-- A new manifest for documents docs (fleet.documents) and model m; each
+-- document's rows (its cartridge's p) start at opts.p, for the caller to
+-- set to what its cartridge holds.
 function fleet.new_manifest(m, docs, opts)
     local man = {
         format = fleet.FORMAT, version = fleet.VERSION,
@@ -197,7 +202,7 @@ function fleet.new_manifest(m, docs, opts)
     }
     for i, d in ipairs(docs) do
         man.docs[i] = { name = d.name, cart_file = fleet.cart_file(i), opt_file = fleet.opt_file(i),
-            tokens = d.corpus.n_tokens, steps = 0, entered = 0, resident = false }
+            tokens = d.corpus.n_tokens, rows = opts.p, steps = 0, entered = 0, resident = false }
     end
     return man
 end
@@ -226,13 +231,17 @@ Manager.__index = Manager
 -- keeps its docs' steps, entered and resident up to date); opts: budget,
 -- lr, warmup, rotate_every, evict_frac, log (function(line) or nil).
 function fleet.manager(m, dir, man, opts)
-    local self = setmetatable({ m = m, dir = dir, man = man, o = opts, resident = {}, log = opts.log or function() end },
+    fleet.check_model(m, dir, man)
+    return setmetatable({ m = m, dir = dir, man = man, o = opts, resident = {}, log = opts.log or function() end },
         Manager)
+end
+
+-- Raises unless the fleet in dir (its manifest man) was trained on model m.
+function fleet.check_model(m, dir, man)
     if man.model_fingerprint ~= cart.fingerprint(m) then
         error(("fleet: %s was trained on model '%s' (fingerprint %s), and %s has fingerprint %s; use the model it "
             .. "was trained with"):format(dir, man.model, man.model_fingerprint, m.path, cart.fingerprint(m)), 0)
     end
-    return self
 end
 
 -- The residents' indices in increasing order.
@@ -260,6 +269,11 @@ function Manager:load(i, entered)
     local path = join(self.dir, d.cart_file)
     local ok, c, info = pcall(cart.load, path, self.m)
     if not ok then error(("fleet: document %s: %s"):format(d.name, c), 0) end
+    if c.p ~= d.rows then
+        c:free()
+        error(("fleet: document %s: %s holds %d rows and the manifest says %d; the fleet is damaged"):format(d.name,
+            path, c.p, d.rows), 0)
+    end
     local on_disk = tonumber(info.metadata["fleet.steps"] or "")
     if on_disk and on_disk ~= d.steps then
         -- a checkpoint interrupted between its files and its manifest
