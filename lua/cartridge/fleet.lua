@@ -3,7 +3,9 @@
 --
 --   local fleet = require("cartridge.fleet")
 --   local docs = fleet.documents({ "docs/" }, tok)    -- { name, path, corpus } per file
+--   local man = fleet.init(m, "out/fleet", docs, { p = 256, frozen = 1 })   -- corpus-init cartridges, manifest
 --   local man = fleet.read_manifest("out/fleet")        -- fleet.json, checked field by field
+--   local man = fleet.parse_manifest(text, "where")     -- the same from its text
 --   fleet.write_manifest("out/fleet", man)              -- atomically
 --   local mgr = fleet.manager(m, "out/fleet", man, { budget = 4, lr = 2e-3, warmup = 8 })
 --   mgr:load(i); mgr:evict(i); mgr:rotate(); mgr:checkpoint()
@@ -176,12 +178,17 @@ function fleet.read_manifest(dir)
     local f = assert(io.open(path, "rb"))
     local text = f:read("*a")
     f:close()
+    return fleet.parse_manifest(text, path)
+end
+
+-- A manifest from its JSON text, checked; `where` names it in errors.
+function fleet.parse_manifest(text, where)
     local ok, man = pcall(json.decode, text)
     if not ok then
         error(("fleet: %s: %s; the manifest is damaged: restore it from a copy, or train the fleet again into an "
-            .. "empty directory"):format(path, man), 0)
+            .. "empty directory"):format(where, man), 0)
     end
-    return fleet.check_manifest(man, path)
+    return fleet.check_manifest(man, where)
 end
 
 -- Writes the manifest atomically (a temporary file, fsynced, renamed).
@@ -219,6 +226,33 @@ function fleet.names(man)
     local out = {}
     for i, d in ipairs(man.docs) do out[i] = d.name end
     return table.concat(out, ", ")
+end
+
+-- A new fleet in dir: each document's cartridge initialized from its own
+-- opening (selfstudy.init_ids: the document as a system message, at most
+-- opts.p rows) and saved, moments fresh, then the manifest. opts: p,
+-- frozen, settings, embed_chunk, template (the model's by default).
+-- Returns the manifest.
+function fleet.init(m, dir, docs, opts)
+    local tok = m:tokenizer()
+    local template = opts.template or require("cartridge.chat").for_model(m)
+    local man = fleet.new_manifest(m, docs, opts)
+    for i, d in ipairs(docs) do
+        fs.sweep_temps(join(dir, fleet.cart_file(i)))
+        local ids = selfstudy.init_ids(tok, template, d.corpus.text, opts.p)
+        if opts.frozen >= #ids then
+            error(("fleet: --frozen %d must be below the %d rows %s initializes"):format(opts.frozen, #ids, d.name), 0)
+        end
+        local c = cart.new(m, #ids, opts.frozen)
+        c:capture(m, ids)
+        c:save(join(dir, fleet.cart_file(i)), m, { training = man.settings,
+            extra_meta = { ["fleet.document"] = d.name, ["fleet.steps"] = 0 } })
+        man.docs[i].rows = c.p
+        c:free()
+        os.remove(join(dir, fleet.opt_file(i))) -- fresh moments
+    end
+    fleet.write_manifest(dir, man)
+    return man
 end
 
 -- ---------------------------------------------------------------------------

@@ -809,3 +809,40 @@ describe("serve.lua --fleet", function()
         assert.truthy(err:find("is not a fleet directory", 1, true), err)
     end)
 end)
+
+describe("the fleet's report and benchmark", function()
+    it("report_fleet.lua scores five arms on held-out conversations and retrieval's top-1", function()
+        local dir, where = small_fleet("report", 2)
+        if not dir then return pending(where) end
+        local model = stories()
+        local mono = tmp .. "/report-mono.safetensors"
+        local rc, out, err = recipe("selfstudy.lua", fleet_args({ "--model", model, "--corpus", where, "--p", "144",
+            "--steps", "2", "--save", mono }))
+        assert.are.equal(0, rc, err)
+        rc, out, err = recipe("report_fleet.lua", fleet_args({ "--model", model, "--corpus", where, "--fleet", dir,
+            "--mono", mono, "--heldout", "1", "--icl-max", "400", "--json" }))
+        assert.are.equal(0, rc, err)
+        helper.assert_in_order(out, { "\nfleet: 3 documents, 144 rows in all, monolithic cartridge p = 144",
+            "\n3 held%-out conversations %(1 per document%)", "\nbare +%d%.%d+ +%-?%d+%.%d%%",
+            "\nmonolithic +%d%.%d+", "\nretrieval +%d%.%d+", "\noracle +%d%.%d+", "\nICL +%d%.%d+ +100%.0%%",
+            "\nretrieval top%-1 accuracy: %d/3", "\nfleet %(oracle%) vs monolithic: [%+%-]%d" })
+        local report = json.decode(out:match("\n(%b{})\n?$"))
+        assert.are.equal(3, #report.conversations)
+        for _, c in ipairs(report.conversations) do
+            assert.truthy(#c.retrieved >= 1 and #c.retrieved <= 2)
+            assert.truthy(c.loss.oracle > 0 and c.loss.ICL > 0)
+        end
+    end)
+
+    it("bench_fleet.lua times training isolated and co-loaded, the index and serving", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local rc, out, err = recipe("bench_fleet.lua", "--model", helper.root .. "/models/default.gguf", "--rounds", "1",
+            "--accum", "1", "--p", "16", "--chunk-min", "16", "--chunk-max", "32", "--max-q", "4", "--max-a", "4",
+            "--embed-chunk", "32", "--index-chunks", "2", "--answer", "4")
+        assert.are.equal(0, rc, err)
+        helper.assert_in_order(out, { "\ninit: 3 cartridges of p = 16", "\ntraining isolated +: %d+%.%d s/conversation",
+            "behind 16 rows", "\ntraining co%-loaded x2 *: ", "behind 32 rows", "\ntraining co%-loaded x3 *: ",
+            "behind 48 rows", "\nindex: 2 chunks of 32 tokens in", "\nserve bare *: %d+%.%d+ s for 4 tokens",
+            "\nserve 1 cartridge *: ", "16 KV rows in front", "\nserve 2 composed *: ", "32 KV rows in front" })
+    end)
+end)
