@@ -91,7 +91,7 @@ local dir = opts.fleet
 
 if opts.ask then
     local man = fleet.read_manifest(dir)
-    fleet.manager(m, dir, man, {}) -- the model check
+    fleet.check_model(m, dir, man)
     local chosen = {}
     if #opts.oracle > 0 then
         for _, name in ipairs(opts.oracle) do
@@ -170,23 +170,9 @@ else
     if has_manifest then
         fail(("%s already holds a fleet; pass --resume to continue it, or choose an empty directory"):format(dir))
     end
-    man = fleet.new_manifest(m, docs, { p = opts.p, frozen = opts.frozen, settings = settings,
-        embed_chunk = opts.embed_chunk })
     local t0 = C.cart_now_seconds()
-    for i, d in ipairs(docs) do
-        fs.sweep_temps(fleet.join(dir, fleet.cart_file(i)))
-        local ids = selfstudy.init_ids(tok, template, d.corpus.text, opts.p)
-        if opts.frozen >= #ids then
-            fail(("--frozen %d must be below the %d rows %s initializes"):format(opts.frozen, #ids, d.name))
-        end
-        local c = cart.new(m, #ids, opts.frozen)
-        c:capture(m, ids)
-        c:save(fleet.join(dir, fleet.cart_file(i)), m, { training = man.settings,
-            extra_meta = { ["fleet.document"] = d.name, ["fleet.steps"] = 0 } })
-        c:free()
-        os.remove(fleet.join(dir, fleet.opt_file(i))) -- fresh moments
-    end
-    fleet.write_manifest(dir, man)
+    man = fleet.init(m, dir, docs, { p = opts.p, frozen = opts.frozen, settings = settings,
+        embed_chunk = opts.embed_chunk, template = template })
     print(("fleet initialized in %s: %d cartridges of up to p = %d rows (%.2f s/document)"):format(dir, #docs, opts.p,
         (C.cart_now_seconds() - t0) / #docs))
 end

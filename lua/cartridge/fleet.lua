@@ -3,7 +3,9 @@
 --
 --   local fleet = require("cartridge.fleet")
 --   local docs = fleet.documents({ "docs/" }, tok)    -- { name, path, corpus } per file
+--   local man = fleet.init(m, "out/fleet", docs, { p = 256, frozen = 1 })   -- corpus-init cartridges, manifest
 --   local man = fleet.read_manifest("out/fleet")        -- fleet.json, checked field by field
+--   local man = fleet.parse_manifest(text, "where")     -- the same from its text
 --   fleet.write_manifest("out/fleet", man)              -- atomically
 --   local mgr = fleet.manager(m, "out/fleet", man, { budget = 4, lr = 2e-3, warmup = 8 })
 --   mgr:load(i); mgr:evict(i); mgr:rotate(); mgr:checkpoint()
@@ -149,6 +151,9 @@ function fleet.check_manifest(man, where)
                 bad(("%s.%s must be a non-negative integer, not %s"):format(at, key, shown(d[key])))
             end
         end
+        if not is_int(d.rows, 1, man.p) then
+            bad(("%s.rows must be an integer in [1, p = %d], not %s"):format(at, man.p, shown(d.rows)))
+        end
         if not is_int(d.entered, 0, d.steps) then
             bad(("%s.entered must be an integer in [0, steps = %d], not %s"):format(at, d.steps, shown(d.entered)))
         end
@@ -173,12 +178,17 @@ function fleet.read_manifest(dir)
     local f = assert(io.open(path, "rb"))
     local text = f:read("*a")
     f:close()
+    return fleet.parse_manifest(text, path)
+end
+
+-- A manifest from its JSON text, checked; `where` names it in errors.
+function fleet.parse_manifest(text, where)
     local ok, man = pcall(json.decode, text)
     if not ok then
         error(("fleet: %s: %s; the manifest is damaged: restore it from a copy, or train the fleet again into an "
-            .. "empty directory"):format(path, man), 0)
+            .. "empty directory"):format(where, man), 0)
     end
-    return fleet.check_manifest(man, path)
+    return fleet.check_manifest(man, where)
 end
 
 -- Writes the manifest atomically (a temporary file, fsynced, renamed).
@@ -187,7 +197,9 @@ function fleet.write_manifest(dir, man)
     fs.write_atomic(join(dir, fleet.MANIFEST), json.encode(man) .. "\n")
 end
 
--- A new manifest for documents docs (fleet.documents) and model m.
+-- A new manifest for documents docs (fleet.documents) and model m; each
+-- document's rows (its cartridge's p) start at opts.p, for the caller to
+-- set to what its cartridge holds.
 function fleet.new_manifest(m, docs, opts)
     local man = {
         format = fleet.FORMAT, version = fleet.VERSION,
@@ -197,7 +209,7 @@ function fleet.new_manifest(m, docs, opts)
     }
     for i, d in ipairs(docs) do
         man.docs[i] = { name = d.name, cart_file = fleet.cart_file(i), opt_file = fleet.opt_file(i),
-            tokens = d.corpus.n_tokens, steps = 0, entered = 0, resident = false }
+            tokens = d.corpus.n_tokens, rows = opts.p, steps = 0, entered = 0, resident = false }
     end
     return man
 end
@@ -216,6 +228,33 @@ function fleet.names(man)
     return table.concat(out, ", ")
 end
 
+-- A new fleet in dir: each document's cartridge initialized from its own
+-- opening (selfstudy.init_ids: the document as a system message, at most
+-- opts.p rows) and saved, moments fresh, then the manifest. opts: p,
+-- frozen, settings, embed_chunk, template (the model's by default).
+-- Returns the manifest.
+function fleet.init(m, dir, docs, opts)
+    local tok = m:tokenizer()
+    local template = opts.template or require("cartridge.chat").for_model(m)
+    local man = fleet.new_manifest(m, docs, opts)
+    for i, d in ipairs(docs) do
+        fs.sweep_temps(join(dir, fleet.cart_file(i)))
+        local ids = selfstudy.init_ids(tok, template, d.corpus.text, opts.p)
+        if opts.frozen >= #ids then
+            error(("fleet: --frozen %d must be below the %d rows %s initializes"):format(opts.frozen, #ids, d.name), 0)
+        end
+        local c = cart.new(m, #ids, opts.frozen)
+        c:capture(m, ids)
+        c:save(join(dir, fleet.cart_file(i)), m, { training = man.settings,
+            extra_meta = { ["fleet.document"] = d.name, ["fleet.steps"] = 0 } })
+        man.docs[i].rows = c.p
+        c:free()
+        os.remove(join(dir, fleet.opt_file(i))) -- fresh moments
+    end
+    fleet.write_manifest(dir, man)
+    return man
+end
+
 -- ---------------------------------------------------------------------------
 -- The budget manager
 
@@ -226,13 +265,17 @@ Manager.__index = Manager
 -- keeps its docs' steps, entered and resident up to date); opts: budget,
 -- lr, warmup, rotate_every, evict_frac, log (function(line) or nil).
 function fleet.manager(m, dir, man, opts)
-    local self = setmetatable({ m = m, dir = dir, man = man, o = opts, resident = {}, log = opts.log or function() end },
+    fleet.check_model(m, dir, man)
+    return setmetatable({ m = m, dir = dir, man = man, o = opts, resident = {}, log = opts.log or function() end },
         Manager)
+end
+
+-- Raises unless the fleet in dir (its manifest man) was trained on model m.
+function fleet.check_model(m, dir, man)
     if man.model_fingerprint ~= cart.fingerprint(m) then
         error(("fleet: %s was trained on model '%s' (fingerprint %s), and %s has fingerprint %s; use the model it "
             .. "was trained with"):format(dir, man.model, man.model_fingerprint, m.path, cart.fingerprint(m)), 0)
     end
-    return self
 end
 
 -- The residents' indices in increasing order.
@@ -260,6 +303,11 @@ function Manager:load(i, entered)
     local path = join(self.dir, d.cart_file)
     local ok, c, info = pcall(cart.load, path, self.m)
     if not ok then error(("fleet: document %s: %s"):format(d.name, c), 0) end
+    if c.p ~= d.rows then
+        c:free()
+        error(("fleet: document %s: %s holds %d rows and the manifest says %d; the fleet is damaged"):format(d.name,
+            path, c.p, d.rows), 0)
+    end
     local on_disk = tonumber(info.metadata["fleet.steps"] or "")
     if on_disk and on_disk ~= d.steps then
         -- a checkpoint interrupted between its files and its manifest

@@ -157,8 +157,9 @@ function Index:top_docs(q, k_chunks, max_docs)
     return out
 end
 
--- Writes the index atomically.
-function Index:save(path, m)
+-- Writes the index atomically, with its checksum unless opts.checksum is
+-- false (the fuzz seeds want one without).
+function Index:save(path, m, opts)
     local docs = ffi.new("int64_t[?]", math.max(self.n, 1))
     for r = 1, self.n do docs[r - 1] = self.chunk_doc[r] - 1 end
     safetensors.write(path, {
@@ -166,7 +167,8 @@ function Index:save(path, m)
         { name = "centroid", dtype = "F32", shape = { self.dim }, data = self.centroid },
         { name = "chunk_doc", dtype = "I64", shape = { self.n }, data = docs },
     }, { ["index.format"] = retrieval.FORMAT, ["index.model_fingerprint"] = cart.fingerprint(m),
-        ["index.embed_chunk"] = tostring(self.chunk), ["index.suffix"] = retrieval.SUFFIX }, { checksum = true })
+        ["index.embed_chunk"] = tostring(self.chunk), ["index.suffix"] = retrieval.SUFFIX },
+        { checksum = not (opts and opts.checksum == false) })
     return path
 end
 

@@ -183,6 +183,20 @@ local function snapshot(dir)
     return out
 end
 
+-- Trains a small fleet of write_docs' documents on stories260K into
+-- tmp/<name> with an index of 64-token chunks: dir, the documents' folder
+-- and the run's output; nil and why when it cannot run.
+local function small_fleet(name, rounds)
+    local model, why = stories()
+    if not model then return nil, why end
+    if not helper.exists(helper.bin) then return nil, "build/cartridge not built" end
+    local where, dir = write_docs(tmp .. "/" .. name .. "-docs"), tmp .. "/" .. name
+    local rc, out, err = recipe("fleet.lua", fleet_args({ "--model", model, "--corpus", where, "--fleet", dir,
+        "--rounds", tostring(rounds), "--embed-chunk", "64" }))
+    assert(rc == 0, err)
+    return dir, where, out
+end
+
 describe("the fleet manifest", function()
     local m, docs
     setup(function()
@@ -219,6 +233,7 @@ describe("the fleet manifest", function()
             { good:gsub('"name":"doc2.md"', '"name":"doc1.md"'), 'docs[1].name "doc1.md" repeats docs[0]' },
             { good:gsub('"p":32', '"p":1.5'), "p must be an integer" },
             { good:gsub('"resident":false', '"resident":"no"', 1), "docs[0].resident must be true or false" },
+            { good:gsub('"rows":32', '"rows":33', 1), "docs[0].rows must be an integer in [1, p = 32]" },
             { "[]", "the top level must be an object" },
         }
         for _, case in ipairs(cases) do
@@ -254,6 +269,7 @@ describe("the budget manager", function()
         os.execute("mkdir -p " .. helper.q(dir))
         local man = fleet.new_manifest(m, docs, { p = p, frozen = 1 })
         for i, d in ipairs(docs) do
+            man.docs[i].rows = p
             local ids = d.corpus.ids:sub(0, p)
             local c = cart.new(m, p, 1)
             c:capture(m, ids)
@@ -635,14 +651,9 @@ end)
 
 describe("recipes/fleet.lua --ask", function()
     it("rebuilds the index with --rounds 0, retrieves, composes and answers beside the bare model", function()
-        local model, why = stories()
-        if not model then return pending(why) end
-        local where = write_docs(tmp .. "/adocs")
-        local dir = tmp .. "/ask"
-        local rc, out, err = recipe("fleet.lua", fleet_args({ "--model", model, "--corpus", where, "--fleet", dir,
-            "--rounds", "2", "--embed-chunk", "64" }))
-        if not rc then return pending("build/cartridge not built") end
-        assert.are.equal(0, rc, err)
+        local dir, where, out = small_fleet("ask", 2)
+        if not dir then return pending(where) end
+        local model, rc, err = stories()
         assert.truthy(out:find("\nindex: %d+ chunks of up to 64 tokens from 3 documents, 64 dims, built in"), out)
         local man = fleet.read_manifest(dir)
         assert.are.equal(64, man.embed_dim)
@@ -671,5 +682,167 @@ describe("recipes/fleet.lua --ask", function()
         assert.are_not.equal(0, rc)
         assert.truthy(err:find("--oracle nope.md: no such document in " .. dir .. " (it holds doc1.md, doc2.md, doc3.md)",
             1, true), err)
+    end)
+end)
+
+-- ---------------------------------------------------------------------------
+-- Serving a fleet
+
+local fleetserve = require("cartridge.fleetserve")
+local json = cartridge.json
+
+describe("cartridge.fleetserve", function()
+    it("maps at most --budget cartridges, waits while they are held, drops the least recently used", function()
+        local dir, why = small_fleet("fs-fleet", 0)
+        if not dir then return pending(why) end
+        local m = cartridge.model.load(stories())
+        local ok, e = pcall(fleetserve.open, m, dir, { budget = 1, rag_docs = 2, rag_chunks = 8 })
+        assert.is_false(ok)
+        assert.truthy(e:find("--budget 1 is below --rag-docs 2", 1, true), e)
+        local f = fleetserve.open(m, dir, { budget = 2, rag_docs = 2, rag_chunks = 8 })
+        local ab, c, bc = f:prefix({ 1, 2 }), f:prefix({ 3 }), f:prefix({ 2, 3 })
+        assert.are.equal(f:prefix({ 1, 2 }), ab) -- one object per list
+        assert.is_true(ab:acquire())
+        assert.are.equal(2, f.mapped)
+        assert.is_false(c:acquire()) -- both places held
+        ab:release()
+        assert.is_true(c:acquire()) -- drops one: 1 and 2 were used together, the lower goes
+        assert.are.equal(2, f.mapped)
+        assert.is_nil(f.maps[1])
+        assert.truthy(f.maps[2] and f.maps[3])
+        assert.is_true(bc:acquire()) -- already mapped: nothing to drop
+        assert.are.same({ maps = 3, unmaps = 1 }, { maps = f.stats.maps, unmaps = f.stats.unmaps })
+        local kv = m:new_kv(bc.p + 4, "f32")
+        bc:append_to(kv)
+        assert.are.equal(bc.p, kv:len())
+        kv:free()
+        c:release(); bc:release()
+        -- a conversation keeps its first choice
+        local first = f:select({ "Lily went to the park" })
+        assert.are.equal(first, f:select({ "Lily went to the park", "and something else entirely" }))
+        assert.are.same({ retrievals = 1, sticky_hits = 1 }, { retrievals = f.stats.retrievals,
+            sticky_hits = f.stats.sticky_hits })
+        f:free()
+        m:free()
+    end)
+end)
+
+describe("serve.lua --fleet", function()
+    local servers = helper.servers(tmp)
+    teardown(function() servers:stop_all() end)
+
+    it("retrieves per conversation, composes, reuses the cache behind the prefix and names the documents", function()
+        if not helper.have("curl") then return pending("curl is not installed") end
+        local dir, where = small_fleet("served", 1)
+        if not dir then return pending(where) end
+        local model, rc, err = stories()
+        local question = helper.read_file(where .. "/doc3.md"):match("\n([^\n]+)\n")
+        -- what the CLI retrieves and answers
+        local out
+        rc, out, err = recipe("fleet.lua", "--model", model, "--fleet", dir, "--ask", question, "--max-a", "12")
+        assert.are.equal(0, rc, err)
+        local cli_docs = {}
+        for name in out:match("\nretrieved: ([^\n]+)"):gmatch("(doc%d%.md) %(") do cli_docs[#cli_docs + 1] = name end
+        local cli_text = out:match("%[2 composed cartridge%(s%), %d+ KV rows%] [^\n]*\n(.-)\n%[bare model")
+        local s = servers:start(model, "--fleet", "docs=" .. dir, "--budget", "2", "--parallel", "2")
+        local function post(path, t)
+            local status, body = servers:curl(s, "POST", path, json.encode(t))
+            assert.are.equal(200, status, body)
+            return json.decode(body)
+        end
+        local first = { model = "docs", messages = { { role = "user", content = question } }, max_tokens = 12,
+            temperature = 0 }
+        local r1 = post("/v1/chat/completions", first)
+        assert.are.same(cli_docs, r1.documents)
+        assert.are.equal(cli_text, (r1.choices[1].message.content:gsub("^%s+", ""):gsub("%s+$", "")))
+        -- the follow-up: the same documents, the cached turn reused behind the composed prefix
+        local follow = { model = "docs", temperature = 0, max_tokens = 6, messages = {
+            { role = "user", content = question },
+            { role = "assistant", content = r1.choices[1].message.content },
+            { role = "user", content = "Once upon a time" } } }
+        local r2 = post("/v1/chat/completions", follow)
+        assert.are.same(cli_docs, r2.documents)
+        print(("  follow-up behind %s: %d prompt tokens, %d cached"):format(table.concat(r2.documents, " + "),
+            r2.usage.prompt_tokens, r2.usage.prompt_tokens_details.cached_tokens))
+        assert.truthy(r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens)
+        -- streamed, Anthropic and Responses shapes carry the field too
+        first.stream = true
+        local status, body = servers:curl(s, "POST", "/v1/chat/completions", json.encode(first))
+        assert.are.equal(200, status)
+        local chunk = json.decode(body:match("^data: ([^\n]+)"))
+        assert.are.same(cli_docs, chunk.documents)
+        local msg = post("/v1/messages", { model = "docs", max_tokens = 4, messages = { { role = "user", content = question } } })
+        assert.are.same(cli_docs, msg.documents)
+        local resp = post("/v1/responses", { model = "docs", max_output_tokens = 4, input = question })
+        assert.are.same(cli_docs, resp.documents)
+        -- the bare model has no such field
+        local bare = post("/v1/chat/completions", { model = "llama", messages = { { role = "user", content = question } },
+            max_tokens = 2 })
+        assert.is_nil(bare.documents)
+        -- another conversation, retrieved on its own; the metrics show the budget held
+        post("/v1/chat/completions", { model = "docs", max_tokens = 2, messages = { { role = "user",
+            content = helper.read_file(where .. "/doc1.md"):match("\n([^\n]+)\n") } } })
+        local _, metrics = servers:curl(s, "GET", "/metrics")
+        local mapped = tonumber(metrics:match("\ncartridge_fleet_mapped (%d+)"))
+        local retrievals = tonumber(metrics:match("\ncartridge_fleet_retrievals_total (%d+)"))
+        print(("  metrics: %d mapped (budget 2), %d retrievals, %s sticky hits"):format(mapped, retrievals,
+            metrics:match("\ncartridge_fleet_sticky_hits_total (%d+)")))
+        assert.truthy(mapped >= 1 and mapped <= 2)
+        assert.are.equal(2, retrievals) -- the question's conversation once, the other one once
+        local _, models = servers:curl(s, "GET", "/v1/models")
+        local listed = json.decode(models).data
+        assert.are.equal("docs", listed[2].id)
+        assert.are.equal(3, listed[2].fleet.documents)
+        servers:stop(s)
+        assert.truthy(helper.read_file(s.log):find("chat docs [" .. table.concat(cli_docs, ", ") .. "]", 1, true))
+    end)
+
+    it("refuses a fleet beside --cartridge or --kv-cache-dir, and a budget below --rag-docs", function()
+        local model, why = stories()
+        if not model then return pending(why) end
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local rc, _, err = helper.cartridge("run", "recipes/serve.lua", model, "--fleet", tmp, "--kv-cache-dir", tmp)
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("--fleet serves the fleet alone", 1, true), err)
+        rc, _, err = helper.cartridge("run", "recipes/serve.lua", model, "--fleet", tmp .. "/nowhere")
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("is not a fleet directory", 1, true), err)
+    end)
+end)
+
+describe("the fleet's report and benchmark", function()
+    it("report_fleet.lua scores five arms on held-out conversations and retrieval's top-1", function()
+        local dir, where = small_fleet("report", 2)
+        if not dir then return pending(where) end
+        local model = stories()
+        local mono = tmp .. "/report-mono.safetensors"
+        local rc, out, err = recipe("selfstudy.lua", fleet_args({ "--model", model, "--corpus", where, "--p", "144",
+            "--steps", "2", "--save", mono }))
+        assert.are.equal(0, rc, err)
+        rc, out, err = recipe("report_fleet.lua", fleet_args({ "--model", model, "--corpus", where, "--fleet", dir,
+            "--mono", mono, "--heldout", "1", "--icl-max", "400", "--json" }))
+        assert.are.equal(0, rc, err)
+        helper.assert_in_order(out, { "\nfleet: 3 documents, 144 rows in all, monolithic cartridge p = 144",
+            "\n3 held%-out conversations %(1 per document%)", "\nbare +%d%.%d+ +%-?%d+%.%d%%",
+            "\nmonolithic +%d%.%d+", "\nretrieval +%d%.%d+", "\noracle +%d%.%d+", "\nICL +%d%.%d+ +100%.0%%",
+            "\nretrieval top%-1 accuracy: %d/3", "\nfleet %(oracle%) vs monolithic: [%+%-]%d" })
+        local report = json.decode(out:match("\n(%b{})\n?$"))
+        assert.are.equal(3, #report.conversations)
+        for _, c in ipairs(report.conversations) do
+            assert.truthy(#c.retrieved >= 1 and #c.retrieved <= 2)
+            assert.truthy(c.loss.oracle > 0 and c.loss.ICL > 0)
+        end
+    end)
+
+    it("bench_fleet.lua times training isolated and co-loaded, the index and serving", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local rc, out, err = recipe("bench_fleet.lua", "--model", helper.root .. "/models/default.gguf", "--rounds", "1",
+            "--accum", "1", "--p", "16", "--chunk-min", "16", "--chunk-max", "32", "--max-q", "4", "--max-a", "4",
+            "--embed-chunk", "32", "--index-chunks", "2", "--answer", "4")
+        assert.are.equal(0, rc, err)
+        helper.assert_in_order(out, { "\ninit: 3 cartridges of p = 16", "\ntraining isolated +: %d+%.%d s/conversation",
+            "behind 16 rows", "\ntraining co%-loaded x2 *: ", "behind 32 rows", "\ntraining co%-loaded x3 *: ",
+            "behind 48 rows", "\nindex: 2 chunks of 32 tokens in", "\nserve bare *: %d+%.%d+ s for 4 tokens",
+            "\nserve 1 cartridge *: ", "16 KV rows in front", "\nserve 2 composed *: ", "32 KV rows in front" })
     end)
 end)
