@@ -160,13 +160,15 @@ local function facts_at(step)
     return math.floor(lo + (opts.max_facts - lo) * step / span + 0.5)
 end
 
--- The lookup warm-up: a short list of pairs, each a key (a person's name),
--- a filler of 0 to 2 tokens that is the same for the whole list (a
--- relation's words) and a value (any word), then the pairs again in a fresh
--- order, where every token after a key is supervised. Predicting a value
--- needs the key f + 1 tokens back and the place in the list where that key
--- stands: the circuit that answering from a document needs, learnt where
--- nothing else is in the way (short contexts, every other token a lookup).
+-- The lookup warm-up: a list of pairs, each a key (a person's name), a
+-- filler of 0 to 4 tokens (a relation's words: one to three fillers per
+-- list, each pair with one of them) and a value (any word), then the pairs
+-- again in a fresh order, where every token after a key is supervised.
+-- Predicting a value needs the key some tokens back and the place in the
+-- list where that key stands, by the key and not by the filler alone: the
+-- circuit that answering from a document needs, learnt where nothing else is
+-- in the way. Lists grow to 40 pairs, so the lookups reach as far back as
+-- a document's do.
 local lookup_keys, lookup_words
 local function lookup_pools()
     if lookup_keys then return end
@@ -182,35 +184,49 @@ local function lookup_pools()
     end
 end
 
-local function lookup_list(g)
+local function lookup_list(g, step)
     lookup_pools()
+    local function word() return lookup_words[g:below(#lookup_words) + 1] end
     local seq, spans = ids.new(), {}
     if tok.bos then seq:push(tok.bos) end
-    local n = g:int(2, 8)
-    local filler = {}
-    for i = 1, g:int(0, 2) do filler[i] = lookup_words[g:below(#lookup_words) + 1] end
+    -- the first 40% of --lookup-steps: 2..8 pairs and one filler of 0..2
+    -- tokens, where the lookup forms; then lists grow to 40 pairs with one to
+    -- three fillers of 0..4 tokens by 85%, and stay so (--lookup-mix too)
+    local t = opts.lookup_steps > 0 and step / opts.lookup_steps or 1
+    local n, fillers = 8, {}
+    if t < 0.4 then
+        fillers[1] = {}
+        for i = 1, g:int(0, 2) do fillers[1][i] = word() end
+    else
+        n = math.floor(8 + 32 * math.min(1, (t - 0.4) / 0.45) + 0.5)
+        for k = 1, g:int(1, 3) do
+            fillers[k] = {}
+            for i = 1, g:int(0, 4) do fillers[k][i] = word() end
+        end
+    end
+    n = g:int(2, n)
     local keys = g:shuffle({ unpack(lookup_keys) })
-    local pairs_ = {}
-    for i = 1, n do pairs_[i] = { keys[i], lookup_words[g:below(#lookup_words) + 1] } end
+    local list = {}
+    for i = 1, n do list[i] = { key = keys[i], filler = fillers[g:below(#fillers) + 1], value = word() } end
     local stop = tok:encode(".", { add_special = false })[1]
     local function put(pair, supervised)
-        seq:push(pair[1])
+        seq:push(pair.key)
         local from = #seq
-        for _, f in ipairs(filler) do seq:push(f) end
-        seq:push(pair[2])
+        for _, f in ipairs(pair.filler) do seq:push(f) end
+        seq:push(pair.value)
         seq:push(stop)
         if supervised then spans[#spans + 1] = { from, #seq } end
     end
-    for i = 1, n do put(pairs_[i], false) end
+    for i = 1, n do put(list[i], false) end
     seq:push(stop)
-    g:shuffle(pairs_)
-    for i = 1, n do put(pairs_[i], true) end
+    g:shuffle(list)
+    for i = 1, math.min(n, 12) do put(list[i], true) end
     return seq, spans
 end
 
 local function conversation(step, i)
     local g = facts.rng(opts.seed * 1000003 + step * 1009 + i)
-    if step <= opts.lookup_steps or (opts.lookup_mix > 0 and g:below(1000) < opts.lookup_mix * 1000) then return lookup_list(g) end
+    if step <= opts.lookup_steps or (opts.lookup_mix > 0 and g:below(1000) < opts.lookup_mix * 1000) then return lookup_list(g, step) end
     -- a few relations or all of them: facts of one relation, told apart by
     -- their people alone, from the shortest documents on
     local n = g:int(opts.min_facts, facts_at(step))
