@@ -174,14 +174,22 @@ local function lookup_pools()
     if lookup_keys then return end
     lookup_keys, lookup_words = {}, {}
     local is_key = {}
-    for _, name in ipairs(facts.NAMES) do
-        local t = tok:encode(" " .. name, { add_special = false })
-        if #t == 1 and not is_key[t[1]] then lookup_keys[#lookup_keys + 1], is_key[t[1]] = t[1], true end
+    for i, name in ipairs(facts.NAMES) do -- a name's tokens (one each in the reader's vocabulary)
+        lookup_keys[i] = tok:encode(" " .. name, { add_special = false })
+        if #lookup_keys[i] == 1 then is_key[lookup_keys[i][1]] = true end
     end
     for id = 0, m.n_vocab - 1 do -- whole words with their space, three letters or more
         local text = tok:decode({ id })
         if not is_key[id] and text and text:match("^ %a%a%a+$") then lookup_words[#lookup_words + 1] = id end
     end
+    if #lookup_words < 50 then -- a small vocabulary: any letters with their space
+        lookup_words = {}
+        for id = 0, m.n_vocab - 1 do
+            local text = tok:decode({ id })
+            if not is_key[id] and text and text:match("^ %a+$") then lookup_words[#lookup_words + 1] = id end
+        end
+    end
+    if #lookup_words < 2 then fail("--lookup-steps: the vocabulary has no word tokens (' word') to use as values") end
 end
 
 local function lookup_list(g, step)
@@ -210,7 +218,7 @@ local function lookup_list(g, step)
     for i = 1, n do list[i] = { key = keys[i], filler = fillers[g:below(#fillers) + 1], value = word() } end
     local stop = tok:encode(".", { add_special = false })[1]
     local function put(pair, supervised)
-        seq:push(pair.key)
+        for _, id in ipairs(pair.key) do seq:push(id) end
         local from = #seq
         for _, f in ipairs(pair.filler) do seq:push(f) end
         seq:push(pair.value)
