@@ -107,8 +107,7 @@ local started = C.cart_now_seconds()
 local m = cartridge.model.load(defaults.pick_model(opts.model))
 local mc = m.config
 local tok = m:tokenizer()
-print(("model: %s (%d layers, hidden %d, kv_heads %d, head_dim %d)"):format(m.path, mc.n_layer, mc.n_embd,
-    mc.n_head_kv, mc.head_dim))
+print(("model: %s (%s)"):format(m.path, m:describe()))
 local corpus
 if #opts.corpus > 0 then
     corpus = corpus_mod.load(opts.corpus, tok)
