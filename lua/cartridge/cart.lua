@@ -355,7 +355,7 @@ end
 -- cartridge.ids sequence or nil), training (decoded table or nil) }.
 function cart.load(path, m)
     local f, g, meta, draft = open_checked(path, m, "cart.load")
-    local n_layer, p, frozen = g.n_layer, g.p, g.frozen
+    local n_layer, heads, dims, p, frozen = g.n_layer, g.heads, g.dims, g.p, g.frozen
     local function fail(what) error("cart.load: " .. path .. ": " .. what, 0) end
     local c = cart.new_geometry(n_layer, heads, dims, p, frozen)
     for l = 0, n_layer - 1 do
