@@ -21,6 +21,7 @@ static const cart_abi_struct abi_table[] = {
     {"cart_rng", sizeof(cart_rng), alignof(cart_rng)},
     {"cart_weight", sizeof(cart_weight), alignof(cart_weight)},
     {"cart_model_config", sizeof(cart_model_config), alignof(cart_model_config)},
+    {"cart_layer_config", sizeof(cart_layer_config), alignof(cart_layer_config)},
     {"cart_model_options", sizeof(cart_model_options), alignof(cart_model_options)},
     {"cart_sampler_params", sizeof(cart_sampler_params), alignof(cart_sampler_params)},
     {"cart_adam_params", sizeof(cart_adam_params), alignof(cart_adam_params)},

@@ -16,6 +16,7 @@
  * outputs computed by one thread, and which thread runs it does not matter.
  * Nor on the level: every level does the same arithmetic (kernels.h).
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -543,6 +544,84 @@ int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy, c
     if (n == 0 || src.rows == 0 || src.cols == 0) return CART_OK;
     if (!pool) pool = cart_default_pool();
     return backward_run(dx, ldx, dy, ldy, &src, n, pool);
+}
+
+/* ---- q8_0 x q8_0 ------------------------------------------------------------ */
+
+enum { Q8_BLOCK = 32, Q8_ROWS = 16 /* weight rows per task */ };
+
+typedef struct q8_job {
+    const mm_src *w;
+    float *y;
+    int64_t ldy;
+    const int8_t *xq; /* [n][cols] quantized activations */
+    const float *xd;  /* [n][cols / 32] their block scales */
+    int64_t n;
+} q8_job;
+
+/* One activation row to q8_0 as GGML's x86 quantize_row_q8_0. */
+static void quantize_row_q8(int8_t *q, float *d, const float *x, int64_t cols) {
+    for (int64_t b = 0; b < cols / Q8_BLOCK; b++) {
+        const float *xb = x + b * Q8_BLOCK;
+        float amax = 0.0f;
+        for (int i = 0; i < Q8_BLOCK; i++) {
+            float a = fabsf(xb[i]);
+            if (a > amax) amax = a;
+        }
+        d[b] = cart_f16_to_f32(cart_f32_to_f16(amax / 127.0f));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        for (int i = 0; i < Q8_BLOCK; i++) q[b * Q8_BLOCK + i] = (int8_t)nearbyintf(xb[i] * id);
+    }
+}
+
+static void q8_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    q8_job *j = ctx;
+    const int64_t cols = j->w->cols, nb = cols / Q8_BLOCK;
+    for (int64_t r = begin * Q8_ROWS; r < end * Q8_ROWS && r < j->w->rows; r++) {
+        const uint8_t *row = j->w->data + (uint64_t)r * j->w->row_bytes;
+        for (int64_t i = 0; i < j->n; i++) {
+            const int8_t *xq = j->xq + i * cols;
+            const float *xd = j->xd + i * nb;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + b * 34; /* f16 d, then 32 int8 */
+                uint16_t dh;
+                memcpy(&dh, blk, 2);
+                const int8_t *wq = (const int8_t *)(blk + 2);
+                int32_t isum = 0;
+                for (int k = 0; k < Q8_BLOCK; k++) isum += (int32_t)wq[k] * (int32_t)xq[b * Q8_BLOCK + k];
+                acc += (float)isum * (cart_f16_to_f32(dh) * xd[b]);
+            }
+            j->y[i * j->ldy + r] = acc;
+        }
+    }
+}
+
+int cart_matmul_forward_q8(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
+                           int64_t n, cart_pool *pool) {
+    static const char fn[] = "cart_matmul_forward_q8";
+    mm_src src;
+    int rc = check_weight(&src, w, fn);
+    if (rc != CART_OK) return rc;
+    if (src.dtype != CART_Q8_0)
+        return cart_fail(CART_E_ARG, "%s: the weight is %s, not q8_0", fn, cart_dtype_name(src.dtype));
+    rc = check_operands(fn, y, ldy, src.rows, "y", x, ldx, src.cols, "x", n);
+    if (rc != CART_OK) return rc;
+    if (n == 0 || src.rows == 0) return CART_OK;
+    const int64_t nb = src.cols / Q8_BLOCK;
+    int8_t *xq = malloc((size_t)(n * src.cols) + 1);
+    float *xd = malloc(sizeof(float) * (size_t)(n * nb) + 1);
+    if (!xq || !xd) {
+        free(xq);
+        free(xd);
+        return cart_fail(CART_E_NOMEM, "%s: out of memory quantizing %lld activation rows", fn, (long long)n);
+    }
+    for (int64_t i = 0; i < n; i++) quantize_row_q8(xq + i * src.cols, xd + i * nb, x + i * ldx, src.cols);
+    q8_job j = {.w = &src, .y = y, .ldy = ldy, .xq = xq, .xd = xd, .n = n};
+    cart_pool_for(pool ? pool : cart_default_pool(), ceil_div(src.rows, Q8_ROWS), 1, q8_task, &j);
+    free(xq);
+    free(xd);
+    return CART_OK;
 }
 
 typedef struct widen_job {

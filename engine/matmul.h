@@ -98,6 +98,18 @@ int cart_matmul_forward_many_path(int32_t count, float *const *y, const int64_t 
                                   int64_t ldx, const cart_weight *const *w, int64_t n, int32_t path,
                                   cart_pool *pool);
 
+/* y[i, :] = W @ x[i, :] for a q8_0 weight the way GGML's CPU backend
+ * computes it: each activation row is first quantized to q8_0 (per block of
+ * 32: d = max|x| / 127 kept as f16, q = x * (127 / max|x|) rounded to
+ * nearest even, as GGML's x86 quantizer does), then every output is the sum
+ * over blocks, in block order in f32, of the block's integer dot product
+ * times d_weight * d_x. It matches llama.cpp on q8_0 models to the rounding
+ * of that sum. Every row's output depends on that row alone (the same bits
+ * whatever n, the batch or the path). The gemma4 forward uses it for its
+ * q8_0 weights; CART_E_ARG for a weight of another dtype. */
+int cart_matmul_forward_q8(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
+                           int64_t n, cart_pool *pool);
+
 /* dx[i, :] += W^T @ dy[i, :] for i in [0, n). ldx >= cols, ldy >= rows. */
 int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy,
                          const cart_weight *w, int64_t n, cart_pool *pool);

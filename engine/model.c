@@ -13,45 +13,53 @@
 #include "ops.h"
 #include "pool.h"
 
-static const char *arch_names[] = {NULL, "llama", "qwen3"};
+static const char *arch_names[] = {NULL, "llama", "qwen3", "gemma4"};
 
 /* ---- loading -------------------------------------------------------------- */
 
-typedef struct loader {
-    cart_gguf *g;
-    const char *path;
-    const char *arch;
-    char key[256];
-} loader;
-
-static const char *arch_key(loader *ld, const char *suffix) {
+const char *model_key(model_loader *ld, const char *suffix) {
     snprintf(ld->key, sizeof ld->key, "%s.%s", ld->arch, suffix);
     return ld->key;
 }
 
-/* A required positive integer hyperparameter. */
-static int get_dim(loader *ld, const char *suffix, int32_t *out) {
+int model_get_dim(model_loader *ld, const char *suffix, int32_t *out, int32_t lo) {
     uint32_t v = 0;
-    const char *key = arch_key(ld, suffix);
+    const char *key = model_key(ld, suffix);
     int rc = cart_gguf_get_u32(&v, ld->g, key);
     if (rc == CART_E_NOT_FOUND)
         return cart_fail(CART_E_FORMAT, "%s: missing hyperparameter '%s'", ld->path, key);
     if (rc) return rc;
-    if (v == 0 || v > (1u << 30))
+    if (v < (uint32_t)lo || v > (1u << 30))
         return cart_fail(CART_E_FORMAT, "%s: hyperparameter '%s' = %u is out of range", ld->path,
                          key, v);
     *out = (int32_t)v;
     return CART_OK;
 }
 
-/* An optional integer: *out keeps its default when absent. */
-static int get_dim_opt(loader *ld, const char *suffix, int32_t *out) {
-    if (!cart_gguf_find(ld->g, arch_key(ld, suffix))) return CART_OK;
-    return get_dim(ld, suffix, out);
+int model_get_dim_opt(model_loader *ld, const char *suffix, int32_t *out) {
+    if (!cart_gguf_find(ld->g, model_key(ld, suffix))) return CART_OK;
+    return model_get_dim(ld, suffix, out, 1);
+}
+
+int model_get_dim_opt0(model_loader *ld, const char *suffix, int32_t *out) {
+    if (!cart_gguf_find(ld->g, model_key(ld, suffix))) return CART_OK;
+    return model_get_dim(ld, suffix, out, 0);
+}
+
+int model_get_eps(model_loader *ld, float *out) {
+    float eps = 0.0f;
+    int rc = cart_gguf_get_f32(&eps, ld->g, model_key(ld, "attention.layer_norm_rms_epsilon"));
+    if (rc == CART_E_NOT_FOUND)
+        return cart_fail(CART_E_FORMAT, "%s: missing hyperparameter '%s'", ld->path, ld->key);
+    if (rc) return rc;
+    if (!(eps > 0.0f && eps < 1.0f))
+        return cart_fail(CART_E_FORMAT, "%s: '%s' = %g is out of range", ld->path, ld->key, eps);
+    *out = eps;
+    return CART_OK;
 }
 
 /* Keys whose presence means a feature this engine does not implement. */
-static int reject_unsupported_keys(loader *ld) {
+static int reject_unsupported_keys(model_loader *ld) {
     static const char *const unsupported[] = {
         "rope.scaling.type",       "rope.scaling.factor",       "rope.scale_linear",
         "rope.scaling.original_context_length", "attention.sliding_window",
@@ -60,7 +68,7 @@ static int reject_unsupported_keys(loader *ld) {
         "attention.layer_indices", "final_logit_softcapping",   "attn_logit_softcapping",
     };
     for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
-        const char *key = arch_key(ld, unsupported[i]);
+        const char *key = model_key(ld, unsupported[i]);
         const cart_gguf_value *v = cart_gguf_find(ld->g, key);
         if (!v) continue;
         /* neutral values are harmless: scaling "none", factor 1, zero experts */
@@ -81,49 +89,30 @@ static int reject_unsupported_keys(loader *ld) {
     return CART_OK;
 }
 
-static int read_config(loader *ld, cart_model_config *c) {
-    memset(c, 0, sizeof *c);
-    cart_str arch;
-    int rc = cart_gguf_get_str(&arch, ld->g, "general.architecture");
-    if (rc == CART_E_NOT_FOUND)
-        return cart_fail(CART_E_FORMAT, "%s: no 'general.architecture' key", ld->path);
-    if (rc) return rc;
-    if (arch.len == 5 && memcmp(arch.data, "qwen3", 5) == 0) c->arch = CART_ARCH_QWEN3;
-    else if (arch.len == 5 && memcmp(arch.data, "llama", 5) == 0) c->arch = CART_ARCH_LLAMA;
-    else
-        return cart_fail(CART_E_UNSUPPORTED,
-                         "%s: architecture '%.*s' is not supported (supported: qwen3, llama)",
-                         ld->path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
-    ld->arch = arch_names[c->arch];
-
-    if ((rc = get_dim(ld, "block_count", &c->n_layer))) return rc;
-    if ((rc = get_dim(ld, "embedding_length", &c->n_embd))) return rc;
-    if ((rc = get_dim(ld, "feed_forward_length", &c->n_ff))) return rc;
-    if ((rc = get_dim(ld, "attention.head_count", &c->n_head))) return rc;
+/* qwen3 / llama: one geometry for every layer. */
+static int read_config(model_loader *ld, cart_model_config *c) {
+    int rc;
+    if ((rc = model_get_dim(ld, "block_count", &c->n_layer, 1))) return rc;
+    if ((rc = model_get_dim(ld, "embedding_length", &c->n_embd, 1))) return rc;
+    if ((rc = model_get_dim(ld, "feed_forward_length", &c->n_ff, 1))) return rc;
+    if ((rc = model_get_dim(ld, "attention.head_count", &c->n_head, 1))) return rc;
     c->n_head_kv = c->n_head;
-    if ((rc = get_dim_opt(ld, "attention.head_count_kv", &c->n_head_kv))) return rc;
+    if ((rc = model_get_dim_opt(ld, "attention.head_count_kv", &c->n_head_kv))) return rc;
     c->head_dim = c->n_embd / c->n_head;
-    if ((rc = get_dim_opt(ld, "attention.key_length", &c->head_dim))) return rc;
+    if ((rc = model_get_dim_opt(ld, "attention.key_length", &c->head_dim))) return rc;
     int32_t value_length = c->head_dim;
-    if ((rc = get_dim_opt(ld, "attention.value_length", &value_length))) return rc;
+    if ((rc = model_get_dim_opt(ld, "attention.value_length", &value_length))) return rc;
     if (value_length != c->head_dim)
         return cart_fail(CART_E_UNSUPPORTED, "%s: attention.value_length %d differs from "
                          "key_length %d, which this engine does not support", ld->path,
                          value_length, c->head_dim);
     c->n_rot = c->head_dim;
-    if ((rc = get_dim_opt(ld, "rope.dimension_count", &c->n_rot))) return rc;
-    if ((rc = get_dim(ld, "context_length", &c->n_ctx_train))) return rc;
+    if ((rc = model_get_dim_opt(ld, "rope.dimension_count", &c->n_rot))) return rc;
+    if ((rc = model_get_dim(ld, "context_length", &c->n_ctx_train, 1))) return rc;
 
-    float eps = 0.0f;
-    rc = cart_gguf_get_f32(&eps, ld->g, arch_key(ld, "attention.layer_norm_rms_epsilon"));
-    if (rc == CART_E_NOT_FOUND)
-        return cart_fail(CART_E_FORMAT, "%s: missing hyperparameter '%s'", ld->path, ld->key);
-    if (rc) return rc;
-    if (!(eps > 0.0f && eps < 1.0f))
-        return cart_fail(CART_E_FORMAT, "%s: '%s' = %g is out of range", ld->path, ld->key, eps);
-    c->rms_eps = eps;
+    if ((rc = model_get_eps(ld, &c->rms_eps))) return rc;
     c->rope_theta = 10000.0f;
-    rc = cart_gguf_get_f32(&c->rope_theta, ld->g, arch_key(ld, "rope.freq_base"));
+    rc = cart_gguf_get_f32(&c->rope_theta, ld->g, model_key(ld, "rope.freq_base"));
     if (rc && rc != CART_E_NOT_FOUND) return rc;
     if (!(c->rope_theta > 1.0f))
         return cart_fail(CART_E_FORMAT, "%s: '%s' = %g is out of range", ld->path, ld->key,
@@ -140,11 +129,65 @@ static int read_config(loader *ld, cart_model_config *c) {
     if (c->n_rot > c->head_dim || c->n_rot % 2)
         return cart_fail(CART_E_FORMAT, "%s: rope.dimension_count %d must be even and at most "
                          "head_dim %d", ld->path, c->n_rot, c->head_dim);
+    c->embd_scale = 1.0f;
     return reject_unsupported_keys(ld);
 }
 
-/* Looks up a tensor and checks its GGML dims (ne0 = row length). */
-static int find_matrix(loader *ld, const char *name, int64_t ne0, int64_t ne1,
+/* The architecture, then its config (and, for every architecture, each
+ * layer's geometry in m->layers). */
+static int read_model_config(model_loader *ld, cart_model *m) {
+    cart_model_config *c = &m->cfg;
+    memset(c, 0, sizeof *c);
+    cart_str arch;
+    int rc = cart_gguf_get_str(&arch, ld->g, "general.architecture");
+    if (rc == CART_E_NOT_FOUND)
+        return cart_fail(CART_E_FORMAT, "%s: no 'general.architecture' key", ld->path);
+    if (rc) return rc;
+    if (arch.len == 5 && memcmp(arch.data, "qwen3", 5) == 0) c->arch = CART_ARCH_QWEN3;
+    else if (arch.len == 5 && memcmp(arch.data, "llama", 5) == 0) c->arch = CART_ARCH_LLAMA;
+    else if (arch.len == 6 && memcmp(arch.data, "gemma4", 6) == 0) c->arch = CART_ARCH_GEMMA4;
+    else
+        return cart_fail(CART_E_UNSUPPORTED,
+                         "%s: architecture '%.*s' is not supported (supported: qwen3, llama, gemma4)",
+                         ld->path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
+    ld->arch = arch_names[c->arch];
+    if (c->arch == CART_ARCH_GEMMA4) rc = gemma4_read_config(ld, m);
+    else {
+        rc = read_config(ld, c);
+        if (!rc) {
+            m->layers = cart_calloc((size_t)c->n_layer, sizeof *m->layers, "model layers");
+            if (!m->layers) return CART_E_NOMEM;
+            for (int32_t l = 0; l < c->n_layer; l++) {
+                layer_weights *L = &m->layers[l];
+                L->g = (cart_layer_config){.n_head = c->n_head, .n_head_kv = c->n_head_kv,
+                                           .head_dim = c->head_dim, .n_rot = c->n_rot,
+                                           .n_ff = c->n_ff, .rope_theta = c->rope_theta,
+                                           .attn_scale = 1.0f / sqrtf((float)c->head_dim)};
+                L->out_scale = 1.0f;
+            }
+            m->rope_n_rot[0] = m->rope_n_rot[1] = c->n_rot;
+            m->rope_base[0] = m->rope_base[1] = c->rope_theta;
+        }
+    }
+    if (rc) return rc;
+    c->uniform_kv = 1;
+    for (int32_t l = 1; l < c->n_layer; l++)
+        if (m->layers[l].g.n_head_kv != m->layers[0].g.n_head_kv ||
+            m->layers[l].g.head_dim != m->layers[0].g.head_dim)
+            c->uniform_kv = 0;
+    return CART_OK;
+}
+
+const cart_gguf_tensor_info *model_find_tensor(model_loader *ld, const char *name) {
+    return cart_gguf_find_tensor(ld->g, name);
+}
+
+void model_claim(model_loader *ld, const cart_gguf_tensor_info *t) {
+    ld->claimed[t - cart_gguf_tensor_at(ld->g, 0)] = 1;
+}
+
+/* Looks up a tensor, checks its GGML dims (ne0 = row length) and claims it. */
+static int find_matrix(model_loader *ld, const char *name, int64_t ne0, int64_t ne1,
                        const cart_gguf_tensor_info **out) {
     const cart_gguf_tensor_info *t = cart_gguf_find_tensor(ld->g, name);
     *out = t;
@@ -171,11 +214,12 @@ static int find_matrix(loader *ld, const char *name, int64_t ne0, int64_t ne1,
         return cart_fail(CART_E_UNSUPPORTED, "%s: tensor '%s' has type %s, which this engine "
                          "cannot compute with", ld->path, name,
                          cart_dtype_name(t->dtype) ? cart_dtype_name(t->dtype) : "(unknown)");
+    model_claim(ld, t);
     return CART_OK;
 }
 
-static int load_weight(loader *ld, const char *name, int64_t cols, int64_t rows, cart_weight *w,
-                       uint64_t *bytes) {
+int model_load_weight(model_loader *ld, const char *name, int64_t cols, int64_t rows, cart_weight *w,
+                      uint64_t *bytes) {
     const cart_gguf_tensor_info *t;
     int rc = find_matrix(ld, name, cols, rows, &t);
     if (rc) return rc;
@@ -185,7 +229,7 @@ static int load_weight(loader *ld, const char *name, int64_t cols, int64_t rows,
     return CART_OK;
 }
 
-static int load_vector(loader *ld, const char *name, int64_t n, float **out, uint64_t *bytes) {
+int model_load_vector(model_loader *ld, const char *name, int64_t n, float **out, uint64_t *bytes) {
     const cart_gguf_tensor_info *t;
     int rc = find_matrix(ld, name, n, 0, &t);
     if (rc) return rc;
@@ -203,54 +247,49 @@ static int load_vector(loader *ld, const char *name, int64_t n, float **out, uin
 
 /* Every tensor in the file must be one the model uses (llama.cpp refuses
  * extra tensors too: they mean a different architecture variant). */
-static int check_no_extra_tensors(loader *ld, int64_t expected) {
-    int64_t n = cart_gguf_tensor_count(ld->g);
-    if (n == expected) return CART_OK;
-    /* find one that is not ours to name it */
-    for (int64_t i = 0; i < n; i++) {
+static int check_no_extra_tensors(model_loader *ld) {
+    for (int64_t i = 0; i < cart_gguf_tensor_count(ld->g); i++) {
+        if (ld->claimed[i]) continue;
         const cart_gguf_tensor_info *t = cart_gguf_tensor_at(ld->g, i);
-        const char *known[] = {"token_embd.weight", "output_norm.weight", "output.weight"};
-        int ok = 0;
-        for (size_t j = 0; j < 3; j++)
-            if (t->name.len == strlen(known[j]) && memcmp(t->name.data, known[j], t->name.len) == 0)
-                ok = 1;
-        int layer = -1, used = 0;
-        char suffix[64];
-        if (!ok && t->name.len < 96) {
-            char name[128];
-            memcpy(name, t->name.data, t->name.len);
-            name[t->name.len] = '\0';
-            if (sscanf(name, "blk.%d.%63s%n", &layer, suffix, &used) == 2 && used == (int)t->name.len) {
-                static const char *const parts[] = {
-                    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
-                    "attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight",
-                    "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
-                for (size_t j = 0; j < sizeof parts / sizeof parts[0]; j++)
-                    if (strcmp(suffix, parts[j]) == 0) ok = 1;
-            }
-        }
-        if (!ok)
-            return cart_fail(CART_E_UNSUPPORTED, "%s: tensor '%.*s' is not part of the %s "
-                             "architecture this engine implements", ld->path, (int)t->name.len,
-                             t->name.data, ld->arch);
+        return cart_fail(CART_E_UNSUPPORTED, "%s: tensor '%.*s' is not part of the %s "
+                         "architecture this engine implements", ld->path,
+                         (int)(t->name.len > 128 ? 128 : t->name.len), t->name.data, ld->arch);
     }
-    return cart_fail(CART_E_FORMAT, "%s: %lld tensors, expected %lld", ld->path, (long long)n,
-                     (long long)expected);
+    return CART_OK;
+}
+
+/* Every matrix of layer L (NULL slots for those it lacks), for widening and
+ * freeing: up to 7 + 3 + 3 * n_expert. Returns the count. */
+static int32_t layer_matrices(layer_weights *L, int32_t n_expert, cart_weight **ws) {
+    int32_t n = 0;
+    cart_weight *fixed[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown,
+                            &L->pl_gate, &L->pl_proj, &L->router};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (fixed[i]->rows > 0) ws[n++] = fixed[i];
+    for (int32_t e = 0; L->exp_gate && e < n_expert; e++) {
+        ws[n++] = &L->exp_gate[e];
+        ws[n++] = &L->exp_up[e];
+        ws[n++] = &L->exp_down[e];
+    }
+    return n;
 }
 
 static void free_layers(cart_model *m) {
     if (!m->layers) return;
+    cart_weight **ws = m->widened ? malloc(sizeof *ws * (size_t)(10 + 3 * m->cfg.n_expert)) : NULL;
     for (int32_t l = 0; l < m->cfg.n_layer; l++) {
         layer_weights *L = &m->layers[l];
         free(L->attn_norm);
         free(L->ffn_norm);
         free(L->q_norm);
         free(L->k_norm);
-        if (m->widened) {
-            cart_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
-            for (size_t i = 0; i < 7; i++) cart_weight_free_data(ws[i]);
+        if (ws) {
+            int32_t n = layer_matrices(L, m->cfg.n_expert, ws);
+            for (int32_t i = 0; i < n; i++) cart_weight_free_data(ws[i]);
         }
+        gemma4_free_layer(L);
     }
+    free(ws);
     free(m->layers);
     m->layers = NULL;
 }
@@ -259,9 +298,12 @@ void cart_model_free(cart_model *m) {
     if (!m) return;
     free_layers(m);
     free(m->output_norm);
+    free(m->rope_freqs);
+    free(m->pl_proj_norm);
     if (m->widened) {
         if (!m->cfg.tied_output) cart_weight_free_data(&m->output);
         cart_weight_free_data(&m->tok_embd);
+        cart_weight_free_data(&m->pl_model_proj);
     }
     cart_gguf_close(m->gguf);
     free(m);
@@ -277,10 +319,9 @@ static int widen(cart_weight *w, uint64_t *bytes) {
     return CART_OK;
 }
 
-static int load_weights(cart_model *m, loader *ld, const cart_model_options *opts) {
+static int load_weights(cart_model *m, model_loader *ld, const cart_model_options *opts) {
     const cart_model_config *c = &m->cfg;
-    int64_t E = c->n_embd, F = c->n_ff, D = c->head_dim;
-    int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+    const int64_t E = c->n_embd;
     uint64_t *bytes = &m->weight_bytes;
     int rc;
 
@@ -290,42 +331,49 @@ static int load_weights(cart_model *m, loader *ld, const cart_model_options *opt
         return cart_fail(CART_E_FORMAT, "%s: token_embd.weight has %lld rows", ld->path,
                          (long long)emb->ne[1]);
     m->cfg.n_vocab = (int32_t)emb->ne[1];
-    if ((rc = load_weight(ld, "token_embd.weight", E, c->n_vocab, &m->tok_embd, bytes))) return rc;
-    if ((rc = load_vector(ld, "output_norm.weight", E, &m->output_norm, bytes))) return rc;
-    int64_t expected = 2;
+    if ((rc = model_load_weight(ld, "token_embd.weight", E, c->n_vocab, &m->tok_embd, bytes))) return rc;
+    if ((rc = model_load_vector(ld, "output_norm.weight", E, &m->output_norm, bytes))) return rc;
     if (cart_gguf_find_tensor(ld->g, "output.weight")) {
-        if ((rc = load_weight(ld, "output.weight", E, c->n_vocab, &m->output, bytes))) return rc;
-        expected++;
+        if ((rc = model_load_weight(ld, "output.weight", E, c->n_vocab, &m->output, bytes))) return rc;
     } else {
         m->cfg.tied_output = 1;
         m->output = m->tok_embd;
     }
 
-    m->layers = cart_calloc((size_t)c->n_layer, sizeof *m->layers, "model layers");
-    if (!m->layers) return CART_E_NOMEM;
-    m->cfg.qk_norm = c->arch == CART_ARCH_QWEN3;
-    char name[96];
-    for (int32_t l = 0; l < c->n_layer; l++) {
-        layer_weights *L = &m->layers[l];
+    if (c->arch == CART_ARCH_GEMMA4) {
+        uint32_t vocab = 0;
+        rc = cart_gguf_get_u32(&vocab, ld->g, "gemma4.vocab_size");
+        if (rc && rc != CART_E_NOT_FOUND) return rc;
+        if (!rc && vocab != (uint32_t)c->n_vocab)
+            return cart_fail(CART_E_FORMAT, "%s: gemma4.vocab_size %u differs from token_embd's %d rows",
+                             ld->path, vocab, c->n_vocab);
+        if ((rc = gemma4_load_weights(m, ld))) return rc;
+        m->act_q8 = 1;
+    } else {
+        m->cfg.qk_norm = c->arch == CART_ARCH_QWEN3;
+        char name[96];
+        for (int32_t l = 0; l < c->n_layer; l++) {
+            layer_weights *L = &m->layers[l];
+            const int64_t F = c->n_ff, D = c->head_dim;
+            const int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
 #define NAME(part) (snprintf(name, sizeof name, "blk.%d." part, (int)l), name)
-        if ((rc = load_vector(ld, NAME("attn_norm.weight"), E, &L->attn_norm, bytes))) return rc;
-        if ((rc = load_vector(ld, NAME("ffn_norm.weight"), E, &L->ffn_norm, bytes))) return rc;
-        if ((rc = load_weight(ld, NAME("attn_q.weight"), E, HD, &L->wq, bytes))) return rc;
-        if ((rc = load_weight(ld, NAME("attn_k.weight"), E, KD, &L->wk, bytes))) return rc;
-        if ((rc = load_weight(ld, NAME("attn_v.weight"), E, KD, &L->wv, bytes))) return rc;
-        if ((rc = load_weight(ld, NAME("attn_output.weight"), HD, E, &L->wo, bytes))) return rc;
-        if ((rc = load_weight(ld, NAME("ffn_gate.weight"), E, F, &L->wgate, bytes))) return rc;
-        if ((rc = load_weight(ld, NAME("ffn_up.weight"), E, F, &L->wup, bytes))) return rc;
-        if ((rc = load_weight(ld, NAME("ffn_down.weight"), F, E, &L->wdown, bytes))) return rc;
-        expected += 9;
-        if (m->cfg.qk_norm) {
-            if ((rc = load_vector(ld, NAME("attn_q_norm.weight"), D, &L->q_norm, bytes))) return rc;
-            if ((rc = load_vector(ld, NAME("attn_k_norm.weight"), D, &L->k_norm, bytes))) return rc;
-            expected += 2;
-        }
+            if ((rc = model_load_vector(ld, NAME("attn_norm.weight"), E, &L->attn_norm, bytes))) return rc;
+            if ((rc = model_load_vector(ld, NAME("ffn_norm.weight"), E, &L->ffn_norm, bytes))) return rc;
+            if ((rc = model_load_weight(ld, NAME("attn_q.weight"), E, HD, &L->wq, bytes))) return rc;
+            if ((rc = model_load_weight(ld, NAME("attn_k.weight"), E, KD, &L->wk, bytes))) return rc;
+            if ((rc = model_load_weight(ld, NAME("attn_v.weight"), E, KD, &L->wv, bytes))) return rc;
+            if ((rc = model_load_weight(ld, NAME("attn_output.weight"), HD, E, &L->wo, bytes))) return rc;
+            if ((rc = model_load_weight(ld, NAME("ffn_gate.weight"), E, F, &L->wgate, bytes))) return rc;
+            if ((rc = model_load_weight(ld, NAME("ffn_up.weight"), E, F, &L->wup, bytes))) return rc;
+            if ((rc = model_load_weight(ld, NAME("ffn_down.weight"), F, E, &L->wdown, bytes))) return rc;
+            if (m->cfg.qk_norm) {
+                if ((rc = model_load_vector(ld, NAME("attn_q_norm.weight"), D, &L->q_norm, bytes))) return rc;
+                if ((rc = model_load_vector(ld, NAME("attn_k_norm.weight"), D, &L->k_norm, bytes))) return rc;
+            }
 #undef NAME
+        }
     }
-    if ((rc = check_no_extra_tensors(ld, expected))) return rc;
+    if ((rc = check_no_extra_tensors(ld))) return rc;
 
     if (opts && opts->widen_f32) {
         m->widened = 1;
@@ -333,12 +381,15 @@ static int load_weights(cart_model *m, loader *ld, const cart_model_options *opt
         if ((rc = widen(&m->tok_embd, wb))) return rc;
         if (m->cfg.tied_output) m->output = m->tok_embd;
         else if ((rc = widen(&m->output, wb))) return rc;
-        for (int32_t l = 0; l < c->n_layer; l++) {
-            layer_weights *L = &m->layers[l];
-            cart_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
-            for (size_t i = 0; i < 7; i++)
-                if ((rc = widen(ws[i], wb))) return rc;
+        if (m->pl_model_proj.rows > 0 && (rc = widen(&m->pl_model_proj, wb))) return rc;
+        cart_weight **ws = malloc(sizeof *ws * (size_t)(10 + 3 * c->n_expert));
+        if (!ws) return cart_fail(CART_E_NOMEM, "out of memory widening the model");
+        for (int32_t l = 0; l < c->n_layer && !rc; l++) {
+            int32_t n = layer_matrices(&m->layers[l], c->n_expert, ws);
+            for (int32_t i = 0; i < n && !rc; i++) rc = widen(ws[i], wb);
         }
+        free(ws);
+        if (rc) return rc;
     }
     return CART_OK;
 }
@@ -353,13 +404,43 @@ int cart_model_load(cart_model **out, const char *path, const cart_model_options
         free(m);
         return rc;
     }
-    loader ld = {.g = m->gguf, .path = path};
-    if ((rc = read_config(&ld, &m->cfg)) || (rc = load_weights(m, &ld, opts))) {
+    model_loader ld = {.g = m->gguf, .path = path};
+    int64_t n_tensors = cart_gguf_tensor_count(m->gguf);
+    ld.claimed = cart_calloc((size_t)(n_tensors > 0 ? n_tensors : 1), 1, "tensor table");
+    if (!ld.claimed) rc = CART_E_NOMEM;
+    if (rc || (rc = read_model_config(&ld, m)) || (rc = load_weights(m, &ld, opts))) {
+        free(ld.claimed);
         cart_model_free(m);
         return rc;
     }
+    free(ld.claimed);
     *out = m;
     return CART_OK;
+}
+
+int cart_model_layer(const cart_model *m, int32_t layer, cart_layer_config *out) {
+    if (layer < 0 || layer >= m->cfg.n_layer)
+        return cart_fail(CART_E_ARG, "cart_model_layer: layer %d is outside 0..%d", layer,
+                         m->cfg.n_layer - 1);
+    *out = m->layers[layer].g;
+    return CART_OK;
+}
+
+model_widths cart_model_widths(const cart_model *m) {
+    model_widths w = {0};
+    for (int32_t l = 0; l < m->cfg.n_layer; l++) {
+        const cart_layer_config *g = &m->layers[l].g;
+        int64_t hd = (int64_t)g->n_head * g->head_dim, kd = (int64_t)g->n_head_kv * g->head_dim;
+        if (hd > w.hd) w.hd = hd;
+        if (kd > w.kd) w.kd = kd;
+        if (g->n_ff > w.ff) w.ff = g->n_ff;
+        if (g->head_dim > w.head_dim) w.head_dim = g->head_dim;
+        if (g->n_head > w.n_head) w.n_head = g->n_head;
+        if (g->n_head_kv > w.n_head_kv) w.n_head_kv = g->n_head_kv;
+        if (g->n_rot > w.n_rot) w.n_rot = g->n_rot;
+    }
+    if (m->cfg.n_ff_exp > w.ff) w.ff = m->cfg.n_ff_exp;
+    return w;
 }
 
 const cart_model_config *cart_model_get_config(const cart_model *m) {
@@ -395,6 +476,12 @@ uint64_t cart_model_fingerprint(const cart_model *m) {
     h = fnv1a(h, dims, sizeof dims);
     h = fnv1a(h, &c->rms_eps, sizeof c->rms_eps);
     h = fnv1a(h, &c->rope_theta, sizeof c->rope_theta);
+    if (c->arch == CART_ARCH_GEMMA4) { /* the others keep the fingerprints they always had */
+        int32_t more[] = {c->n_swa, c->n_expert, c->n_expert_used, c->n_ff_exp, c->n_embd_per_layer};
+        h = fnv1a(h, more, sizeof more);
+        h = fnv1a(h, &c->final_softcap, sizeof c->final_softcap);
+        for (int32_t l = 0; l < c->n_layer; l++) h = fnv1a(h, &m->layers[l].g, sizeof m->layers[l].g);
+    }
     for (int64_t i = 0; i < cart_gguf_tensor_count(m->gguf); i++) {
         const cart_gguf_tensor_info *t = cart_gguf_tensor_at(m->gguf, i);
         h = fnv1a(h, t->name.data, (size_t)t->name.len);
@@ -407,26 +494,51 @@ uint64_t cart_model_fingerprint(const cart_model *m) {
     return h;
 }
 
+int32_t *cart_model_kv_geometry(const cart_model *m) {
+    const int32_t n = m->cfg.n_layer;
+    int32_t *geom = cart_malloc(sizeof(int32_t) * 2 * (size_t)n, "KV geometry");
+    for (int32_t l = 0; geom && l < n; l++) geom[l] = m->layers[l].g.n_head_kv, geom[n + l] = m->layers[l].g.head_dim;
+    return geom;
+}
+
 int cart_model_new_kv(cart_kv **out, const cart_model *m, int64_t capacity, int32_t dtype) {
-    return cart_kv_new(out, m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, capacity, dtype);
+    *out = NULL;
+    int32_t *geom = cart_model_kv_geometry(m);
+    if (!geom) return CART_E_NOMEM;
+    int rc = cart_kv_new_layers(out, m->cfg.n_layer, geom, geom + m->cfg.n_layer, capacity, dtype);
+    free(geom);
+    return rc;
 }
 
 /* ---- forward -------------------------------------------------------------- */
 
+/* Per-token sizes below are the widest over the layers (cart_model_widths):
+ * HD = n_head * head_dim, KD = n_head_kv * head_dim, F = n_ff or n_ff_exp;
+ * each layer uses its own leading part of every row. */
 typedef struct forward_state {
     const cart_model *m;
     const cart_model_config *c;
     int64_t T;       /* tokens in the pass */
     float *x;        /* [T, E] residual stream */
     float *xn;       /* [T, E] normed input of a block */
-    float *q;        /* [T, H*D] */
-    float *k;        /* [T, KV*D] */
-    float *v;        /* [T, KV*D] */
-    float *att;      /* [T, H*D] attention output */
+    float *q;        /* [T, HD] */
+    float *k;        /* [T, KD] */
+    float *v;        /* [T, KD] */
+    float *att;      /* [T, HD] attention output */
     float *gate;     /* [T, F] */
     float *up;       /* [T, F] */
     float *tmp;      /* [T, E] */
-    float *angles;   /* [T, n_rot] cos/sin pairs per token */
+    float *angles[2]; /* [T, rope_n_rot[i]] cos/sin pairs per token, tables 0 (full) and 1 (sliding) */
+    /* gemma4 */
+    float *tmp2;     /* [T, E] the MoE branch */
+    float *pl_in;    /* [T, n_layer * n_embd_per_layer] per-layer inputs */
+    float *pl_h;     /* [T, n_embd_per_layer] */
+    float *pl_row;   /* [n_layer * n_embd_per_layer] one token's per-layer embeddings */
+    float *logits_r; /* [T, n_expert] router logits, then probabilities */
+    int32_t *sel;    /* [T, n_expert_used] the experts each token runs, best first */
+    float *sel_w;    /* [T, n_expert_used] their weights */
+    float *ys;       /* [T * n_expert_used, E] each slot's expert output */
+    int64_t *gather; /* [T] tokens of a run routed to one expert */
     int64_t *pos;    /* [T] position of each token */
     int32_t *stream; /* [T] stream of each token */
     int64_t *block_start; /* attention blocks: up to 16 consecutive tokens of one stream */
@@ -443,17 +555,21 @@ typedef struct forward_state {
     float *arena;    /* the allocation behind all of the above */
 } forward_state;
 
-/* q/k norm and RoPE for tokens [begin, end). */
+/* q/k norm and RoPE (and gemma4's value norm) for tokens [begin, end). */
 static void qk_prepare_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     forward_state *s = ctx;
     const cart_model_config *c = s->c;
     const layer_weights *L = &s->m->layers[s->layer];
-    int64_t D = c->head_dim;
+    const cart_layer_config *g = &L->g;
+    const int64_t D = g->head_dim, HD = (int64_t)g->n_head * D, KD = (int64_t)g->n_head_kv * D;
+    const int32_t n_rot = s->m->rope_n_rot[L->rope_table];
     for (int64_t t = begin; t < end; t++) {
-        float *qt = s->q + t * c->n_head * D, *kt = s->k + t * c->n_head_kv * D;
+        float *qt = s->q + t * HD, *kt = s->k + t * KD;
         qk_prepare_forward(qt, kt, NULL, NULL, qt, kt, c->qk_norm ? L->q_norm : NULL,
-                           c->qk_norm ? L->k_norm : NULL, s->angles + t * c->n_rot, c->n_head,
-                           c->n_head_kv, (int32_t)D, c->n_rot, c->rope_neox, c->rms_eps);
+                           c->qk_norm ? L->k_norm : NULL, s->angles[L->rope_table] + t * n_rot,
+                           g->n_head, g->n_head_kv, (int32_t)D, g->n_rot, c->rope_neox, c->rms_eps);
+        if (c->arch == CART_ARCH_GEMMA4)
+            rmsnorm_forward(s->v + t * KD, s->v + t * KD, NULL, g->n_head_kv, D, c->rms_eps);
     }
 }
 
@@ -461,10 +577,9 @@ static void qk_prepare_range(void *ctx, int64_t begin, int64_t end, int32_t thre
  * where a block is up to 16 consecutive tokens of one stream. */
 static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     forward_state *s = ctx;
-    const cart_model_config *c = s->c;
-    int64_t D = c->head_dim, KV = c->n_head_kv, rep = c->n_head / c->n_head_kv;
-    int64_t HD = (int64_t)c->n_head * D;
-    float scale = 1.0f / sqrtf((float)D);
+    const cart_layer_config *lg = &s->m->layers[s->layer].g;
+    int64_t D = lg->head_dim, KV = lg->n_head_kv, rep = lg->n_head / lg->n_head_kv;
+    int64_t HD = (int64_t)lg->n_head * D;
     for (int64_t item = begin; item < end; item++) {
         int64_t b = item / KV, g = item % KV;
         int64_t t = s->block_start[b];
@@ -475,8 +590,8 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t threa
         const uint8_t *vrows = cart_kv_rows(kv, s->layer, 1);
         attention_forward(s->att + t * HD + g * rep * D, s->q + t * HD + g * rep * D, HD,
                           s->block_len[b], krows + (size_t)(g * D) * el,
-                          vrows + (size_t)(g * D) * el, dtype, s->pos[t] + 1, KV * D, (int32_t)rep,
-                          1, (int32_t)D, scale);
+                          vrows + (size_t)(g * D) * el, dtype, s->pos[t] + 1, lg->window, KV * D,
+                          (int32_t)rep, 1, (int32_t)D, lg->attn_scale);
     }
 }
 
@@ -493,12 +608,18 @@ static int forward_check(const cart_model *m, cart_kv *const *kvs, int32_t n_str
     for (int32_t b = 0; b < n_streams; b++) {
         cart_kv *kv = kvs[b];
         if (!kv) return cart_fail(CART_E_ARG, "cart_model_forward: stream %d has no cache", b);
-        if (cart_kv_n_layer(kv) != c->n_layer || cart_kv_heads(kv) != c->n_head_kv ||
-            cart_kv_head_dim(kv) != c->head_dim)
-            return cart_fail(CART_E_ARG, "cart_model_forward: stream %d's cache is shaped %d "
-                             "layers x %d heads x %d, the model needs %d x %d x %d", b,
-                             cart_kv_n_layer(kv), cart_kv_heads(kv), cart_kv_head_dim(kv),
-                             c->n_layer, c->n_head_kv, c->head_dim);
+        if (cart_kv_n_layer(kv) != c->n_layer)
+            return cart_fail(CART_E_ARG, "cart_model_forward: stream %d's cache has %d layers, the "
+                             "model %d", b, cart_kv_n_layer(kv), c->n_layer);
+        for (int32_t l = 0; l < c->n_layer; l++) {
+            const cart_layer_config *g = &m->layers[l].g;
+            if (cart_kv_layer_heads(kv, l) != g->n_head_kv || cart_kv_layer_head_dim(kv, l) != g->head_dim)
+                return cart_fail(CART_E_ARG, "cart_model_forward: stream %d's cache is shaped %d "
+                                 "layers x %d heads x %d (layer %d), the model needs %d x %d x %d",
+                                 b, cart_kv_n_layer(kv), cart_kv_layer_heads(kv, l),
+                                 cart_kv_layer_head_dim(kv, l), l, c->n_layer, g->n_head_kv,
+                                 g->head_dim);
+        }
         if (n_tokens[b] < 0)
             return cart_fail(CART_E_ARG, "cart_model_forward: stream %d has %lld tokens", b,
                              (long long)n_tokens[b]);
@@ -525,17 +646,62 @@ static int forward_check(const cart_model *m, cart_kv *const *kvs, int32_t n_str
     return CART_OK;
 }
 
+/* y = x @ W^T over the pass's tokens, run by run: each stream's tokens on
+ * the path its own count takes, so its outputs do not depend on the other
+ * streams of the batch. count weights share the input (matmul.h _many).
+ * gemma4's q8_0 weights take cart_matmul_forward_q8, whose every row is the
+ * same bits on any path. */
+static int linear_runs(const forward_state *s, int32_t count, float *const *y, const int64_t *ldy,
+                       const float *x, int64_t ldx, const cart_weight *const *w, cart_pool *pool) {
+    float *yr[3];
+    if (s->m->act_q8 && w[0]->dtype == CART_Q8_0) {
+        for (int32_t k = 0; k < count; k++) {
+            int rc = cart_matmul_forward_q8(y[k], ldy[k], x, ldx, w[k], s->T, pool);
+            if (rc) return rc;
+        }
+        return CART_OK;
+    }
+    for (int32_t r = 0; r < s->n_runs; r++) {
+        for (int32_t k = 0; k < count; k++) yr[k] = y[k] + s->run_start[r] * ldy[k];
+        int rc = cart_matmul_forward_many_path(count, yr, ldy, x + s->run_start[r] * ldx, ldx, w, s->run_len[r],
+                                               s->run_path[r], pool);
+        if (rc) return rc;
+    }
+    return CART_OK;
+}
+
+/* The same over n gathered rows that all belong to run r (the MoE's
+ * experts): the run's path, so each row gets the bits it gets alone. */
+static int linear_gathered(const forward_state *s, int32_t r, int32_t count, float *const *y,
+                           const int64_t *ldy, const float *x, int64_t ldx, const cart_weight *const *w,
+                           int64_t n, cart_pool *pool) {
+    if (s->m->act_q8 && w[0]->dtype == CART_Q8_0) {
+        for (int32_t k = 0; k < count; k++) {
+            int rc = cart_matmul_forward_q8(y[k], ldy[k], x, ldx, w[k], n, pool);
+            if (rc) return rc;
+        }
+        return CART_OK;
+    }
+    return cart_matmul_forward_many_path(count, y, ldy, x, ldx, w, n, s->run_path[r], pool);
+}
+
 /* Lays the pass's activations and index arrays out over one allocation
  * (s->arena, freed by the caller), assigns every token its stream, position
  * and attention block, and embeds the tokens into s->x. */
-static int forward_setup(forward_state *s, const int32_t *tokens, const int64_t *n_tokens, int32_t n_streams) {
+static int forward_setup(forward_state *s, const int32_t *tokens, const int64_t *n_tokens, int32_t n_streams,
+                         cart_pool *pool) {
     const cart_model *m = s->m;
     const cart_model_config *c = s->c;
-    const int64_t T = s->T, E = c->n_embd, F = c->n_ff, D = c->head_dim;
-    const int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
-    size_t floats = (size_t)T * (size_t)(3 * E + HD * 2 + KD * 2 + 2 * F + c->n_rot);
-    size_t bytes = floats * sizeof(float) + (size_t)T * (2 * sizeof(int64_t) + 2 * sizeof(int32_t)) +
-                   (size_t)n_streams * (3 * sizeof(int64_t) + sizeof(int32_t)) + 64;
+    const model_widths mw = cart_model_widths(m);
+    const int64_t T = s->T, E = c->n_embd, F = mw.ff, HD = mw.hd, KD = mw.kd;
+    const int64_t NR = m->rope_n_rot[0] + m->rope_n_rot[1];
+    const int64_t PL = (int64_t)c->n_layer * c->n_embd_per_layer, Ep = c->n_embd_per_layer;
+    const int64_t NE = c->n_expert, K = c->n_expert_used;
+    const int gemma = c->arch == CART_ARCH_GEMMA4;
+    size_t floats = (size_t)T * (size_t)(3 * E + HD * 2 + KD * 2 + 2 * F + NR);
+    if (gemma) floats += (size_t)T * (size_t)(E + PL + Ep + NE + K + K * E) + (size_t)PL;
+    size_t bytes = floats * sizeof(float) + (size_t)T * (3 * sizeof(int64_t) + 2 * sizeof(int32_t)) +
+                   (size_t)(T * K) * sizeof(int32_t) + (size_t)n_streams * (3 * sizeof(int64_t) + sizeof(int32_t)) + 64;
     s->arena = cart_malloc(bytes, "forward activations");
     if (!s->arena) return CART_E_NOMEM;
     float *p = s->arena; /* floats first, then the index arrays */
@@ -548,12 +714,24 @@ static int forward_setup(forward_state *s, const int32_t *tokens, const int64_t 
     s->v = cart_carve(&p, T * KD);
     s->gate = cart_carve(&p, T * F);
     s->up = cart_carve(&p, T * F);
-    s->angles = cart_carve(&p, T * c->n_rot);
+    s->angles[0] = cart_carve(&p, T * m->rope_n_rot[0]);
+    s->angles[1] = cart_carve(&p, T * m->rope_n_rot[1]);
+    if (gemma) {
+        s->tmp2 = cart_carve(&p, T * E);
+        s->pl_in = cart_carve(&p, T * PL);
+        s->pl_h = cart_carve(&p, T * Ep);
+        s->pl_row = cart_carve(&p, PL);
+        s->logits_r = cart_carve(&p, T * NE);
+        s->sel_w = cart_carve(&p, T * K);
+        s->ys = cart_carve(&p, T * K * E);
+    }
     s->pos = (int64_t *)p;
-    s->block_start = s->pos + T;
+    s->gather = s->pos + T;
+    s->block_start = s->gather + T;
     s->stream = (int32_t *)(s->block_start + T);
     s->block_len = s->stream + T;
-    s->run_start = (int64_t *)(s->block_len + T);
+    s->sel = s->block_len + T;
+    s->run_start = (int64_t *)(s->sel + T * K + ((T * K) & 1)); /* 8-byte aligned */
     s->run_len = s->run_start + n_streams;
     s->stream_logits = s->run_len + n_streams;
     s->run_path = (int32_t *)(s->stream_logits + n_streams);
@@ -580,65 +758,179 @@ static int forward_setup(forward_state *s, const int32_t *tokens, const int64_t 
             s->block_len[s->n_blocks - 1]++;
         }
     for (int64_t t = 0; t < T; t++) {
-        rope_angles(s->angles + t * c->n_rot, s->pos[t], c->n_rot, c->rope_theta);
+        for (int i = 0; i < (gemma ? 2 : 1); i++)
+            rope_angles_ff(s->angles[i] + t * m->rope_n_rot[i], s->pos[t], m->rope_n_rot[i], m->rope_base[i],
+                           i == 0 ? m->rope_freqs : NULL);
         const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
         cart_to_f32(s->x + t * E, m->tok_embd.dtype, row, E);
+        if (c->embd_scale != 1.0f)
+            for (int64_t i = 0; i < E; i++) s->x[t * E + i] *= c->embd_scale;
+    }
+    if (gemma && Ep > 0) {
+        /* gemma4's per-layer inputs: (norm(proj(x) / sqrt(E)) + embd_pl[token] *
+         * sqrt(Ep)) / sqrt(2), as [T, n_layer, Ep] */
+        float *out[1] = {s->pl_in};
+        const int64_t ld[1] = {PL};
+        const cart_weight *w[1] = {&m->pl_model_proj};
+        int rc = linear_runs(s, 1, out, ld, s->x, E, w, pool);
+        if (rc) return rc;
+        const float proj_scale = 1.0f / sqrtf((float)E), tok_scale = sqrtf((float)Ep);
+        const float in_scale = 1.0f / sqrtf(2.0f);
+        float *row = s->pl_row;
+        for (int64_t t = 0; t < T; t++) {
+            float *pl = s->pl_in + t * PL;
+            for (int64_t i = 0; i < PL; i++) pl[i] *= proj_scale;
+            rmsnorm_forward(pl, pl, m->pl_proj_norm, c->n_layer, Ep, c->rms_eps);
+            const uint8_t *src = (const uint8_t *)m->pl_tok_embd.data + (size_t)tokens[t] * m->pl_tok_embd.row_bytes;
+            cart_to_f32(row, m->pl_tok_embd.dtype, src, PL);
+            for (int64_t i = 0; i < PL; i++) pl[i] = (pl[i] + row[i] * tok_scale) * in_scale;
+        }
     }
     return CART_OK;
 }
 
-/* y = x @ W^T over the pass's tokens, run by run: each stream's tokens on
- * the path its own count takes, so its outputs do not depend on the other
- * streams of the batch. count weights share the input (matmul.h _many). */
-static int linear_runs(const forward_state *s, int32_t count, float *const *y, const int64_t *ldy,
-                       const float *x, int64_t ldx, const cart_weight *const *w, cart_pool *pool) {
-    float *yr[3];
+/* gemma4's MoE branch over the pass into s->tmp2 (before its post-norm):
+ * route every token, then expert by expert and run by run, the tokens that
+ * chose it through GEGLU, each result scaled by the expert's output scale
+ * and the token's weight into its slot, the slots then summed in order. The
+ * input xn2 (pre_ffw_norm_2 of the residual) is in s->xn; the residual in s->x. */
+static int moe_forward(forward_state *s, cart_pool *pool) {
+    const cart_model_config *c = s->c;
+    const layer_weights *L = &s->m->layers[s->layer];
+    const int64_t T = s->T, E = c->n_embd, NE = c->n_expert, K = c->n_expert_used, FE = c->n_ff_exp;
+    int rc;
+    /* router: rmsnorm(x) / sqrt(E) * scale, then its logits */
+    const float inv_sqrt = 1.0f / sqrtf((float)E);
+    rmsnorm_forward(s->tmp, s->x, NULL, T, E, c->rms_eps);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < E; i++) s->tmp[t * E + i] = s->tmp[t * E + i] * inv_sqrt * L->router_scale[i];
+    {
+        float *out[1] = {s->logits_r};
+        const int64_t ld[1] = {NE};
+        const cart_weight *w[1] = {&L->router};
+        if ((rc = linear_runs(s, 1, out, ld, s->tmp, E, w, pool))) return rc;
+    }
+    for (int64_t t = 0; t < T; t++)
+        moe_route(s->sel + t * K, s->sel_w + t * K, s->logits_r + t * NE, (int32_t)NE, (int32_t)K);
+    /* experts: gather each run's tokens that chose e into tmp (rows), run
+     * them, scatter the scaled results into their slots */
     for (int32_t r = 0; r < s->n_runs; r++) {
-        for (int32_t k = 0; k < count; k++) yr[k] = y[k] + s->run_start[r] * ldy[k];
-        int rc = cart_matmul_forward_many_path(count, yr, ldy, x + s->run_start[r] * ldx, ldx, w, s->run_len[r],
-                                               s->run_path[r], pool);
-        if (rc) return rc;
+        const int64_t t0 = s->run_start[r], t1 = t0 + s->run_len[r];
+        for (int32_t e = 0; e < NE; e++) {
+            int64_t n = 0;
+            for (int64_t t = t0; t < t1; t++)
+                for (int64_t k = 0; k < K; k++)
+                    if (s->sel[t * K + k] == e) s->gather[n++] = t * K + k;
+            if (n == 0) continue;
+            for (int64_t i = 0; i < n; i++)
+                memcpy(s->tmp + i * E, s->xn + (s->gather[i] / K) * E, sizeof(float) * (size_t)E);
+            float *gu[2] = {s->gate, s->up};
+            const int64_t gu_ld[2] = {FE, FE};
+            const cart_weight *gu_w[2] = {&L->exp_gate[e], &L->exp_up[e]};
+            if ((rc = linear_gathered(s, r, 2, gu, gu_ld, s->tmp, E, gu_w, n, pool))) return rc;
+            geglu_forward_table(s->gate, s->up, n * FE);
+            float *dst[1] = {s->tmp};
+            const int64_t ld[1] = {E};
+            const cart_weight *wd[1] = {&L->exp_down[e]};
+            if ((rc = linear_gathered(s, r, 1, dst, ld, s->gate, FE, wd, n, pool))) return rc;
+            const float scale = L->exp_scale ? L->exp_scale[e] : 1.0f;
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t slot = s->gather[i];
+                const float w = s->sel_w[slot];
+                float *y = s->ys + slot * E;
+                const float *src = s->tmp + i * E;
+                if (L->exp_scale)
+                    for (int64_t d = 0; d < E; d++) y[d] = src[d] * scale * w;
+                else
+                    for (int64_t d = 0; d < E; d++) y[d] = src[d] * w;
+            }
+        }
+    }
+    for (int64_t t = 0; t < T; t++) {
+        float *out = s->tmp2 + t * E;
+        memcpy(out, s->ys + t * K * E, sizeof(float) * (size_t)E);
+        for (int64_t k = 1; k < K; k++)
+            for (int64_t d = 0; d < E; d++) out[d] += s->ys[(t * K + k) * E + d];
     }
     return CART_OK;
 }
 
 /* One transformer block over the pass, its new K/V rows written to the
- * streams' caches: attention, then the SwiGLU FFN, each with its residual. */
+ * streams' caches: attention, then the FFN, each with its residual (gemma4:
+ * with the norms after each, the MoE branch, the per-layer input and the
+ * output scale). */
 static int forward_layer(forward_state *s, const int64_t *n_tokens, int32_t n_streams, cart_pool *pool) {
     const cart_model_config *c = s->c;
     const layer_weights *L = &s->m->layers[s->layer];
-    const int64_t T = s->T, E = c->n_embd, F = c->n_ff, D = c->head_dim;
-    const int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+    const cart_layer_config *g = &L->g;
+    const int gemma = c->arch == CART_ARCH_GEMMA4;
+    const int64_t T = s->T, E = c->n_embd, F = g->n_ff, D = g->head_dim;
+    const int64_t HD = (int64_t)g->n_head * D, KD = (int64_t)g->n_head_kv * D;
     int rc;
     rmsnorm_forward(s->xn, s->x, L->attn_norm, T, E, c->rms_eps);
     float *qkv[3] = {s->q, s->k, s->v};
     int64_t qkv_ld[3] = {HD, KD, KD};
     const cart_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
-    if ((rc = linear_runs(s, 3, qkv, qkv_ld, s->xn, E, qkv_w, pool))) return rc;
+    const int v_from_k = L->wv.rows == 0;
+    if ((rc = linear_runs(s, v_from_k ? 2 : 3, qkv, qkv_ld, s->xn, E, qkv_w, pool))) return rc;
+    if (v_from_k) memcpy(s->v, s->k, sizeof(float) * (size_t)(T * KD));
     cart_pool_for(pool, T, 16, qk_prepare_range, s);
     for (int32_t b = 0, t = 0; b < n_streams; t += (int32_t)n_tokens[b], b++)
         if (n_tokens[b] > 0)
             cart_kv_write(s->kvs[b], s->layer, cart_kv_len(s->kvs[b]), n_tokens[b], s->k + t * KD, s->v + t * KD);
-    cart_pool_for(pool, s->n_blocks * c->n_head_kv, 1, attention_range, s);
+    cart_pool_for(pool, s->n_blocks * g->n_head_kv, 1, attention_range, s);
     float *out[1] = {s->tmp};
     const int64_t out_ld[1] = {E};
     const cart_weight *wo[1] = {&L->wo}, *wdown[1] = {&L->wdown};
     if ((rc = linear_runs(s, 1, out, out_ld, s->att, HD, wo, pool))) return rc;
+    if (gemma) rmsnorm_forward(s->tmp, s->tmp, L->post_attn_norm, T, E, c->rms_eps);
     for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
+    /* the FFN: SwiGLU, or gemma4's GEGLU (beside the MoE branch on MoE layers) */
+    if (gemma && g->moe) {
+        rmsnorm_forward(s->xn, s->x, L->pre_ffn_norm_2, T, E, c->rms_eps);
+        if ((rc = moe_forward(s, pool))) return rc;
+    }
     rmsnorm_forward(s->xn, s->x, L->ffn_norm, T, E, c->rms_eps);
     float *gu[2] = {s->gate, s->up};
     int64_t gu_ld[2] = {F, F};
     const cart_weight *gu_w[2] = {&L->wgate, &L->wup};
     if ((rc = linear_runs(s, 2, gu, gu_ld, s->xn, E, gu_w, pool))) return rc;
-    swiglu_forward(s->gate, s->up, T * F);
+    if (gemma) geglu_forward_table(s->gate, s->up, T * F);
+    else swiglu_forward(s->gate, s->up, T * F);
     if ((rc = linear_runs(s, 1, out, out_ld, s->gate, F, wdown, pool))) return rc;
-    for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
+    if (!gemma) {
+        for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
+        return CART_OK;
+    }
+    if (g->moe) {
+        rmsnorm_forward(s->tmp, s->tmp, L->post_ffn_norm_1, T, E, c->rms_eps);
+        rmsnorm_forward(s->tmp2, s->tmp2, L->post_ffn_norm_2, T, E, c->rms_eps);
+        for (int64_t i = 0; i < T * E; i++) s->tmp[i] += s->tmp2[i];
+    }
+    rmsnorm_forward(s->tmp, s->tmp, L->post_ffn_norm, T, E, c->rms_eps);
+    for (int64_t i = 0; i < T * E; i++) s->x[i] = s->tmp[i] + s->x[i];
+    if (c->n_embd_per_layer > 0) {
+        /* x += norm(proj(gelu(gate(x)) * per-layer input)) */
+        const int64_t Ep = c->n_embd_per_layer, PL = (int64_t)c->n_layer * Ep;
+        float *h[1] = {s->pl_h};
+        const int64_t h_ld[1] = {Ep};
+        const cart_weight *wg[1] = {&L->pl_gate}, *wp[1] = {&L->pl_proj};
+        if ((rc = linear_runs(s, 1, h, h_ld, s->x, E, wg, pool))) return rc;
+        for (int64_t t = 0; t < T; t++)
+            geglu_forward_table(s->pl_h + t * Ep, s->pl_in + t * PL + (int64_t)s->layer * Ep, Ep);
+        if ((rc = linear_runs(s, 1, out, out_ld, s->pl_h, Ep, wp, pool))) return rc;
+        rmsnorm_forward(s->tmp, s->tmp, L->pl_post_norm, T, E, c->rms_eps);
+        for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
+    }
+    if (L->out_scale != 1.0f)
+        for (int64_t i = 0; i < T * E; i++) s->x[i] *= L->out_scale;
     return CART_OK;
 }
 
 /* The logits of the wanted rows: gathered T at a time (xn has room for T),
  * normed, one head product per chunk of rows whose streams take the same
- * path on their own (by how many logit rows each stream asked for). */
+ * path on their own (by how many logit rows each stream asked for), then
+ * gemma4's soft-capping. */
 static int forward_logits(forward_state *s, int32_t n_streams, const int64_t *logit_rows, int64_t n_logit_rows,
                           float *logits, cart_pool *pool) {
     const cart_model *m = s->m;
@@ -656,8 +948,12 @@ static int forward_logits(forward_state *s, int32_t n_streams, const int64_t *lo
             chunk++;
         }
         rmsnorm_forward(s->xn, s->xn, m->output_norm, chunk, E, c->rms_eps);
-        rc = cart_matmul_forward_path(logits + done * (int64_t)c->n_vocab, c->n_vocab, s->xn, E, &m->output, chunk,
-                                      path, pool);
+        float *out = logits + done * (int64_t)c->n_vocab;
+        if (m->act_q8 && m->output.dtype == CART_Q8_0)
+            rc = cart_matmul_forward_q8(out, c->n_vocab, s->xn, E, &m->output, chunk, pool);
+        else
+            rc = cart_matmul_forward_path(out, c->n_vocab, s->xn, E, &m->output, chunk, path, pool);
+        if (!rc && c->final_softcap > 0.0f) softcap_forward(out, chunk * (int64_t)c->n_vocab, c->final_softcap);
         done += chunk;
     }
     return rc;
@@ -681,8 +977,11 @@ static int forward_pass(cart_model *m, cart_kv *const *kvs, int32_t n_streams, c
     int rc = forward_check(m, kvs, n_streams, tokens, n_tokens, rows, n_rows, &T);
     if (rc || T == 0) return rc;
     forward_state s = {.m = m, .c = &m->cfg, .T = T, .kvs = kvs};
-    if ((rc = forward_setup(&s, tokens, n_tokens, n_streams))) return rc;
     cart_pool *pool = cart_default_pool();
+    if ((rc = forward_setup(&s, tokens, n_tokens, n_streams, pool))) {
+        free(s.arena);
+        return rc;
+    }
     for (int32_t l = 0; l < m->cfg.n_layer && !rc; l++) {
         s.layer = l;
         rc = forward_layer(&s, n_tokens, n_streams, pool);

@@ -2,17 +2,30 @@
  * model.h - a transformer loaded from GGUF, and its forward pass.
  *
  * Architectures: "qwen3" (pre-norm RMSNorm, per-head q/k RMSNorm, NeoX RoPE,
- * GQA, SwiGLU, output tied to token_embd when output.weight is absent) and
+ * GQA, SwiGLU, output tied to token_embd when output.weight is absent),
  * "llama" (the same without q/k norm, RoPE on adjacent pairs as llama.cpp's
- * "normal" mode; GGUF stores llama Q/K permuted for it).
+ * "normal" mode; GGUF stores llama Q/K permuted for it) and "gemma4" as
+ * llama.cpp's src/models/gemma4.cpp computes it: embeddings scaled by
+ * sqrt(n_embd); sliding-window and full-attention layers from
+ * attention.sliding_window_pattern, each kind with its own head size, KV
+ * heads, RoPE base and rotated dims, the full layers' RoPE divided by the
+ * rope_freqs factors; q/k RMSNorm and a weightless RMSNorm of the values;
+ * attention scale 1; RMSNorms after attention and after the FFN; a GELU-gated
+ * FFN; MoE layers (a router over the normed residual with its scale, softmax,
+ * top-k, the weights renormalized, per-expert output scales) beside the dense
+ * FFN as a shared expert, with their extra norms; per-layer token embeddings
+ * and projections when embedding_length_per_layer_input > 0; the layer
+ * output scale; final logit soft-capping. KV-shared layers
+ * (attention.shared_kv_layers > 0, gemma4 E2B/E4B) are refused.
  *
  * Hyperparameters come from the GGUF keys llama.cpp uses:
  * <arch>.block_count, .embedding_length, .feed_forward_length,
  * .attention.head_count, .attention.head_count_kv, .attention.key_length,
  * .attention.layer_norm_rms_epsilon, .rope.freq_base, .rope.dimension_count,
- * .context_length. A key the engine cannot honour (rope scaling, sliding
- * window, ...) is an error, as are missing tensors and wrong shapes, each
- * naming the key or tensor.
+ * .context_length (gemma4 reads its own keys, listed in model.c). A key the
+ * engine cannot honour (rope scaling, sliding window on qwen3, ...) is an
+ * error, as are missing tensors and wrong shapes, each naming the key or
+ * tensor.
  *
  * Weights stay in the file's dtype and in the file's mapping (any dtype
  * cart_to_f32 handles); options.widen_f32 converts the matrices to f32 once at
@@ -21,7 +34,9 @@
  * Numerics mirror GGML's CPU backend (see matmul.h for the products):
  * RMSNorm sums in double; RoPE angles are built as GGML does (theta = pos,
  * then multiplied by base^(-2/n_rot) per pair, in f32); softmax in f32 with a
- * double sum; SiLU x / (1 + exp(-x)).
+ * double sum; SiLU x / (1 + exp(-x)); GELU through GGML's f16 table (ops.h);
+ * gemma4's q8_0 weights multiply activations quantized to q8_0 as GGML does
+ * (cart_matmul_forward_q8, matmul.h).
  *
  * A model may serve many caches, but forward calls on one model must not run
  * concurrently (they share the thread pool).
@@ -40,9 +55,14 @@ extern "C" {
 
 typedef enum cart_arch {
     CART_ARCH_LLAMA = 1,
-    CART_ARCH_QWEN3 = 2
+    CART_ARCH_QWEN3 = 2,
+    CART_ARCH_GEMMA4 = 3
 } cart_arch;
 
+/* The model's hyperparameters. Where gemma4's layers differ (head_dim,
+ * n_head_kv, n_rot, rope_theta, n_ff), the fields hold the full-attention
+ * layers' values as the GGUF keys name them; cart_model_layer gives each
+ * layer's own. */
 typedef struct cart_model_config {
     int32_t arch;        /* cart_arch */
     int32_t n_layer;
@@ -60,7 +80,31 @@ typedef struct cart_model_config {
     int32_t reserved;    /* 0 */
     float rms_eps;
     float rope_theta;
+    /* gemma4 (0 for the other architectures) */
+    int32_t n_swa;            /* the sliding layers' window, in positions */
+    int32_t n_expert;         /* experts of the MoE layers (0: none) */
+    int32_t n_expert_used;    /* experts each token runs */
+    int32_t n_ff_exp;         /* an expert's feed-forward size */
+    int32_t n_embd_per_layer; /* per-layer input size (0: none) */
+    int32_t uniform_kv;       /* 1 when every layer's KV rows share one shape (all archs) */
+    float final_softcap;      /* final logit soft-capping (0: none) */
+    float embd_scale;         /* multiplies the token embeddings (1, or sqrt(n_embd)) */
 } cart_model_config;
+
+/* One layer's shape and attention. */
+typedef struct cart_layer_config {
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_rot;      /* leading dims of each head that RoPE rotates */
+    int32_t n_ff;       /* the dense FFN's size (the shared expert's on an MoE layer) */
+    int32_t window;     /* sliding window in positions: a query at position P sees
+                           the keys at P - window + 1 .. P; 0: every earlier position */
+    int32_t moe;        /* 1: an MoE block runs beside the dense FFN */
+    int32_t reserved;   /* 0 */
+    float rope_theta;   /* RoPE base */
+    float attn_scale;   /* multiplies the attention scores (1/sqrt(head_dim), or 1) */
+} cart_layer_config;
 
 typedef struct cart_model_options {
     int32_t widen_f32; /* 1: keep f32 copies of all matrices (faster prefill, more memory) */
@@ -79,6 +123,9 @@ void cart_model_free(cart_model *m);
 const cart_model_config *cart_model_get_config(const cart_model *m);
 const cart_gguf *cart_model_gguf(const cart_model *m);
 
+/* Layer `layer`'s config into *out. CART_E_ARG for a layer out of range. */
+int cart_model_layer(const cart_model *m, int32_t layer, cart_layer_config *out);
+
 /* Bytes of weight data as stored in the file, and extra bytes held by f32
  * copies (0 unless widen_f32). */
 uint64_t cart_model_weight_bytes(const cart_model *m);
@@ -90,7 +137,9 @@ uint64_t cart_model_widened_bytes(const cart_model *m);
  * cartridge records it to refuse a model it was not trained on. */
 uint64_t cart_model_fingerprint(const cart_model *m);
 
-/* A new empty KV cache shaped for m (dtype CART_F16 or CART_F32). */
+/* A new empty KV cache shaped for m, layer by layer (dtype CART_F16 or
+ * CART_F32). A sliding-window layer keeps every row too (its attention reads
+ * only the window). */
 int cart_model_new_kv(cart_kv **out, const cart_model *m, int64_t capacity, int32_t dtype);
 
 /* Runs tokens through the model, appending their K/V rows to the caches.

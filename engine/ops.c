@@ -2,6 +2,7 @@
  * ops.c - RMSNorm, RoPE, SwiGLU and tiled causal attention (see ops.h).
  */
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "dtype.h"
@@ -14,11 +15,16 @@ void rmsnorm_forward(float *y, const float *x, const float *w, int64_t rows, int
 }
 
 void rope_angles(float *cs, int64_t pos, int32_t n_rot, float base) {
+    rope_angles_ff(cs, pos, n_rot, base, NULL);
+}
+
+void rope_angles_ff(float *cs, int64_t pos, int32_t n_rot, float base, const float *ff) {
     float theta_scale = powf(base, -2.0f / (float)n_rot);
     float theta = (float)pos;
     for (int32_t i = 0; i < n_rot / 2; i++) {
-        cs[2 * i] = cosf(theta);
-        cs[2 * i + 1] = sinf(theta);
+        float t = ff ? theta / ff[i] : theta;
+        cs[2 * i] = cosf(t);
+        cs[2 * i + 1] = sinf(t);
         theta *= theta_scale;
     }
 }
@@ -68,9 +74,105 @@ void swiglu_forward(float *gate, const float *up, int64_t n) {
     }
 }
 
+/* ---- GELU ------------------------------------------------------------------ */
+
+static const float GELU_COEF_A = 0.044715f;
+static const float SQRT_2_OVER_PI = 0.79788456080286535587989211986876f;
+
+float gelu_exact(float x) {
+    return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x)));
+}
+
+float gelu_exact_grad(float x) {
+    /* d/dx 0.5 x (1 + tanh(u)), u = c x (1 + a x^2): 0.5 (1 + t) + 0.5 x (1 - t^2) u' */
+    float t = tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x));
+    float du = SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_COEF_A * x * x);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+/* GGML's table: gelu of every f16 value, rounded to f16, kept widened.
+ * GGML's x86 builds contract 1 + a x^2 into a fused multiply-add; with fmaf
+ * there all 65,536 entries equal libggml-cpu's ggml_table_gelu_f16 (checked
+ * against node-llama-cpp 3.22.1's haswell build). */
+static float gelu_table[1 << 16];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+
+static void gelu_table_init(void) {
+    for (uint32_t i = 0; i < (1u << 16); i++) {
+        float x = cart_f16_to_f32((uint16_t)i);
+        float y = 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * fmaf(GELU_COEF_A * x, x, 1.0f)));
+        gelu_table[i] = cart_f16_to_f32(cart_f32_to_f16(y));
+    }
+}
+
+/* gelu(x) as GGML_GELU_FP16 computes it for an f32 x */
+static inline float gelu_lookup(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return gelu_table[cart_f32_to_f16(x)];
+}
+
+void geglu_forward_table(float *gate, const float *up, int64_t n) {
+    pthread_once(&gelu_once, gelu_table_init);
+    for (int64_t i = 0; i < n; i++) gate[i] = gelu_lookup(gate[i]) * up[i];
+}
+
+void geglu_forward(float *h, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h[i] = gelu_exact(gate[i]) * up[i];
+}
+
+void geglu_backward(float *dgate, float *dup, const float *dh, const float *gate, const float *up,
+                    int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        if (dup) dup[i] += dh[i] * gelu_exact(g);
+        dgate[i] += dh[i] * up[i] * gelu_exact_grad(g);
+    }
+}
+
+void moe_route(int32_t *sel, float *w, float *pr, int32_t n_expert, int32_t k) {
+    float max = pr[0];
+    for (int32_t e = 1; e < n_expert; e++)
+        if (pr[e] > max) max = pr[e];
+    double sum = 0.0;
+    for (int32_t e = 0; e < n_expert; e++) {
+        pr[e] = expf(pr[e] - max);
+        sum += (double)pr[e];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int32_t e = 0; e < n_expert; e++) pr[e] *= inv;
+    int32_t n = 0;
+    for (int32_t e = 0; e < n_expert; e++) {
+        if (n == k && !(pr[e] > pr[sel[k - 1]])) continue;
+        int32_t at = n < k ? n : k - 1;
+        while (at > 0 && pr[e] > pr[sel[at - 1]]) {
+            sel[at] = sel[at - 1];
+            at--;
+        }
+        sel[at] = e;
+        if (n < k) n++;
+    }
+    float wsum = 0.0f;
+    for (int32_t j = 0; j < k; j++) wsum += pr[sel[j]];
+    if (wsum < 6.103515625e-5f) wsum = 6.103515625e-5f;
+    for (int32_t j = 0; j < k; j++) w[j] = pr[sel[j]] / wsum;
+}
+
+void softcap_forward(float *x, int64_t n, float cap) {
+    float inv = 1.0f / cap;
+    for (int64_t i = 0; i < n; i++) x[i] = tanhf(x[i] * inv) * cap;
+}
+
+void softcap_backward(float *dy, const float *y, int64_t n, float cap) {
+    for (int64_t i = 0; i < n; i++) {
+        float t = y[i] / cap;
+        dy[i] *= 1.0f - t * t;
+    }
+}
+
 /* ---- attention ----------------------------------------------------------- */
 
-enum { TILE = 64, LANES = 16, MAX_HEAD_DIM = 256, MAX_REP = 16, MAX_QUERIES = 16 };
+enum { TILE = 64, LANES = 16, MAX_HEAD_DIM = 512, MAX_REP = 16, MAX_QUERIES = 16 };
 
 /* A dot product with LANES partial sums combined in a fixed order: the
  * compiler vectorizes it without reassociation flags, and the result does not
@@ -136,14 +238,20 @@ static void tile_values(float *acc, const float *p, const float *vt, int64_t nt,
 }
 
 void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq, const void *k,
-                       const void *v, int32_t dtype, int64_t n_ctx0, int64_t stride, int32_t n_head,
-                       int32_t n_head_kv, int32_t head_dim, float scale) {
+                       const void *v, int32_t dtype, int64_t n_ctx0, int64_t window, int64_t stride,
+                       int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale) {
     const int32_t n_rep = n_head / n_head_kv;
     /* the tile's keys and values converted to f32, [TILE][head_dim] each */
     float kt[TILE * MAX_HEAD_DIM], vt[TILE * MAX_HEAD_DIM];
     float score[TILE];
     float run_max[MAX_QUERIES][MAX_REP], run_sum[MAX_QUERIES][MAX_REP];
     const int64_t n_ctx_last = n_ctx0 + nq - 1;
+    /* the first row each query sees; tiles start at the multiple of TILE at
+     * or below the block's first */
+    int64_t first[MAX_QUERIES];
+    for (int32_t j = 0; j < nq; j++)
+        first[j] = window > 0 && n_ctx0 + j > window ? n_ctx0 + j - window : 0;
+    const int64_t tile0 = first[0] / TILE * TILE;
 
     for (int32_t g = 0; g < n_head_kv; g++) {
         for (int32_t j = 0; j < nq; j++) {
@@ -158,23 +266,24 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
          * same bits as converting a tile first) */
         const cart_kernels *kern = cart_kern();
         const int direct = nq == 1 && dtype == CART_F16 && head_dim % 16 == 0;
-        for (int64_t t0 = 0; t0 < n_ctx_last; t0 += TILE) {
+        for (int64_t t0 = tile0; t0 < n_ctx_last; t0 += TILE) {
             int64_t nt_all = n_ctx_last - t0 < TILE ? n_ctx_last - t0 : TILE;
-            const uint16_t *kh = (const uint16_t *)k + t0 * stride + (int64_t)g * head_dim;
-            const uint16_t *vh = (const uint16_t *)v + t0 * stride + (int64_t)g * head_dim;
             if (!direct) {
                 load_tile(kt, k, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
                 load_tile(vt, v, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
             }
             for (int32_t j = 0; j < nq; j++) {
-                int64_t n_ctx = n_ctx0 + j; /* query j sees rows 0 .. n_ctx - 1 */
-                if (n_ctx <= t0) continue;
-                int64_t nt = n_ctx - t0 < TILE ? n_ctx - t0 : TILE;
+                int64_t n_ctx = n_ctx0 + j; /* query j sees rows first[j] .. n_ctx - 1 */
+                if (n_ctx <= t0 || first[j] >= t0 + TILE) continue;
+                int64_t lo = first[j] > t0 ? first[j] - t0 : 0;
+                int64_t nt = (n_ctx - t0 < TILE ? n_ctx - t0 : TILE) - lo;
+                const uint16_t *kh = (const uint16_t *)k + (t0 + lo) * stride + (int64_t)g * head_dim;
+                const uint16_t *vh = (const uint16_t *)v + (t0 + lo) * stride + (int64_t)g * head_dim;
                 for (int32_t r = 0; r < n_rep; r++) {
                     const float *qh = q + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
                     float *acc_h = out + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
                     if (direct) kern->scores_f16(score, qh, kh, stride, head_dim, nt);
-                    else tile_scores(score, qh, kt, head_dim, nt);
+                    else tile_scores(score, qh, kt + lo * head_dim, head_dim, nt);
                     float tile_max = -INFINITY;
                     for (int64_t i = 0; i < nt; i++) {
                         score[i] *= scale;
@@ -189,7 +298,7 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                         run_sum[j][r] += score[i];
                     }
                     if (direct) kern->values_f16(acc_h, score, vh, stride, nt, head_dim);
-                    else tile_values(acc_h, score, vt, nt, head_dim);
+                    else tile_values(acc_h, score, vt + lo * head_dim, nt, head_dim);
                     run_max[j][r] = new_max;
                 }
             }
@@ -215,7 +324,10 @@ void rmsnorm_forward_keep(float *y, float *rstd, const float *x, const float *w,
         float mean = (float)(sum / (double)dim);
         float scale = 1.0f / sqrtf(mean + eps);
         if (rstd) rstd[r] = scale;
-        for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale * w[i];
+        if (w)
+            for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale * w[i];
+        else
+            for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale;
     }
 }
 
@@ -225,10 +337,10 @@ void rmsnorm_backward(float *dx, const float *dy, const float *x, const float *r
         const float *dyr = dy + r * dim, *xr = x + r * dim;
         float *dxr = dx + r * dim;
         double dot_sum = 0.0;
-        for (int64_t i = 0; i < dim; i++) dot_sum += (double)dyr[i] * w[i] * xr[i];
+        for (int64_t i = 0; i < dim; i++) dot_sum += (double)dyr[i] * (w ? w[i] : 1.0f) * xr[i];
         float s = rstd[r];
         float coef = (float)(dot_sum * (double)s * s * s / (double)dim);
-        for (int64_t i = 0; i < dim; i++) dxr[i] += s * dyr[i] * w[i] - coef * xr[i];
+        for (int64_t i = 0; i < dim; i++) dxr[i] += s * dyr[i] * (w ? w[i] : 1.0f) - coef * xr[i];
     }
 }
 

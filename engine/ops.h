@@ -14,7 +14,8 @@
 #pragma GCC visibility push(hidden)
 
 /* y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w, for r in [0, rows).
- * The sum of squares is taken in double, as GGML does. y may equal x. */
+ * The sum of squares is taken in double, as GGML does. y may equal x. w may
+ * be NULL: a norm without weight (gemma4's value norm and router input). */
 void rmsnorm_forward(float *y, const float *x, const float *w, int64_t rows, int64_t dim,
                      float eps);
 
@@ -22,6 +23,11 @@ void rmsnorm_forward(float *y, const float *x, const float *w, int64_t rows, int
  * sin(theta_i) for pair i in [0, n_rot/2), theta_i built as GGML builds it:
  * theta_0 = pos, theta_{i+1} = theta_i * base^(-2/n_rot), all in f32. */
 void rope_angles(float *cs, int64_t pos, int32_t n_rot, float base);
+
+/* rope_angles with GGML's frequency factors: theta_i / ff[i] (ff NULL:
+ * factors of 1, the same table as rope_angles). gemma4's full-attention
+ * layers give their unrotated pairs a factor of 1e30 (angle ~0). */
+void rope_angles_ff(float *cs, int64_t pos, int32_t n_rot, float base, const float *ff);
 
 /* Rotates the first n_rot dims of each of n_heads heads of x ([n_heads,
  * head_dim], in place) by the angles in cs. neox: pairs (i, i + n_rot/2);
@@ -45,6 +51,44 @@ void qk_prepare_forward(float *q, float *k, float *q_rstd, float *k_rstd, const 
 /* gate[i] = silu(gate[i]) * up[i] over n values; silu(x) = x / (1 + exp(-x)). */
 void swiglu_forward(float *gate, const float *up, int64_t n);
 
+/* GELU as GGML's CPU backend computes it for f32 (GGML_GELU_FP16): x <= -10
+ * gives 0, x >= 10 gives x, and otherwise x is rounded to f16 and looked up
+ * in a table of the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x +
+ * 0.044715 x^3))) rounded to f16. The inference forward of gemma4 uses it,
+ * so that it matches llama.cpp to the last bit of the activation.
+ *   geglu_forward_table: gate[i] = gelu(gate[i]) * up[i] over n values
+ *   gelu_mul_forward_table: x[i] = gelu(x[i]) * c[i] */
+void geglu_forward_table(float *gate, const float *up, int64_t n);
+
+/* The exact tanh-approximation GELU in f32 and its derivative, for the
+ * trainer (a lookup table has no useful derivative): gelu_exact(x) =
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+float gelu_exact(float x);
+float gelu_exact_grad(float x);
+
+/* h[i] = gelu_exact(gate[i]) * up[i] over n values (the trainer's GEGLU). */
+void geglu_forward(float *h, const float *gate, const float *up, int64_t n);
+
+/* The backward of geglu_forward: dgate += dh * up * gelu'(gate), dup += dh *
+ * gelu(gate); dup may be NULL (a constant second factor). */
+void geglu_backward(float *dgate, float *dup, const float *dh, const float *gate, const float *up,
+                    int64_t n);
+
+/* An MoE router's choice for one token, as llama.cpp's build_moe_ffn makes
+ * it with softmax gating: probs = softmax(logits) over n_expert (f32, the sum
+ * in double), the k largest (ties to the lower id) into sel[k] best first,
+ * their probabilities renormalized into w[k] (the sum clamped below at 2^-14
+ * as GGML does). logits is overwritten with the probabilities. */
+void moe_route(int32_t *sel, float *w, float *logits, int32_t n_expert, int32_t k);
+
+/* Final-logit soft-capping, as GGML composes it: x = tanh(x * (1 / cap)) *
+ * cap over n values (cap > 0). */
+void softcap_forward(float *x, int64_t n, float cap);
+
+/* Its backward given the capped values y: dx = dy * (1 - (y / cap)^2), in
+ * place on dy. */
+void softcap_backward(float *dy, const float *y, int64_t n, float cap);
+
 /* Causal attention of nq (<= 16) consecutive tokens of one stream over its
  * cache rows.
  *   out [nq][q_stride]  row j holds query token j's n_head heads of head_dim
@@ -54,15 +98,19 @@ void swiglu_forward(float *gate, const float *up, int64_t n);
  *       pointer on (pass a pointer offset by g * head_dim to start at kv
  *       head g)
  *   v   the same for values
- * Query j sees rows 0 .. n_ctx0 + j - 1. Query head h reads kv head
- * h / (n_head / n_head_kv); head_dim <= 256 and n_head / n_head_kv <= 16.
+ * Query j sees rows 0 .. n_ctx0 + j - 1, or with window > 0 only the last
+ * `window` of them (rows n_ctx0 + j - window ..: a sliding-window layer,
+ * whose query at position P sees the keys at P - window + 1 .. P). Tiles
+ * stay aligned at multiples of 64 rows whatever the window, so a query's
+ * result does not depend on the block it runs in. Query head h reads kv head
+ * h / (n_head / n_head_kv); head_dim <= 512 and n_head / n_head_kv <= 16.
  * scale multiplies the scores. The rows are read in tiles of 64, converted
  * once per tile for all the queries, with a running maximum per query: no
  * buffer of size n_ctx, and a query's result is the same bits whatever nq
  * and its place in the block are. */
 void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq, const void *k,
-                       const void *v, int32_t dtype, int64_t n_ctx0, int64_t stride, int32_t n_head,
-                       int32_t n_head_kv, int32_t head_dim, float scale);
+                       const void *v, int32_t dtype, int64_t n_ctx0, int64_t window, int64_t stride,
+                       int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale);
 
 /* rmsnorm_forward that also keeps 1/rms of each row in rstd[rows] (rstd may
  * be NULL). */
@@ -70,7 +118,7 @@ void rmsnorm_forward_keep(float *y, float *rstd, const float *x, const float *w,
                           int64_t dim, float eps);
 
 /* dx[r, :] += the gradient w.r.t. x of y = x * rstd * w, given dy; x and
- * rstd as the forward saw and kept them. */
+ * rstd as the forward saw and kept them; w NULL for a norm without weight. */
 void rmsnorm_backward(float *dx, const float *dy, const float *x, const float *rstd,
                       const float *w, int64_t rows, int64_t dim);
 

@@ -23,66 +23,111 @@
 
 struct cart_cartridge {
     int32_t n_layer;
-    int32_t kv_heads;
-    int32_t head_dim;
     int64_t p;
     int64_t frozen;
-    int64_t row;  /* floats per row: kv_heads * head_dim */
-    float *rows;  /* [n_layer][2][p][row] */
-    float *grad;  /* the same layout */
+    int32_t *kv_heads; /* [n_layer] */
+    int32_t *head_dim; /* [n_layer] */
+    int64_t *row;      /* [n_layer] floats per row: kv_heads * head_dim */
+    int64_t *offset;   /* [n_layer] where layer l's K rows start; its V rows follow */
+    int64_t total;     /* floats of all the rows */
+    float *rows;       /* layer by layer: [p][row[l]] K, then [p][row[l]] V */
+    float *grad;       /* the same layout */
 };
 
 int cart_cartridge_new(cart_cartridge **out, int32_t n_layer, int32_t kv_heads, int32_t head_dim,
                        int64_t p, int64_t frozen) {
     *out = NULL;
-    if (n_layer < 1 || kv_heads < 1 || head_dim < 1)
+    if (n_layer < 1 || n_layer > (1 << 20) || kv_heads < 1 || head_dim < 1)
         return cart_fail(CART_E_ARG, "cartridge: %d layers, %d KV heads, head_dim %d: each must "
                          "be at least 1", n_layer, kv_heads, head_dim);
+    int32_t *geom = cart_malloc(sizeof(int32_t) * 2 * (size_t)n_layer, "cartridge geometry");
+    if (!geom) return CART_E_NOMEM;
+    for (int32_t l = 0; l < n_layer; l++) geom[l] = kv_heads, geom[n_layer + l] = head_dim;
+    int rc = cart_cartridge_new_layers(out, n_layer, geom, geom + n_layer, p, frozen);
+    free(geom);
+    return rc;
+}
+
+int cart_cartridge_new_layers(cart_cartridge **out, int32_t n_layer, const int32_t *kv_heads,
+                              const int32_t *head_dim, int64_t p, int64_t frozen) {
+    *out = NULL;
+    if (n_layer < 1 || n_layer > (1 << 20))
+        return cart_fail(CART_E_ARG, "cartridge: %d layers: it must be between 1 and 2^20", n_layer);
+    for (int32_t l = 0; l < n_layer; l++)
+        if (kv_heads[l] < 1 || head_dim[l] < 1 || kv_heads[l] > (1 << 16) || head_dim[l] > (1 << 16))
+            return cart_fail(CART_E_ARG, "cartridge: layer %d has %d KV heads, head_dim %d: each must "
+                             "be between 1 and 65536", l, kv_heads[l], head_dim[l]);
     if (p < 1) return cart_fail(CART_E_ARG, "cartridge: p = %lld rows; it needs at least one", (long long)p);
     if (frozen < 0 || frozen >= p)
         return cart_fail(CART_E_ARG, "cartridge: %lld frozen rows must be fewer than p = %lld",
                          (long long)frozen, (long long)p);
-    int64_t row = (int64_t)kv_heads * head_dim;
-    if ((uint64_t)p > (UINT64_C(1) << 36) / (uint64_t)(row * 2 * n_layer))
+    int64_t per_row = 0; /* floats of one row over every layer, K and V */
+    for (int32_t l = 0; l < n_layer; l++) per_row += 2 * (int64_t)kv_heads[l] * head_dim[l];
+    if ((uint64_t)p > (UINT64_C(1) << 36) / (uint64_t)per_row)
         return cart_fail(CART_E_ARG, "cartridge: p = %lld rows is too large", (long long)p);
     cart_cartridge *c = cart_calloc(1, sizeof *c, "cartridge");
     if (!c) return CART_E_NOMEM;
-    size_t count = (size_t)n_layer * 2 * (size_t)p * (size_t)row;
-    c->rows = cart_calloc(count, sizeof(float), "cartridge rows");
-    c->grad = cart_calloc(count, sizeof(float), "cartridge gradients");
-    if (!c->rows || !c->grad) {
+    c->kv_heads = cart_calloc((size_t)n_layer, sizeof *c->kv_heads, "cartridge geometry");
+    c->head_dim = cart_calloc((size_t)n_layer, sizeof *c->head_dim, "cartridge geometry");
+    c->row = cart_calloc((size_t)n_layer, sizeof *c->row, "cartridge geometry");
+    c->offset = cart_calloc((size_t)n_layer, sizeof *c->offset, "cartridge geometry");
+    c->total = per_row * p;
+    c->rows = cart_calloc((size_t)c->total, sizeof(float), "cartridge rows");
+    c->grad = cart_calloc((size_t)c->total, sizeof(float), "cartridge gradients");
+    if (!c->kv_heads || !c->head_dim || !c->row || !c->offset || !c->rows || !c->grad) {
         cart_cartridge_free(c);
         return CART_E_NOMEM;
     }
     c->n_layer = n_layer;
-    c->kv_heads = kv_heads;
-    c->head_dim = head_dim;
     c->p = p;
     c->frozen = frozen;
-    c->row = row;
+    for (int32_t l = 0, at = 0; l < n_layer; l++) {
+        c->kv_heads[l] = kv_heads[l];
+        c->head_dim[l] = head_dim[l];
+        c->row[l] = (int64_t)kv_heads[l] * head_dim[l];
+        c->offset[l] = at;
+        at += 2 * p * c->row[l];
+    }
     *out = c;
     return CART_OK;
 }
 
 int cart_cartridge_new_for(cart_cartridge **out, const cart_model *m, int64_t p, int64_t frozen) {
-    return cart_cartridge_new(out, m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, p, frozen);
+    *out = NULL;
+    int32_t *geom = cart_model_kv_geometry(m);
+    if (!geom) return CART_E_NOMEM;
+    int rc = cart_cartridge_new_layers(out, m->cfg.n_layer, geom, geom + m->cfg.n_layer, p, frozen);
+    free(geom);
+    return rc;
 }
 
 void cart_cartridge_free(cart_cartridge *c) {
     if (!c) return;
     free(c->rows);
     free(c->grad);
+    free(c->kv_heads);
+    free(c->head_dim);
+    free(c->row);
+    free(c->offset);
     free(c);
 }
 
 int64_t cart_cartridge_p(const cart_cartridge *c) { return c->p; }
 int64_t cart_cartridge_frozen(const cart_cartridge *c) { return c->frozen; }
 int32_t cart_cartridge_n_layer(const cart_cartridge *c) { return c->n_layer; }
-int32_t cart_cartridge_kv_heads(const cart_cartridge *c) { return c->kv_heads; }
-int32_t cart_cartridge_head_dim(const cart_cartridge *c) { return c->head_dim; }
+int32_t cart_cartridge_kv_heads(const cart_cartridge *c) { return c->kv_heads[0]; }
+int32_t cart_cartridge_head_dim(const cart_cartridge *c) { return c->head_dim[0]; }
+
+int32_t cart_cartridge_layer_heads(const cart_cartridge *c, int32_t layer) {
+    return layer >= 0 && layer < c->n_layer ? c->kv_heads[layer] : 0;
+}
+
+int32_t cart_cartridge_layer_head_dim(const cart_cartridge *c, int32_t layer) {
+    return layer >= 0 && layer < c->n_layer ? c->head_dim[layer] : 0;
+}
 
 static size_t block_offset(const cart_cartridge *c, int32_t layer, int32_t which) {
-    return ((size_t)layer * 2 + (size_t)which) * (size_t)c->p * (size_t)c->row;
+    return (size_t)(c->offset[layer] + (int64_t)which * c->p * c->row[layer]);
 }
 
 float *cart_cartridge_rows(cart_cartridge *c, int32_t layer, int32_t which) {
@@ -101,9 +146,9 @@ int cart_cartridge_check_finite(const cart_cartridge *c, int32_t grads) {
     for (int32_t l = 0; l < c->n_layer; l++) {
         for (int32_t which = 0; which < 2; which++) {
             const float *x = base + block_offset(c, l, which);
-            for (int64_t i = 0; i < c->p * c->row; i++) {
+            for (int64_t i = 0; i < c->p * c->row[l]; i++) {
                 if (isfinite(x[i])) continue;
-                int64_t r = i / c->row;
+                int64_t r = i / c->row[l];
                 int sink = r < c->frozen;
                 return cart_fail(CART_E_FORMAT, "%s of 'layers.%d.%s%s' row %lld holds %s: every value must be "
                                  "finite",
@@ -121,15 +166,21 @@ static const float *rows_of(const cart_cartridge *c, int32_t layer, int32_t whic
 }
 
 void cart_cartridge_zero_grad(cart_cartridge *c) {
-    memset(c->grad, 0, (size_t)c->n_layer * 2 * (size_t)c->p * (size_t)c->row * sizeof(float));
+    memset(c->grad, 0, (size_t)c->total * sizeof(float));
 }
 
 static int check_model_geometry(const cart_cartridge *c, const cart_model *m, const char *fn) {
     const cart_model_config *cfg = &m->cfg;
-    if (c->n_layer != cfg->n_layer || c->kv_heads != cfg->n_head_kv || c->head_dim != cfg->head_dim)
-        return cart_fail(CART_E_ARG, "%s: the cartridge is %d layers x %d KV heads x %d, the model "
-                         "%d x %d x %d", fn, c->n_layer, c->kv_heads, c->head_dim, cfg->n_layer,
-                         cfg->n_head_kv, cfg->head_dim);
+    if (c->n_layer != cfg->n_layer)
+        return cart_fail(CART_E_ARG, "%s: the cartridge has %d layers, the model %d", fn, c->n_layer,
+                         cfg->n_layer);
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        const cart_layer_config *g = &m->layers[l].g;
+        if (c->kv_heads[l] != g->n_head_kv || c->head_dim[l] != g->head_dim)
+            return cart_fail(CART_E_ARG, "%s: the cartridge is %d layers x %d KV heads x %d (layer %d), "
+                             "the model %d x %d x %d", fn, c->n_layer, c->kv_heads[l], c->head_dim[l], l,
+                             cfg->n_layer, g->n_head_kv, g->head_dim);
+    }
     return CART_OK;
 }
 
@@ -141,7 +192,7 @@ int cart_cartridge_capture(cart_cartridge *c, cart_model *m, const int32_t *toke
         return cart_fail(CART_E_ARG, "cart_cartridge_capture: %lld tokens for a cartridge of p = %lld",
                          (long long)n, (long long)c->p);
     cart_kv *kv = NULL;
-    rc = cart_kv_new(&kv, c->n_layer, c->kv_heads, c->head_dim, n, kv_dtype);
+    rc = cart_kv_new_layers(&kv, c->n_layer, c->kv_heads, c->head_dim, n, kv_dtype);
     if (rc) return rc;
     rc = cart_model_forward(m, &kv, 1, tokens, &n, NULL, 0, NULL);
     for (int32_t l = 0; l < c->n_layer && !rc; l++)
@@ -153,15 +204,19 @@ int cart_cartridge_capture(cart_cartridge *c, cart_model *m, const int32_t *toke
 void cart_cartridge_init_random(cart_cartridge *c, uint64_t seed, float std) {
     cart_rng rng;
     cart_rng_seed(&rng, seed);
-    cart_rng_fill_normal(&rng, c->rows, (int64_t)c->n_layer * 2 * c->p * c->row, 0.0f, std);
+    cart_rng_fill_normal(&rng, c->rows, c->total, 0.0f, std);
 }
 
 int cart_cartridge_append_to_kv(const cart_cartridge *c, cart_kv *kv) {
-    if (cart_kv_n_layer(kv) != c->n_layer || cart_kv_heads(kv) != c->kv_heads ||
-        cart_kv_head_dim(kv) != c->head_dim)
-        return cart_fail(CART_E_ARG, "cart_cartridge_append_to_kv: the cartridge is %d layers x %d "
-                         "KV heads x %d, the cache %d x %d x %d", c->n_layer, c->kv_heads,
-                         c->head_dim, cart_kv_n_layer(kv), cart_kv_heads(kv), cart_kv_head_dim(kv));
+    if (cart_kv_n_layer(kv) != c->n_layer)
+        return cart_fail(CART_E_ARG, "cart_cartridge_append_to_kv: the cartridge has %d layers, the cache "
+                         "%d", c->n_layer, cart_kv_n_layer(kv));
+    for (int32_t l = 0; l < c->n_layer; l++)
+        if (cart_kv_layer_heads(kv, l) != c->kv_heads[l] || cart_kv_layer_head_dim(kv, l) != c->head_dim[l])
+            return cart_fail(CART_E_ARG, "cart_cartridge_append_to_kv: the cartridge is %d layers x %d "
+                             "KV heads x %d (layer %d), the cache %d x %d x %d", c->n_layer, c->kv_heads[l],
+                             c->head_dim[l], l, cart_kv_n_layer(kv), cart_kv_layer_heads(kv, l),
+                             cart_kv_layer_head_dim(kv, l));
     int64_t len = cart_kv_len(kv);
     if (c->p > cart_kv_capacity(kv) - len)
         return cart_fail(CART_E_ARG, "cart_cartridge_append_to_kv: %lld rows after %lld do not fit "
@@ -175,11 +230,12 @@ int cart_cartridge_append_to_kv(const cart_cartridge *c, cart_kv *kv) {
 }
 
 int64_t cart_cartridge_trainable_count(const cart_cartridge *c) {
-    return (int64_t)c->n_layer * 2 * (c->p - c->frozen) * c->row;
+    int64_t n = 0;
+    for (int32_t l = 0; l < c->n_layer; l++) n += 2 * (c->p - c->frozen) * c->row[l];
+    return n;
 }
 
 int cart_cartridge_adam_step(cart_cartridge *c, cart_adam *a) {
-    int64_t per_block = (c->p - c->frozen) * c->row;
     if (cart_adam_size(a) != cart_cartridge_trainable_count(c))
         return cart_fail(CART_E_ARG, "cart_cartridge_adam_step: the optimizer holds %lld values, "
                          "the cartridge has %lld trainable", (long long)cart_adam_size(a),
@@ -188,7 +244,8 @@ int cart_cartridge_adam_step(cart_cartridge *c, cart_adam *a) {
     int64_t offset = 0;
     for (int32_t l = 0; l < c->n_layer; l++)
         for (int32_t which = 0; which < 2; which++) {
-            size_t skip = (size_t)c->frozen * (size_t)c->row;
+            int64_t per_block = (c->p - c->frozen) * c->row[l];
+            size_t skip = (size_t)c->frozen * (size_t)c->row[l];
             int rc = cart_adam_update(a, cart_cartridge_rows(c, l, which) + skip,
                                       cart_cartridge_grad(c, l, which) + skip, offset, per_block);
             if (rc) return rc;
@@ -198,41 +255,56 @@ int cart_cartridge_adam_step(cart_cartridge *c, cart_adam *a) {
 }
 
 void cart_cartridge_grad_export(const cart_cartridge *c, float *dst) {
-    size_t skip = (size_t)c->frozen * (size_t)c->row, per_block = (size_t)(c->p - c->frozen) * (size_t)c->row;
-    for (int32_t l = 0; l < c->n_layer; l++)
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        size_t skip = (size_t)c->frozen * (size_t)c->row[l], per_block = (size_t)(c->p - c->frozen) * (size_t)c->row[l];
         for (int32_t which = 0; which < 2; which++, dst += per_block)
             memcpy(dst, c->grad + block_offset(c, l, which) + skip, per_block * sizeof(float));
+    }
 }
 
 void cart_cartridge_grad_import(cart_cartridge *c, const float *src) {
-    size_t skip = (size_t)c->frozen * (size_t)c->row, per_block = (size_t)(c->p - c->frozen) * (size_t)c->row;
-    for (int32_t l = 0; l < c->n_layer; l++)
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        size_t skip = (size_t)c->frozen * (size_t)c->row[l], per_block = (size_t)(c->p - c->frozen) * (size_t)c->row[l];
         for (int32_t which = 0; which < 2; which++, src += per_block)
             memcpy(c->grad + block_offset(c, l, which) + skip, src, per_block * sizeof(float));
+    }
 }
 
 /* ---- composition ------------------------------------------------------------ */
 
 static int same_geometry(const cart_cartridge *a, const cart_cartridge *b) {
-    return a->n_layer == b->n_layer && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim;
+    if (a->n_layer != b->n_layer) return 0;
+    for (int32_t l = 0; l < a->n_layer; l++)
+        if (a->kv_heads[l] != b->kv_heads[l] || a->head_dim[l] != b->head_dim[l]) return 0;
+    return 1;
+}
+
+/* The first layer where a and b differ (0 when only their layer counts do). */
+static int32_t first_difference(const cart_cartridge *a, const cart_cartridge *b) {
+    int32_t n = a->n_layer < b->n_layer ? a->n_layer : b->n_layer;
+    for (int32_t l = 0; l < n; l++)
+        if (a->kv_heads[l] != b->kv_heads[l] || a->head_dim[l] != b->head_dim[l]) return l;
+    return 0;
 }
 
 int cart_cartridge_copy_rows(cart_cartridge *dst, int64_t dst_row, const cart_cartridge *src,
                              int64_t src_row, int64_t n) {
     if (!dst || !src) return cart_fail(CART_E_ARG, "cart_cartridge_copy_rows: a cartridge is NULL");
-    if (!same_geometry(dst, src))
-        return cart_fail(CART_E_ARG, "cart_cartridge_copy_rows: the source is %d layers x %d KV heads x %d, "
-                         "the destination %d x %d x %d", src->n_layer, src->kv_heads, src->head_dim,
-                         dst->n_layer, dst->kv_heads, dst->head_dim);
+    if (!same_geometry(dst, src)) {
+        int32_t l = first_difference(dst, src);
+        return cart_fail(CART_E_ARG, "cart_cartridge_copy_rows: the source is %d layers (layer %d: %d KV heads x "
+                         "%d), the destination %d layers (layer %d: %d x %d)", src->n_layer, l,
+                         src->kv_heads[l], src->head_dim[l], dst->n_layer, l, dst->kv_heads[l], dst->head_dim[l]);
+    }
     if (n < 0 || src_row < 0 || dst_row < 0 || src_row > src->p - n || dst_row > dst->p - n)
         return cart_fail(CART_E_ARG, "cart_cartridge_copy_rows: %lld rows from row %lld of %lld into row "
                          "%lld of %lld", (long long)n, (long long)src_row, (long long)src->p,
                          (long long)dst_row, (long long)dst->p);
     for (int32_t l = 0; l < dst->n_layer; l++)
         for (int32_t which = 0; which < 2; which++)
-            memcpy(dst->rows + block_offset(dst, l, which) + dst_row * dst->row,
-                   src->rows + block_offset(src, l, which) + src_row * src->row,
-                   (size_t)n * (size_t)dst->row * sizeof(float));
+            memcpy(dst->rows + block_offset(dst, l, which) + dst_row * dst->row[l],
+                   src->rows + block_offset(src, l, which) + src_row * src->row[l],
+                   (size_t)n * (size_t)dst->row[l] * sizeof(float));
     return CART_OK;
 }
 
@@ -242,16 +314,18 @@ int cart_cartridge_compose(cart_cartridge **out, const cart_cartridge *const *pa
     int64_t total = 0;
     for (int32_t i = 0; i < n_parts; i++) {
         if (!parts[i]) return cart_fail(CART_E_ARG, "cart_cartridge_compose: part %d is NULL", (int)i);
-        if (!same_geometry(parts[i], parts[0]))
-            return cart_fail(CART_E_ARG, "cart_cartridge_compose: part %d is %d layers x %d KV heads x %d, "
-                             "part 0 is %d x %d x %d: only cartridges of one model compose", (int)i,
-                             parts[i]->n_layer, parts[i]->kv_heads, parts[i]->head_dim, parts[0]->n_layer,
-                             parts[0]->kv_heads, parts[0]->head_dim);
+        if (!same_geometry(parts[i], parts[0])) {
+            int32_t l = first_difference(parts[i], parts[0]);
+            return cart_fail(CART_E_ARG, "cart_cartridge_compose: part %d is %d layers (layer %d: %d KV heads x %d), "
+                             "part 0 is %d layers (layer %d: %d x %d): only cartridges of one model compose", (int)i,
+                             parts[i]->n_layer, l, parts[i]->kv_heads[l], parts[i]->head_dim[l], parts[0]->n_layer,
+                             l, parts[0]->kv_heads[l], parts[0]->head_dim[l]);
+        }
         total += parts[i]->p;
     }
     cart_cartridge *c = NULL;
-    int rc = cart_cartridge_new(&c, parts[0]->n_layer, parts[0]->kv_heads, parts[0]->head_dim, total,
-                                parts[0]->frozen);
+    int rc = cart_cartridge_new_layers(&c, parts[0]->n_layer, parts[0]->kv_heads, parts[0]->head_dim, total,
+                                       parts[0]->frozen);
     for (int64_t at = 0, i = 0; !rc && i < n_parts; at += parts[i]->p, i++)
         rc = cart_cartridge_copy_rows(c, at, parts[i], 0, parts[i]->p);
     if (rc) {
@@ -278,13 +352,15 @@ int cart_cartridge_compose_grad(const cart_cartridge *composed, cart_cartridge *
                          "composition %lld", (long long)total, (long long)composed->p);
     for (int64_t at = 0, i = 0; i < n_parts; at += parts[i]->p, i++) {
         cart_cartridge *part = parts[i];
-        int64_t skip = part->frozen, n = (part->p - skip) * part->row;
-        for (int32_t l = 0; l < part->n_layer; l++)
+        int64_t skip = part->frozen;
+        for (int32_t l = 0; l < part->n_layer; l++) {
+            int64_t row = part->row[l], n = (part->p - skip) * row;
             for (int32_t which = 0; which < 2; which++) {
-                float *g = part->grad + block_offset(part, l, which) + skip * part->row;
-                const float *src = composed->grad + block_offset(composed, l, which) + (at + skip) * part->row;
+                float *g = part->grad + block_offset(part, l, which) + skip * row;
+                const float *src = composed->grad + block_offset(composed, l, which) + (at + skip) * row;
                 for (int64_t k = 0; k < n; k++) g[k] += src[k];
             }
+        }
     }
     return CART_OK;
 }
@@ -458,7 +534,9 @@ void cart_target_list_view(const cart_target_list *l, cart_distill_targets *out)
 
 /* ---- the trainer ----------------------------------------------------------- */
 
-/* One layer's activations for T tokens: what the backward reads. */
+/* One layer's activations for T tokens: what the backward reads. Sizes use
+ * the widest layer (cart_model_widths); gemma4's extra fields are NULL for
+ * the other architectures, its MoE fields NULL without experts. */
 typedef struct acts {
     float *x_in;   /* [T, E] layer input */
     float *xn1;    /* [T, E] attention-norm output */
@@ -477,7 +555,30 @@ typedef struct acts {
     float *rstd2;  /* [T] */
     float *gate;   /* [T, F] */
     float *up;     /* [T, F] */
-    float *h;      /* [T, F] silu(gate) * up */
+    float *h;      /* [T, F] silu(gate) * up (gemma4: gelu(gate) * up) */
+    /* gemma4 */
+    float *v_raw;    /* [T, KD] before the value norm */
+    float *v_rstd;   /* [T, G] */
+    float *o;        /* [T, E] attention output projection, before post_attention_norm */
+    float *o_rstd;   /* [T] */
+    float *f;        /* [T, E] the dense FFN's down projection */
+    float *f_rstd;   /* [T] its post_ffw_norm_1 (MoE layers) */
+    float *fs;       /* [T, E] what post_ffw_norm normalizes (f, or both branches' normed sum) */
+    float *fs_rstd;  /* [T] */
+    float *x_post;   /* [T, E] after the FFN residual */
+    float *pl_g;     /* [T, Ep] per-layer input gate, before its GELU */
+    float *pl_r;     /* [T, E] per-layer projection, before its norm */
+    float *pl_rstd;  /* [T] */
+    /* gemma4 MoE */
+    float *xm;       /* [T, E] pre_ffw_norm_2 output: the experts' input */
+    float *xm_rstd;  /* [T] */
+    float *rin_rstd; /* [T] the router input's norm */
+    int32_t *sel;    /* [T, K] the experts each token runs, best first */
+    float *sel_w;    /* [T, K] their weights */
+    float *eg, *eu;  /* [T * K, FE] each slot's gate and up */
+    float *ey;       /* [T * K, E] each slot's expert output times its scale */
+    float *msum;     /* [T, E] the slots weighted and summed */
+    float *m_rstd;   /* [T] its post_ffw_norm_2 */
 } acts;
 
 struct cart_trainer {
@@ -526,6 +627,17 @@ typedef struct wgrad_scratch {
     float *xt, *dyt, *g; /* [cols, T], [rows, T], [rows, cols] for the largest layer */
 } wgrad_scratch;
 
+/* gemma4's MoE scratch for a pass of T tokens (K = experts per token). */
+typedef struct moe_scratch {
+    int64_t *list;   /* [T * K] */
+    float *rows_e;   /* [T * K, E] */
+    float *rows_fe;  /* [T * K, 2 * FE] */
+    float *d_e;      /* [T * K, E] backward */
+    float *d_fe;     /* [T * K, 3 * FE] backward */
+    float *dlogits;  /* [T, NE] backward */
+    float *gk;       /* [T * K] backward: dmsum . ey of each slot */
+} moe_scratch;
+
 /* Everything one pass needs. */
 typedef struct pass {
     const cart_model *m;
@@ -539,7 +651,11 @@ typedef struct pass {
     int64_t p;          /* prefix rows (0 without a cartridge) */
     int64_t T;
     int64_t *seg_start; /* [T] first token of each token's segment */
-    float *angles;      /* [T, n_rot] */
+    float *angles[2];   /* [T, rope_n_rot[i]] RoPE tables 0 (full) and 1 (gemma4's sliding) */
+    float *pl_in;       /* [T, n_layer * n_embd_per_layer] gemma4's per-layer inputs, or NULL */
+    float *tmp;         /* [T, E] scratch of a layer's forward */
+    moe_scratch ms;     /* gemma4 MoE models only */
+    float *block;       /* the allocation behind tmp, pl_in and ms */
     acts *a;            /* the current layer's activations */
     /* backward scratch */
     float *datt;        /* [T, HD] gradient of the attention output */
@@ -603,27 +719,41 @@ static void norm_weight_grad(float *dw, const float *dy, const float *x, const f
 /* What both attention passes read of a layer: its head geometry and the
  * cartridge's rows (NULL without a prefix). */
 typedef struct att_geom {
-    int32_t D, G, rep;  /* head_dim, KV heads, query heads per KV head */
+    int32_t D, G, H, rep; /* head_dim, KV heads, query heads, query heads per KV head */
     int64_t KD, HD;     /* floats per token of K/V and of Q */
-    float scale;        /* 1 / sqrt(head_dim) */
+    int64_t window;     /* sliding window in positions (0: none) */
+    float scale;        /* multiplies the scores */
     const float *pk, *pv;
 } att_geom;
 
 static att_geom att_geometry(const pass *s) {
-    const cart_model_config *c = s->c;
+    const cart_layer_config *g = &s->m->layers[s->layer].g;
     att_geom a;
-    a.D = c->head_dim, a.G = c->n_head_kv, a.rep = c->n_head / c->n_head_kv;
-    a.KD = (int64_t)a.G * a.D, a.HD = (int64_t)c->n_head * a.D;
-    a.scale = 1.0f / sqrtf((float)a.D);
+    a.D = g->head_dim, a.G = g->n_head_kv, a.H = g->n_head, a.rep = g->n_head / g->n_head_kv;
+    a.KD = (int64_t)a.G * a.D, a.HD = (int64_t)a.H * a.D;
+    a.window = g->window;
+    a.scale = g->attn_scale;
     a.pk = s->cart ? rows_of(s->cart, s->layer, 0) : NULL;
     a.pv = s->cart ? rows_of(s->cart, s->layer, 1) : NULL;
     return a;
 }
 
+/* The first prefix row and the first segment row token t sees: all of them,
+ * or on a sliding layer those within the window of its position p + (t - s0). */
+static int64_t first_prefix_row(const pass *s, const att_geom *ag, int64_t t, int64_t s0) {
+    if (ag->window <= 0) return 0;
+    int64_t first = s->p + (t - s0) - ag->window + 1;
+    return first > 0 ? first : 0;
+}
+
+static int64_t first_segment_row(const att_geom *ag, int64_t t, int64_t s0) {
+    if (ag->window <= 0 || t - ag->window + 1 <= s0) return s0;
+    return t - ag->window + 1;
+}
+
 /* Forward attention for items [begin, end): item = token * G + kv head. */
 static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
-    const cart_model_config *c = s->c;
     const att_geom ag = att_geometry(s);
     const int32_t D = ag.D, G = ag.G, rep = ag.rep;
     const int64_t KD = ag.KD, HD = ag.HD;
@@ -631,12 +761,14 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t threa
     for (int64_t item = begin; item < end; item++) {
         int64_t t = item / G, g = item % G;
         int64_t s0 = s->seg_start[t];
+        int64_t j0 = first_prefix_row(s, &ag, t, s0), u0 = first_segment_row(&ag, t, s0);
+        int64_t na = j0 < s->p ? s->p - j0 : 0;
         for (int32_t r = 0; r < rep; r++) {
             int64_t h = g * rep + r;
-            attention_head_forward(s->a->att + t * HD + h * D, s->a->lse + t * c->n_head + h,
-                         s->a->q + t * HD + h * D, pk ? pk + g * D : NULL, pv ? pv + g * D : NULL,
-                         s->p, KD, s->a->k + s0 * KD + g * D, s->a->v + s0 * KD + g * D, t - s0 + 1,
-                         KD, D, scale);
+            attention_head_forward(s->a->att + t * HD + h * D, s->a->lse + t * ag.H + h,
+                         s->a->q + t * HD + h * D, na ? pk + j0 * KD + g * D : NULL,
+                         na ? pv + j0 * KD + g * D : NULL, na, KD, s->a->k + u0 * KD + g * D,
+                         s->a->v + u0 * KD + g * D, t - u0 + 1, KD, D, scale);
         }
     }
 }
@@ -645,23 +777,23 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t threa
  * 64 key rows, every query that sees it adds its share to the tile's
  * gradients held in L1-sized buffers, which are then added to the rows. Row
  * gradients sum over queries in token order, query gradients over tiles in
- * row order: the order of the plain per-query loop. */
+ * row order: the order of the plain per-query loop. A query on a sliding
+ * layer reads only the part of a tile within its window. */
 enum { BTILE = 64 };
 
 static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
-    const cart_model_config *c = s->c;
     const att_geom ag = att_geometry(s);
-    const int32_t D = ag.D, rep = ag.rep;
+    const int32_t D = ag.D, rep = ag.rep, H = ag.H;
     const int64_t KD = ag.KD, HD = ag.HD;
     const float scale = ag.scale, *pk = ag.pk, *pv = ag.pv;
     float *gk = s->grad_cart ? cart_cartridge_grad(s->grad_cart, s->layer, 0) : NULL;
     float *gv = s->grad_cart ? cart_cartridge_grad(s->grad_cart, s->layer, 1) : NULL;
     int64_t frozen = s->cart ? s->cart->frozen : 0;
     const acts *a = s->a;
-    float dkt[BTILE * 256], dvt[BTILE * 256]; /* head_dim <= 256 */
+    float dkt[BTILE * 512], dvt[BTILE * 512]; /* head_dim <= 512 */
     for (int64_t g = begin; g < end; g++) {
-        /* the cartridge rows: every token sees all of them */
+        /* the cartridge rows: a token sees those from its first prefix row on */
         for (int64_t t0 = 0; t0 < s->p; t0 += BTILE) {
             int64_t nt = s->p - t0 < BTILE ? s->p - t0 : BTILE;
             int64_t skip = frozen > t0 ? frozen - t0 : 0;
@@ -670,15 +802,19 @@ static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int3
                 memset(dkt, 0, sizeof(float) * (size_t)(nt * D));
                 memset(dvt, 0, sizeof(float) * (size_t)(nt * D));
             }
-            for (int64_t t = 0; t < s->T; t++)
+            for (int64_t t = 0; t < s->T; t++) {
+                int64_t j0 = first_prefix_row(s, &ag, t, s->seg_start[t]);
+                int64_t lo = j0 > t0 ? j0 - t0 : 0; /* within the tile */
+                if (lo >= nt) continue;
+                int64_t sk = skip > lo ? skip - lo : 0;
                 for (int32_t r = 0; r < rep; r++) {
                     int64_t h = g * rep + r, at = t * HD + h * D;
-                    attention_tile_backward(s->dq + at, want ? dkt : NULL, want ? dvt : NULL, skip,
-                                            s->datt + at, s->delta[t * c->n_head + h],
-                                            a->lse[t * c->n_head + h], a->q + at,
-                                            pk + t0 * KD + g * D, pv + t0 * KD + g * D, KD, nt, D,
-                                            scale);
+                    attention_tile_backward(s->dq + at, want ? dkt + lo * D : NULL, want ? dvt + lo * D : NULL,
+                                            sk, s->datt + at, s->delta[t * H + h], a->lse[t * H + h], a->q + at,
+                                            pk + (t0 + lo) * KD + g * D, pv + (t0 + lo) * KD + g * D, KD,
+                                            nt - lo, D, scale);
                 }
+            }
             if (want)
                 for (int64_t j = skip; j < nt; j++)
                     for (int32_t d = 0; d < D; d++) {
@@ -686,7 +822,7 @@ static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int3
                         gv[(t0 + j) * KD + g * D + d] += dvt[j * D + d];
                     }
         }
-        /* each segment's own rows: token t sees rows s0..t */
+        /* each segment's own rows: token t sees rows first_segment_row..t */
         for (int64_t s0 = 0; s0 < s->T;) {
             int64_t s1 = s0;
             while (s1 < s->T && s->seg_start[s1] == s0) s1++;
@@ -695,14 +831,16 @@ static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int3
                 memset(dkt, 0, sizeof(float) * (size_t)(width * D));
                 memset(dvt, 0, sizeof(float) * (size_t)(width * D));
                 for (int64_t t = t0; t < s1; t++) {
-                    int64_t nt = t - t0 + 1 < width ? t - t0 + 1 : width;
+                    int64_t u0 = first_segment_row(&ag, t, s0);
+                    int64_t lo = u0 > t0 ? u0 - t0 : 0;
+                    int64_t hi = t - t0 + 1 < width ? t - t0 + 1 : width; /* rows [lo, hi) of the tile */
+                    if (lo >= hi) continue;
                     for (int32_t r = 0; r < rep; r++) {
                         int64_t h = g * rep + r, at = t * HD + h * D;
-                        attention_tile_backward(s->dq + at, dkt, dvt, 0, s->datt + at,
-                                                s->delta[t * c->n_head + h],
-                                                a->lse[t * c->n_head + h], a->q + at,
-                                                a->k + t0 * KD + g * D, a->v + t0 * KD + g * D, KD,
-                                                nt, D, scale);
+                        attention_tile_backward(s->dq + at, dkt + lo * D, dvt + lo * D, 0, s->datt + at,
+                                                s->delta[t * H + h], a->lse[t * H + h], a->q + at,
+                                                a->k + (t0 + lo) * KD + g * D, a->v + (t0 + lo) * KD + g * D,
+                                                KD, hi - lo, D, scale);
                     }
                 }
                 for (int64_t j = 0; j < width; j++)
@@ -719,124 +857,279 @@ static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int3
 /* delta = dout . out for every token and head (the backward's softmax term). */
 static void delta_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
-    const cart_model_config *c = s->c;
-    int32_t D = c->head_dim;
+    int32_t D = s->m->layers[s->layer].g.head_dim;
     for (int64_t i = begin; i < end; i++)
         s->delta[i] = attention_delta(s->datt + i * D, s->a->att + i * D, D);
 }
 
-/* q/k norm and RoPE for tokens [begin, end). */
+/* q/k norm and RoPE (gemma4: and the value norm) for tokens [begin, end). */
 static void qk_prepare_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
     const cart_model_config *c = s->c;
     const layer_weights *L = s->L;
-    int64_t D = c->head_dim, HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+    const cart_layer_config *g = &L->g;
+    int64_t D = g->head_dim, HD = (int64_t)g->n_head * D, KD = (int64_t)g->n_head_kv * D;
+    const int32_t n_rot = s->m->rope_n_rot[L->rope_table];
     acts *a = s->a;
-    for (int64_t t = begin; t < end; t++)
-        qk_prepare_forward(a->q + t * HD, a->k + t * KD, a->q_rstd + t * c->n_head,
-                           a->k_rstd + t * c->n_head_kv, a->q_raw + t * HD, a->k_raw + t * KD,
+    for (int64_t t = begin; t < end; t++) {
+        qk_prepare_forward(a->q + t * HD, a->k + t * KD, a->q_rstd + t * g->n_head,
+                           a->k_rstd + t * g->n_head_kv, a->q_raw + t * HD, a->k_raw + t * KD,
                            c->qk_norm ? L->q_norm : NULL, c->qk_norm ? L->k_norm : NULL,
-                           s->angles + t * c->n_rot, c->n_head, c->n_head_kv, (int32_t)D,
-                           c->n_rot, c->rope_neox, c->rms_eps);
+                           s->angles[L->rope_table] + t * n_rot, g->n_head, g->n_head_kv, (int32_t)D,
+                           g->n_rot, c->rope_neox, c->rms_eps);
+        if (a->v_raw)
+            rmsnorm_forward_keep(a->v + t * KD, a->v_rstd + t * g->n_head_kv, a->v_raw + t * KD, NULL,
+                                 g->n_head_kv, D, c->rms_eps);
+    }
 }
 
 /* The backward of qk_prepare for tokens [begin, end): dq, dk (gradients of
- * the rotated, normed q/k) become gradients of q_raw, k_raw, in place. */
+ * the rotated, normed q/k) become gradients of q_raw, k_raw, in place; on
+ * gemma4 dv (of the normed values) becomes that of v_raw likewise. */
 static void qk_backward_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
     const cart_model_config *c = s->c;
     const layer_weights *L = s->L;
-    int64_t D = c->head_dim, HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+    const cart_layer_config *g = &L->g;
+    int64_t D = g->head_dim, HD = (int64_t)g->n_head * D, KD = (int64_t)g->n_head_kv * D;
+    const int32_t n_rot = s->m->rope_n_rot[L->rope_table];
     const acts *a = s->a;
-    float tmp[256]; /* head_dim <= 256 (model.c checks) */
+    float tmp[512]; /* head_dim <= 512 (model.c checks) */
     for (int64_t t = begin; t < end; t++) {
-        const float *cs = s->angles + t * c->n_rot;
+        const float *cs = s->angles[L->rope_table] + t * n_rot;
         float *dq = s->dq + t * HD, *dk = s->dk + t * KD;
-        rope_backward(dq, cs, c->n_head, (int32_t)D, c->n_rot, c->rope_neox);
-        rope_backward(dk, cs, c->n_head_kv, (int32_t)D, c->n_rot, c->rope_neox);
+        rope_backward(dq, cs, g->n_head, (int32_t)D, g->n_rot, c->rope_neox);
+        rope_backward(dk, cs, g->n_head_kv, (int32_t)D, g->n_rot, c->rope_neox);
+        if (a->v_raw) {
+            float *dv = s->dv + t * KD;
+            for (int32_t h = 0; h < g->n_head_kv; h++) {
+                memset(tmp, 0, sizeof(float) * (size_t)D);
+                rmsnorm_backward(tmp, dv + h * D, a->v_raw + t * KD + h * D, a->v_rstd + t * g->n_head_kv + h,
+                                 NULL, 1, D);
+                memcpy(dv + h * D, tmp, sizeof(float) * (size_t)D);
+            }
+        }
         if (!c->qk_norm) continue;
         if (s->dqn_w) { /* this token's share of the norm weights' gradients, heads in order */
             float *wq = s->dqn_w + t * D, *wk = s->dkn_w + t * D;
             memset(wq, 0, sizeof(float) * (size_t)D);
             memset(wk, 0, sizeof(float) * (size_t)D);
-            for (int32_t h = 0; h < c->n_head; h++)
-                norm_weight_grad(wq, dq + h * D, a->q_raw + t * HD + h * D, a->q_rstd + t * c->n_head + h, 1, D);
-            for (int32_t g = 0; g < c->n_head_kv; g++)
-                norm_weight_grad(wk, dk + g * D, a->k_raw + t * KD + g * D, a->k_rstd + t * c->n_head_kv + g, 1, D);
+            for (int32_t h = 0; h < g->n_head; h++)
+                norm_weight_grad(wq, dq + h * D, a->q_raw + t * HD + h * D, a->q_rstd + t * g->n_head + h, 1, D);
+            for (int32_t k = 0; k < g->n_head_kv; k++)
+                norm_weight_grad(wk, dk + k * D, a->k_raw + t * KD + k * D, a->k_rstd + t * g->n_head_kv + k, 1, D);
         }
-        for (int32_t h = 0; h < c->n_head; h++) {
+        for (int32_t h = 0; h < g->n_head; h++) {
             memset(tmp, 0, sizeof(float) * (size_t)D);
             rmsnorm_backward(tmp, dq + h * D, a->q_raw + t * HD + h * D,
-                             a->q_rstd + t * c->n_head + h, L->q_norm, 1, D);
+                             a->q_rstd + t * g->n_head + h, L->q_norm, 1, D);
             memcpy(dq + h * D, tmp, sizeof(float) * (size_t)D);
         }
-        for (int32_t g = 0; g < c->n_head_kv; g++) {
+        for (int32_t k = 0; k < g->n_head_kv; k++) {
             memset(tmp, 0, sizeof(float) * (size_t)D);
-            rmsnorm_backward(tmp, dk + g * D, a->k_raw + t * KD + g * D,
-                             a->k_rstd + t * c->n_head_kv + g, L->k_norm, 1, D);
-            memcpy(dk + g * D, tmp, sizeof(float) * (size_t)D);
+            rmsnorm_backward(tmp, dk + k * D, a->k_raw + t * KD + k * D,
+                             a->k_rstd + t * g->n_head_kv + k, L->k_norm, 1, D);
+            memcpy(dk + k * D, tmp, sizeof(float) * (size_t)D);
         }
     }
 }
 
-/* Floats of one layer's activations for T tokens. */
-static size_t acts_floats(const cart_model_config *c, int64_t T) {
-    size_t E = (size_t)c->n_embd, F = (size_t)c->n_ff, D = (size_t)c->head_dim;
-    size_t HD = (size_t)c->n_head * D, KD = (size_t)c->n_head_kv * D;
-    return (size_t)T * (4 * E + 2 + 4 * HD + 4 * KD + 3 * F + (size_t)c->n_head * 2 +
-                        (size_t)c->n_head_kv);
+/* Floats of one layer's activations for T tokens (the widest layer's). */
+static size_t acts_floats(const cart_model *m, int64_t T) {
+    const cart_model_config *c = &m->cfg;
+    const model_widths w = cart_model_widths(m);
+    size_t E = (size_t)c->n_embd, F = (size_t)w.ff, HD = (size_t)w.hd, KD = (size_t)w.kd;
+    size_t n = (size_t)T * (4 * E + 2 + 4 * HD + 4 * KD + 3 * F + (size_t)w.n_head * 2 + (size_t)w.n_head_kv);
+    if (c->arch == CART_ARCH_GEMMA4) {
+        n += (size_t)T * (KD + (size_t)w.n_head_kv + 5 * E + 4 + (size_t)c->n_embd_per_layer);
+        if (c->n_expert > 0) {
+            size_t K = (size_t)c->n_expert_used, FE = (size_t)c->n_ff_exp;
+            n += (size_t)T * (2 * E + 3 + 2 * K + K * (2 * FE + E));
+        }
+    }
+    return n;
 }
 
 /* Lays out acts over `p` (x_in excluded when x_in is given). */
-static float *acts_carve(acts *a, float *p, const cart_model_config *c, int64_t T, float *x_in) {
-    int64_t E = c->n_embd, F = c->n_ff, D = c->head_dim;
-    int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+static float *acts_carve(acts *a, float *p, const cart_model *m, int64_t T, float *x_in) {
+    const cart_model_config *c = &m->cfg;
+    const model_widths w = cart_model_widths(m);
+    int64_t E = c->n_embd, F = w.ff, HD = w.hd, KD = w.kd;
+    memset(a, 0, sizeof *a);
     a->x_in = x_in ? x_in : cart_carve(&p, T * E);
     a->xn1 = cart_carve(&p, T * E);
     a->rstd1 = cart_carve(&p, T);
     a->q_raw = cart_carve(&p, T * HD);
     a->k_raw = cart_carve(&p, T * KD);
-    a->q_rstd = cart_carve(&p, T * c->n_head);
-    a->k_rstd = cart_carve(&p, T * c->n_head_kv);
+    a->q_rstd = cart_carve(&p, T * w.n_head);
+    a->k_rstd = cart_carve(&p, T * w.n_head_kv);
     a->q = cart_carve(&p, T * HD);
     a->k = cart_carve(&p, T * KD);
     a->v = cart_carve(&p, T * KD);
     a->att = cart_carve(&p, T * HD);
-    a->lse = cart_carve(&p, T * c->n_head);
+    a->lse = cart_carve(&p, T * w.n_head);
     a->x_mid = cart_carve(&p, T * E);
     a->xn2 = cart_carve(&p, T * E);
     a->rstd2 = cart_carve(&p, T);
     a->gate = cart_carve(&p, T * F);
     a->up = cart_carve(&p, T * F);
     a->h = cart_carve(&p, T * F);
+    if (c->arch == CART_ARCH_GEMMA4) {
+        a->v_raw = cart_carve(&p, T * KD);
+        a->v_rstd = cart_carve(&p, T * w.n_head_kv);
+        a->o = cart_carve(&p, T * E);
+        a->o_rstd = cart_carve(&p, T);
+        a->f = cart_carve(&p, T * E);
+        a->f_rstd = cart_carve(&p, T);
+        a->fs = cart_carve(&p, T * E);
+        a->fs_rstd = cart_carve(&p, T);
+        a->x_post = cart_carve(&p, T * E);
+        a->pl_g = cart_carve(&p, T * c->n_embd_per_layer);
+        a->pl_r = cart_carve(&p, T * E);
+        a->pl_rstd = cart_carve(&p, T);
+        if (c->n_expert > 0) {
+            int64_t K = c->n_expert_used, FE = c->n_ff_exp;
+            a->xm = cart_carve(&p, T * E);
+            a->xm_rstd = cart_carve(&p, T);
+            a->rin_rstd = cart_carve(&p, T);
+            a->sel = (int32_t *)cart_carve(&p, T * K); /* int32 in a float's room */
+            a->sel_w = cart_carve(&p, T * K);
+            a->eg = cart_carve(&p, T * K * FE);
+            a->eu = cart_carve(&p, T * K * FE);
+            a->ey = cart_carve(&p, T * K * E);
+            a->msum = cart_carve(&p, T * E);
+            a->m_rstd = cart_carve(&p, T);
+        }
+    }
     return p;
 }
 
-/* Runs layer s->layer on s->a (x_in filled) and writes its output to x_out. */
+/* Every (token, slot) of the pass that chose expert e, into list[]; returns
+ * how many. Slots are t * K + k, in token order. */
+static int64_t expert_slots(const acts *a, int64_t T, int64_t K, int32_t e, int64_t *list) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t k = 0; k < K; k++)
+            if (a->sel[t * K + k] == e) list[n++] = t * K + k;
+    return n;
+}
+
+/* gemma4's MoE branch of layer s->layer over the pass: the router's choice
+ * (kept in a), each expert over the tokens that chose it, the weighted sum
+ * of the slots into a->msum. rows: [T * K, E] and [T * K, FE] scratch. */
+static int moe_forward(pass *s, int64_t *list, float *rows_e, float *rows_fe) {
+    const cart_model_config *c = s->c;
+    const layer_weights *L = s->L;
+    acts *a = s->a;
+    const int64_t T = s->T, E = c->n_embd, NE = c->n_expert, K = c->n_expert_used, FE = c->n_ff_exp;
+    cart_pool *pool = cart_default_pool();
+    int rc;
+    rmsnorm_forward_keep(a->xm, a->xm_rstd, a->x_mid, L->pre_ffn_norm_2, T, E, c->rms_eps);
+    /* router: rmsnorm(x_mid) / sqrt(E) * scale, then softmax, top-k */
+    const float inv_sqrt = 1.0f / sqrtf((float)E);
+    rmsnorm_forward_keep(s->tmp, a->rin_rstd, a->x_mid, NULL, T, E, c->rms_eps);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < E; i++) s->tmp[t * E + i] = s->tmp[t * E + i] * inv_sqrt * L->router_scale[i];
+    float *probs = s->ms.dlogits; /* [T, NE]; the backward's until then */
+    if ((rc = cart_matmul_forward(probs, NE, s->tmp, E, &L->router, T, pool))) return rc;
+    for (int64_t t = 0; t < T; t++) moe_route(a->sel + t * K, a->sel_w + t * K, probs + t * NE, (int32_t)NE, (int32_t)K);
+    for (int32_t e = 0; e < NE; e++) {
+        int64_t n = expert_slots(a, T, K, e, list);
+        if (n == 0) continue;
+        for (int64_t i = 0; i < n; i++)
+            memcpy(rows_e + i * E, a->xm + (list[i] / K) * E, sizeof(float) * (size_t)E);
+        float *g = rows_fe, *u = rows_fe + n * FE;
+        if ((rc = cart_matmul_forward(g, FE, rows_e, E, &L->exp_gate[e], n, pool)) ||
+            (rc = cart_matmul_forward(u, FE, rows_e, E, &L->exp_up[e], n, pool)))
+            return rc;
+        for (int64_t i = 0; i < n; i++) {
+            memcpy(a->eg + list[i] * FE, g + i * FE, sizeof(float) * (size_t)FE);
+            memcpy(a->eu + list[i] * FE, u + i * FE, sizeof(float) * (size_t)FE);
+        }
+        geglu_forward(g, g, u, n * FE); /* h in place of the gate rows */
+        if ((rc = cart_matmul_forward(rows_e, E, g, FE, &L->exp_down[e], n, pool))) return rc;
+        const float scale = L->exp_scale ? L->exp_scale[e] : 1.0f;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t d = 0; d < E; d++) a->ey[list[i] * E + d] = rows_e[i * E + d] * scale;
+    }
+    for (int64_t t = 0; t < T; t++) {
+        float *out = a->msum + t * E;
+        for (int64_t d = 0; d < E; d++) out[d] = a->ey[t * K * E + d] * a->sel_w[t * K];
+        for (int64_t k = 1; k < K; k++)
+            for (int64_t d = 0; d < E; d++) out[d] += a->ey[(t * K + k) * E + d] * a->sel_w[t * K + k];
+    }
+    return CART_OK;
+}
+
+/* Runs layer s->layer on s->a (x_in filled) and writes its output to x_out.
+ * gemma4 computes GELU exactly here (the inference forward uses GGML's f16
+ * table, ops.h): a table has no derivative to train through. */
+
 static int layer_forward(pass *s, float *x_out) {
     const cart_model_config *c = s->c;
     const layer_weights *L = &s->m->layers[s->layer];
+    const cart_layer_config *g = &L->g;
+    const int gemma = c->arch == CART_ARCH_GEMMA4;
     s->L = L;
     acts *a = s->a;
-    int64_t T = s->T, E = c->n_embd, F = c->n_ff;
-    int64_t HD = (int64_t)c->n_head * c->head_dim, KD = (int64_t)c->n_head_kv * c->head_dim;
+    int64_t T = s->T, E = c->n_embd, F = g->n_ff;
+    int64_t HD = (int64_t)g->n_head * g->head_dim, KD = (int64_t)g->n_head_kv * g->head_dim;
     cart_pool *pool = cart_default_pool();
     int rc;
     rmsnorm_forward_keep(a->xn1, a->rstd1, a->x_in, L->attn_norm, T, E, c->rms_eps);
+    float *vdst = gemma ? a->v_raw : a->v;
     if ((rc = cart_matmul_forward(a->q_raw, HD, a->xn1, E, &L->wq, T, pool))) return rc;
     if ((rc = cart_matmul_forward(a->k_raw, KD, a->xn1, E, &L->wk, T, pool))) return rc;
-    if ((rc = cart_matmul_forward(a->v, KD, a->xn1, E, &L->wv, T, pool))) return rc;
+    if (L->wv.rows == 0) memcpy(vdst, a->k_raw, sizeof(float) * (size_t)(T * KD));
+    else if ((rc = cart_matmul_forward(vdst, KD, a->xn1, E, &L->wv, T, pool))) return rc;
     cart_pool_for(pool, T, 16, qk_prepare_range, s);
-    cart_pool_for(pool, T * c->n_head_kv, 1, attention_range, s);
-    if ((rc = cart_matmul_forward(a->x_mid, E, a->att, HD, &L->wo, T, pool))) return rc;
-    for (int64_t i = 0; i < T * E; i++) a->x_mid[i] += a->x_in[i];
+    cart_pool_for(pool, T * g->n_head_kv, 1, attention_range, s);
+    if (!gemma) {
+        if ((rc = cart_matmul_forward(a->x_mid, E, a->att, HD, &L->wo, T, pool))) return rc;
+        for (int64_t i = 0; i < T * E; i++) a->x_mid[i] += a->x_in[i];
+        rmsnorm_forward_keep(a->xn2, a->rstd2, a->x_mid, L->ffn_norm, T, E, c->rms_eps);
+        if ((rc = cart_matmul_forward(a->gate, F, a->xn2, E, &L->wgate, T, pool))) return rc;
+        if ((rc = cart_matmul_forward(a->up, F, a->xn2, E, &L->wup, T, pool))) return rc;
+        memcpy(a->h, a->gate, sizeof(float) * (size_t)(T * F));
+        swiglu_forward(a->h, a->up, T * F);
+        if ((rc = cart_matmul_forward(x_out, E, a->h, F, &L->wdown, T, pool))) return rc;
+        for (int64_t i = 0; i < T * E; i++) x_out[i] += a->x_mid[i];
+        return CART_OK;
+    }
+    /* gemma4: x_mid = x_in + norm(o(att)) */
+    if ((rc = cart_matmul_forward(a->o, E, a->att, HD, &L->wo, T, pool))) return rc;
+    rmsnorm_forward_keep(s->tmp, a->o_rstd, a->o, L->post_attn_norm, T, E, c->rms_eps);
+    for (int64_t i = 0; i < T * E; i++) a->x_mid[i] = s->tmp[i] + a->x_in[i];
     rmsnorm_forward_keep(a->xn2, a->rstd2, a->x_mid, L->ffn_norm, T, E, c->rms_eps);
     if ((rc = cart_matmul_forward(a->gate, F, a->xn2, E, &L->wgate, T, pool))) return rc;
     if ((rc = cart_matmul_forward(a->up, F, a->xn2, E, &L->wup, T, pool))) return rc;
-    memcpy(a->h, a->gate, sizeof(float) * (size_t)(T * F));
-    swiglu_forward(a->h, a->up, T * F);
-    if ((rc = cart_matmul_forward(x_out, E, a->h, F, &L->wdown, T, pool))) return rc;
-    for (int64_t i = 0; i < T * E; i++) x_out[i] += a->x_mid[i];
+    geglu_forward(a->h, a->gate, a->up, T * F);
+    if ((rc = cart_matmul_forward(a->f, E, a->h, F, &L->wdown, T, pool))) return rc;
+    if (g->moe) {
+        if ((rc = moe_forward(s, s->ms.list, s->ms.rows_e, s->ms.rows_fe))) return rc;
+        /* fs = norm_1(f) + norm_2(msum) */
+        rmsnorm_forward_keep(a->fs, a->f_rstd, a->f, L->post_ffn_norm_1, T, E, c->rms_eps);
+        rmsnorm_forward_keep(s->tmp, a->m_rstd, a->msum, L->post_ffn_norm_2, T, E, c->rms_eps);
+        for (int64_t i = 0; i < T * E; i++) a->fs[i] += s->tmp[i];
+    } else {
+        memcpy(a->fs, a->f, sizeof(float) * (size_t)(T * E));
+    }
+    rmsnorm_forward_keep(s->tmp, a->fs_rstd, a->fs, L->post_ffn_norm, T, E, c->rms_eps);
+    for (int64_t i = 0; i < T * E; i++) a->x_post[i] = s->tmp[i] + a->x_mid[i];
+    memcpy(x_out, a->x_post, sizeof(float) * (size_t)(T * E));
+    if (c->n_embd_per_layer > 0) {
+        /* x += norm(proj(gelu(gate(x)) * per-layer input)) */
+        const int64_t Ep = c->n_embd_per_layer, PL = (int64_t)c->n_layer * Ep;
+        if ((rc = cart_matmul_forward(a->pl_g, Ep, a->x_post, E, &L->pl_gate, T, pool))) return rc;
+        float *hpl = s->tmp; /* [T, Ep] fits in [T, E]: Ep <= E is checked at load */
+        for (int64_t t = 0; t < T; t++)
+            geglu_forward(hpl + t * Ep, a->pl_g + t * Ep, s->pl_in + t * PL + (int64_t)s->layer * Ep, Ep);
+        if ((rc = cart_matmul_forward(a->pl_r, E, hpl, Ep, &L->pl_proj, T, pool))) return rc;
+        rmsnorm_forward_keep(s->tmp, a->pl_rstd, a->pl_r, L->pl_post_norm, T, E, c->rms_eps);
+        for (int64_t i = 0; i < T * E; i++) x_out[i] += s->tmp[i];
+    }
+    if (L->out_scale != 1.0f)
+        for (int64_t i = 0; i < T * E; i++) x_out[i] *= L->out_scale;
     return CART_OK;
 }
 
@@ -846,10 +1139,155 @@ typedef struct back_scratch {
     float *dgate; /* [T, F] */
     float *dup;   /* [T, F] */
     float *dxn;  /* [T, E] gradient of a norm's output */
+    float *dy;   /* [T, E] gemma4: a gradient before a norm */
+    float *dz;   /* [T, E] gemma4: another */
 } back_scratch;
+
+/* gemma4 MoE backward: dmsum (the gradient of the weighted slot sum) into
+ * dxm (of the experts' input, +=) and into dlogits (of the router's logits,
+ * the choice of experts held constant). */
+static int moe_backward(pass *s, const float *dmsum, float *dxm, float *dlogits, moe_scratch *ms) {
+    const cart_model_config *c = s->c;
+    const layer_weights *L = s->L;
+    const acts *a = s->a;
+    const int64_t T = s->T, E = c->n_embd, NE = c->n_expert, K = c->n_expert_used, FE = c->n_ff_exp;
+    cart_pool *pool = cart_default_pool();
+    int rc;
+    /* the routing weights: w = softmax over the chosen logits, so
+     * dl_k = w_k (g_k - sum_j w_j g_j) with g_k = dmsum . ey_k */
+    memset(dlogits, 0, sizeof(float) * (size_t)(T * NE));
+    for (int64_t t = 0; t < T; t++) {
+        double mean = 0.0;
+        for (int64_t k = 0; k < K; k++) {
+            double g = 0.0;
+            for (int64_t d = 0; d < E; d++) g += (double)dmsum[t * E + d] * a->ey[(t * K + k) * E + d];
+            ms->gk[t * K + k] = (float)g;
+            mean += a->sel_w[t * K + k] * g;
+        }
+        for (int64_t k = 0; k < K; k++)
+            dlogits[t * NE + a->sel[t * K + k]] = (float)(a->sel_w[t * K + k] * (ms->gk[t * K + k] - mean));
+    }
+    /* each expert over its slots: dy = dmsum * w * scale, back through down,
+     * GEGLU, gate and up */
+    for (int32_t e = 0; e < NE; e++) {
+        int64_t n = expert_slots(a, T, K, e, ms->list);
+        if (n == 0) continue;
+        const float scale = L->exp_scale ? L->exp_scale[e] : 1.0f;
+        float *dy = ms->d_e, *dh = ms->d_fe, *dg = dh + n * FE, *du = dg + n * FE, *hrow = ms->rows_fe;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t slot = ms->list[i], t = slot / K;
+            for (int64_t d = 0; d < E; d++) dy[i * E + d] = dmsum[t * E + d] * a->sel_w[slot] * scale;
+        }
+        memset(dh, 0, sizeof(float) * (size_t)(3 * n * FE));
+        if ((rc = cart_matmul_backward(dh, FE, dy, E, &L->exp_down[e], n, pool))) return rc;
+        for (int64_t i = 0; i < n; i++) {
+            memcpy(hrow + i * FE, a->eg + ms->list[i] * FE, sizeof(float) * (size_t)FE);
+            memcpy(hrow + (n + i) * FE, a->eu + ms->list[i] * FE, sizeof(float) * (size_t)FE);
+        }
+        geglu_backward(dg, du, dh, hrow, hrow + n * FE, n * FE);
+        float *dx = ms->rows_e;
+        memset(dx, 0, sizeof(float) * (size_t)(n * E));
+        if ((rc = cart_matmul_backward(dx, E, dg, FE, &L->exp_gate[e], n, pool)) ||
+            (rc = cart_matmul_backward(dx, E, du, FE, &L->exp_up[e], n, pool)))
+            return rc;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t t = ms->list[i] / K;
+            for (int64_t d = 0; d < E; d++) dxm[t * E + d] += dx[i * E + d];
+        }
+    }
+    return CART_OK;
+}
+
+/* dx holds the gradient of the layer's output; on return, of its input. */
+static int layer_backward_gemma4(pass *s, float *dx, back_scratch *b) {
+    const cart_model_config *c = s->c;
+    const layer_weights *L = &s->m->layers[s->layer];
+    const cart_layer_config *g = &L->g;
+    s->L = L;
+    const acts *a = s->a;
+    int64_t T = s->T, E = c->n_embd, F = g->n_ff;
+    int64_t HD = (int64_t)g->n_head * g->head_dim, KD = (int64_t)g->n_head_kv * g->head_dim;
+    cart_pool *pool = cart_default_pool();
+    int rc;
+    if (L->out_scale != 1.0f)
+        for (int64_t i = 0; i < T * E; i++) dx[i] *= L->out_scale;
+    if (c->n_embd_per_layer > 0) {
+        /* x_out = x_post + norm(proj(gelu(pl_g) * c)): into x_post's gradient */
+        const int64_t Ep = c->n_embd_per_layer, PL = (int64_t)c->n_layer * Ep;
+        memset(b->dy, 0, sizeof(float) * (size_t)(T * E));
+        rmsnorm_backward(b->dy, dx, a->pl_r, a->pl_rstd, L->pl_post_norm, T, E);
+        float *dh = b->dh; /* [T, Ep] */
+        memset(dh, 0, sizeof(float) * (size_t)(T * Ep));
+        if ((rc = cart_matmul_backward(dh, Ep, b->dy, E, &L->pl_proj, T, pool))) return rc;
+        float *dg = b->dgate;
+        memset(dg, 0, sizeof(float) * (size_t)(T * Ep));
+        for (int64_t t = 0; t < T; t++)
+            geglu_backward(dg + t * Ep, NULL, dh + t * Ep, a->pl_g + t * Ep,
+                           s->pl_in + t * PL + (int64_t)s->layer * Ep, Ep);
+        if ((rc = cart_matmul_backward(dx, E, dg, Ep, &L->pl_gate, T, pool))) return rc;
+    }
+    /* x_post = x_mid + norm(fs): dx is now d x_post, and d x_mid's start */
+    memset(b->dy, 0, sizeof(float) * (size_t)(T * E));
+    rmsnorm_backward(b->dy, dx, a->fs, a->fs_rstd, L->post_ffn_norm, T, E); /* d fs */
+    float *df = b->dz; /* d f, the dense branch's down output */
+    memset(df, 0, sizeof(float) * (size_t)(T * E));
+    if (g->moe) {
+        moe_scratch *ms = &s->ms;
+        rmsnorm_backward(df, b->dy, a->f, a->f_rstd, L->post_ffn_norm_1, T, E);
+        float *dmsum = b->dxn;
+        memset(dmsum, 0, sizeof(float) * (size_t)(T * E));
+        rmsnorm_backward(dmsum, b->dy, a->msum, a->m_rstd, L->post_ffn_norm_2, T, E);
+        /* b->dy is free again: the experts' input gradient */
+        float *dxm = b->dy;
+        memset(dxm, 0, sizeof(float) * (size_t)(T * E));
+        if ((rc = moe_backward(s, dmsum, dxm, ms->dlogits, ms))) return rc;
+        rmsnorm_backward(dx, dxm, a->x_mid, a->xm_rstd, L->pre_ffn_norm_2, T, E);
+        /* the router: logits = W (rmsnorm(x_mid) / sqrt(E) * scale) */
+        float *drin = b->dxn;
+        memset(drin, 0, sizeof(float) * (size_t)(T * E));
+        if ((rc = cart_matmul_backward(drin, E, ms->dlogits, c->n_expert, &L->router, T, pool))) return rc;
+        const float inv_sqrt = 1.0f / sqrtf((float)E);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < E; i++) drin[t * E + i] *= inv_sqrt * L->router_scale[i];
+        rmsnorm_backward(dx, drin, a->x_mid, a->rin_rstd, NULL, T, E);
+    } else {
+        memcpy(df, b->dy, sizeof(float) * (size_t)(T * E));
+    }
+    /* the dense branch: f = down(gelu(gate) * up) of xn2 = norm(x_mid) */
+    memset(b->dh, 0, sizeof(float) * (size_t)(T * F));
+    if ((rc = cart_matmul_backward(b->dh, F, df, E, &L->wdown, T, pool))) return rc;
+    memset(b->dgate, 0, sizeof(float) * (size_t)(T * F));
+    memset(b->dup, 0, sizeof(float) * (size_t)(T * F));
+    geglu_backward(b->dgate, b->dup, b->dh, a->gate, a->up, T * F);
+    memset(b->dxn, 0, sizeof(float) * (size_t)(T * E));
+    if ((rc = cart_matmul_backward(b->dxn, E, b->dgate, F, &L->wgate, T, pool))) return rc;
+    if ((rc = cart_matmul_backward(b->dxn, E, b->dup, F, &L->wup, T, pool))) return rc;
+    rmsnorm_backward(dx, b->dxn, a->x_mid, a->rstd2, L->ffn_norm, T, E); /* dx: now d x_mid */
+    /* x_mid = x_in + norm(o(att)) */
+    memset(b->dy, 0, sizeof(float) * (size_t)(T * E));
+    rmsnorm_backward(b->dy, dx, a->o, a->o_rstd, L->post_attn_norm, T, E);
+    memset(s->datt, 0, sizeof(float) * (size_t)(T * HD));
+    if ((rc = cart_matmul_backward(s->datt, HD, b->dy, E, &L->wo, T, pool))) return rc;
+    memset(s->dq, 0, sizeof(float) * (size_t)(T * HD));
+    memset(s->dk, 0, sizeof(float) * (size_t)(T * KD));
+    memset(s->dv, 0, sizeof(float) * (size_t)(T * KD));
+    cart_pool_for(pool, T * g->n_head, 64, delta_range, s);
+    cart_pool_for(pool, g->n_head_kv, 1, attention_backward_range, s);
+    cart_pool_for(pool, T, 16, qk_backward_range, s); /* dv: now of v_raw */
+    memset(b->dxn, 0, sizeof(float) * (size_t)(T * E));
+    if (L->wv.rows == 0) /* v_raw = k_raw */
+        for (int64_t i = 0; i < T * KD; i++) s->dk[i] += s->dv[i];
+    else if ((rc = cart_matmul_backward(b->dxn, E, s->dv, KD, &L->wv, T, pool)))
+        return rc;
+    if ((rc = cart_matmul_backward(b->dxn, E, s->dq, HD, &L->wq, T, pool))) return rc;
+    if ((rc = cart_matmul_backward(b->dxn, E, s->dk, KD, &L->wk, T, pool))) return rc;
+    rmsnorm_backward(dx, b->dxn, a->x_in, a->rstd1, L->attn_norm, T, E);
+    return CART_OK;
+}
 
 /* dx holds the gradient of the layer's output; on return, of its input. */
 static int layer_backward(pass *s, float *dx, back_scratch *b) {
+    if (s->c->arch == CART_ARCH_GEMMA4) return layer_backward_gemma4(s, dx, b);
     const cart_model_config *c = s->c;
     const layer_weights *L = &s->m->layers[s->layer];
     static const layer_grads none;
@@ -907,6 +1345,8 @@ static int layer_backward(pass *s, float *dx, back_scratch *b) {
 /* Checks segments and fills seg_start[] and the RoPE angles. */
 static int setup_positions(pass *s, const int64_t *seg_len, int32_t n_seg, const char *fn) {
     if (n_seg < 1) return cart_fail(CART_E_ARG, "%s: %d segments", fn, n_seg);
+    const cart_model *m = s->m;
+    const int tables = s->c->arch == CART_ARCH_GEMMA4 ? 2 : 1;
     int64_t at = 0;
     for (int32_t i = 0; i < n_seg; i++) {
         if (seg_len[i] < 1)
@@ -916,8 +1356,9 @@ static int setup_positions(pass *s, const int64_t *seg_len, int32_t n_seg, const
                              (long long)s->T);
         for (int64_t j = 0; j < seg_len[i]; j++) {
             s->seg_start[at + j] = at;
-            rope_angles(s->angles + (at + j) * s->c->n_rot, s->p + j, s->c->n_rot,
-                        s->c->rope_theta);
+            for (int k = 0; k < tables; k++)
+                rope_angles_ff(s->angles[k] + (at + j) * m->rope_n_rot[k], s->p + j, m->rope_n_rot[k],
+                               m->rope_base[k], k == 0 ? m->rope_freqs : NULL);
         }
         at += seg_len[i];
     }
@@ -956,9 +1397,9 @@ static int trunk_forward(cart_trainer *t, pass *s, const int32_t *tokens, int ke
                          trunk *tr) {
     const cart_model_config *c = s->c;
     int64_t T = s->T, E = c->n_embd;
-    size_t per_layer = keep_all ? acts_floats(c, T) : (size_t)(T * E);
+    size_t per_layer = keep_all ? acts_floats(s->m, T) : (size_t)(T * E);
     size_t floats = per_layer * (size_t)c->n_layer + (size_t)(T * E);
-    if (!keep_all) floats += acts_floats(c, T); /* the scratch layer */
+    if (!keep_all) floats += acts_floats(s->m, T); /* the scratch layer */
     tr->layers = cart_calloc((size_t)c->n_layer, sizeof(acts), "trainer activations");
     tr->block = tr->layers ? trainer_block(t, 0, floats * sizeof(float)) : NULL;
     if (!tr->block) {
@@ -968,17 +1409,37 @@ static int trunk_forward(cart_trainer *t, pass *s, const int32_t *tokens, int ke
     tr->bytes = floats * sizeof(float);
     float *p = tr->block;
     for (int32_t l = 0; l < c->n_layer; l++) {
-        if (keep_all) p = acts_carve(&tr->layers[l], p, c, T, NULL);
+        if (keep_all) p = acts_carve(&tr->layers[l], p, s->m, T, NULL);
         else tr->layers[l].x_in = cart_carve(&p, T * E);
     }
     tr->x_final = cart_carve(&p, T * E);
-    if (!keep_all) acts_carve(scratch, p, c, T, tr->layers[0].x_in);
+    if (!keep_all) acts_carve(scratch, p, s->m, T, tr->layers[0].x_in);
 
     const cart_model *m = s->m;
     for (int64_t t = 0; t < T; t++) {
         const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
-        int rc = cart_to_f32(tr->layers[0].x_in + t * E, m->tok_embd.dtype, row, E);
+        float *x = tr->layers[0].x_in + t * E;
+        int rc = cart_to_f32(x, m->tok_embd.dtype, row, E);
         if (rc) return rc;
+        if (c->embd_scale != 1.0f)
+            for (int64_t i = 0; i < E; i++) x[i] *= c->embd_scale;
+    }
+    if (s->pl_in) {
+        /* gemma4's per-layer inputs: (norm(proj(x) / sqrt(E)) + embd_pl[token] *
+         * sqrt(Ep)) / sqrt(2), as [T, n_layer, Ep]; constants of the pass */
+        const int64_t Ep = c->n_embd_per_layer, PL = (int64_t)c->n_layer * Ep;
+        int rc = cart_matmul_forward(s->pl_in, PL, tr->layers[0].x_in, E, &m->pl_model_proj, T, cart_default_pool());
+        if (rc) return rc;
+        const float proj_scale = 1.0f / sqrtf((float)E), tok_scale = sqrtf((float)Ep), in_scale = 1.0f / sqrtf(2.0f);
+        float *row = s->pl_in + T * PL; /* pass_init leaves a row of room */
+        for (int64_t t = 0; t < T; t++) {
+            float *pl = s->pl_in + t * PL;
+            for (int64_t i = 0; i < PL; i++) pl[i] *= proj_scale;
+            rmsnorm_forward(pl, pl, m->pl_proj_norm, c->n_layer, Ep, c->rms_eps);
+            const uint8_t *src = (const uint8_t *)m->pl_tok_embd.data + (size_t)tokens[t] * m->pl_tok_embd.row_bytes;
+            if ((rc = cart_to_f32(row, m->pl_tok_embd.dtype, src, PL))) return rc;
+            for (int64_t i = 0; i < PL; i++) pl[i] = (pl[i] + row[i] * tok_scale) * in_scale;
+        }
     }
     for (int32_t l = 0; l < c->n_layer; l++) {
         s->layer = l;
@@ -1014,7 +1475,9 @@ static int head_forward(const pass *s, const float *x_final, const int64_t *rows
     for (int64_t j = 0; j < n; j++)
         memcpy(xn + j * E, x_final + rows[j] * E, sizeof(float) * (size_t)E);
     rmsnorm_forward_keep(xn, rstd, xn, s->m->output_norm, n, E, c->rms_eps);
-    return cart_matmul_forward(logits, c->n_vocab, xn, E, &s->m->output, n, cart_default_pool());
+    int rc = cart_matmul_forward(logits, c->n_vocab, xn, E, &s->m->output, n, cart_default_pool());
+    if (!rc && c->final_softcap > 0.0f) softcap_forward(logits, n * c->n_vocab, c->final_softcap);
+    return rc;
 }
 
 static int check_pass_args(const cart_trainer *t, const cart_cartridge *c, const int32_t *tokens,
@@ -1040,14 +1503,38 @@ static int pass_init(pass *s, cart_trainer *t, const cart_cartridge *c, int64_t 
     s->p = c ? c->p : 0;
     s->T = n;
     s->seg_start = cart_malloc(sizeof(int64_t) * (size_t)n, "segment table");
-    s->angles = cart_malloc(sizeof(float) * (size_t)(n * s->c->n_rot), "RoPE table");
-    if (!s->seg_start || !s->angles) return CART_E_NOMEM;
+    const cart_model *m = t->m;
+    const int64_t tables = (int64_t)m->rope_n_rot[0] + m->rope_n_rot[1];
+    s->angles[0] = cart_malloc(sizeof(float) * (size_t)(n * tables), "RoPE table");
+    if (!s->seg_start || !s->angles[0]) return CART_E_NOMEM;
+    s->angles[1] = s->angles[0] + n * m->rope_n_rot[0];
+    if (s->c->arch != CART_ARCH_GEMMA4) return CART_OK;
+    const int64_t E = s->c->n_embd, PL = (int64_t)s->c->n_layer * s->c->n_embd_per_layer;
+    const int64_t K = s->c->n_expert_used, FE = s->c->n_ff_exp, NE = s->c->n_expert;
+    size_t floats = (size_t)(n * E);
+    if (PL > 0) floats += (size_t)((n + 1) * PL);
+    if (NE > 0) floats += (size_t)(n * K * (2 * E + 5 * FE + 3) + n * NE);
+    float *p = cart_malloc(sizeof(float) * floats, "trainer scratch");
+    if (!p) return CART_E_NOMEM;
+    s->block = p;
+    if (NE > 0) s->ms.list = (int64_t *)cart_carve(&p, 2 * n * K); /* first: 8-byte aligned */
+    s->tmp = cart_carve(&p, n * E);
+    if (PL > 0) s->pl_in = cart_carve(&p, (n + 1) * PL);
+    if (NE > 0) {
+        s->ms.rows_e = cart_carve(&p, n * K * E);
+        s->ms.rows_fe = cart_carve(&p, n * K * 2 * FE);
+        s->ms.d_e = cart_carve(&p, n * K * E);
+        s->ms.d_fe = cart_carve(&p, n * K * 3 * FE);
+        s->ms.dlogits = cart_carve(&p, n * NE);
+        s->ms.gk = cart_carve(&p, n * K);
+    }
     return CART_OK;
 }
 
 static void pass_free(pass *s) {
     free(s->seg_start);
-    free(s->angles);
+    free(s->angles[0]);
+    free(s->block);
 }
 
 int cart_trainer_logits(cart_trainer *t, const cart_cartridge *c, const int32_t *tokens, int64_t n,
@@ -1118,6 +1605,7 @@ typedef struct head_work {
     int64_t n_rows;
     int64_t chunk;                   /* rows per pass through the head */
     float *xn, *rstd, *dxn, *logits; /* chunk rows */
+    float *capped;                   /* chunk rows: the soft-capped logits (gemma4), or NULL */
 } head_work;
 
 static void head_work_free(head_work *w) {
@@ -1127,9 +1615,11 @@ static void head_work_free(head_work *w) {
     free(w->rstd);
     free(w->dxn);
     free(w->logits);
+    free(w->capped);
 }
 
-static int head_work_init(head_work *w, const cart_distill_targets *tg, int64_t E, int64_t V, int64_t chunk) {
+static int head_work_init(head_work *w, const cart_distill_targets *tg, int64_t E, int64_t V, int64_t chunk,
+                          int capped) {
     memset(w, 0, sizeof *w);
     w->chunk = chunk;
     w->refs = cart_malloc(sizeof(entry_ref) * (size_t)tg->n, "target order");
@@ -1139,7 +1629,9 @@ static int head_work_init(head_work *w, const cart_distill_targets *tg, int64_t 
     w->rstd = cart_malloc(sizeof(float) * R, "head rows");
     w->dxn = cart_malloc(sizeof(float) * R * (size_t)E, "head gradient");
     w->logits = cart_malloc(sizeof(float) * R * (size_t)V, "head logits");
-    if (!w->refs || !w->rows || !w->xn || !w->rstd || !w->dxn || !w->logits) return CART_E_NOMEM;
+    if (capped) w->capped = cart_malloc(sizeof(float) * R * (size_t)V, "head logits");
+    if (!w->refs || !w->rows || !w->xn || !w->rstd || !w->dxn || !w->logits || (capped && !w->capped))
+        return CART_E_NOMEM;
     for (int64_t e = 0; e < tg->n; e++) w->refs[e] = (entry_ref){tg->position[e] - 1, e};
     qsort(w->refs, (size_t)tg->n, sizeof *w->refs, compare_refs);
     for (int64_t e = 0; e < tg->n; e++)
@@ -1189,9 +1681,12 @@ static int head_pass(pass *s, head_work *w, const trunk *tr, const cart_distill_
     for (int64_t j = 0; !rc && j < w->n_rows; j += w->chunk) {
         int64_t chunk = w->n_rows - j < w->chunk ? w->n_rows - j : w->chunk;
         if ((rc = head_forward(s, tr->x_final, w->rows + j, chunk, w->xn, w->rstd, w->logits))) break;
+        const float cap = s->c->final_softcap;
+        if (cap > 0.0f && dx) memcpy(w->capped, w->logits, sizeof(float) * (size_t)(chunk * V));
         for (int64_t r = 0; r < chunk; r++)
             loss += row_loss(w->logits + r * V, V, w->rows[j + r], tg, w->refs, &e0, scale, dx != NULL);
         if (!dx) continue;
+        if (cap > 0.0f) softcap_backward(w->logits, w->capped, chunk * V, cap); /* into the uncapped logits' */
         memset(w->dxn, 0, sizeof(float) * (size_t)(chunk * E));
         if ((rc = cart_matmul_backward(w->dxn, E, w->logits, V, &s->m->output, chunk, cart_default_pool())))
             break;
@@ -1215,10 +1710,13 @@ static int head_pass(pass *s, head_work *w, const trunk *tr, const cart_distill_
  * activations are recomputed from its input into `scratch` first. */
 static int layers_backward(cart_trainer *t, pass *s, trunk *tr, acts *scratch, float *dx, cart_cartridge *c) {
     const cart_model_config *cfg = s->c;
-    const int64_t T = s->T, E = cfg->n_embd, F = cfg->n_ff;
-    const int64_t HD = (int64_t)cfg->n_head * cfg->head_dim, KD = (int64_t)cfg->n_head_kv * cfg->head_dim;
+    const model_widths mw = cart_model_widths(s->m);
+    const int gemma = cfg->arch == CART_ARCH_GEMMA4;
+    const int64_t T = s->T, E = cfg->n_embd, HD = mw.hd, KD = mw.kd;
+    const int64_t F = mw.ff > cfg->n_embd_per_layer ? mw.ff : cfg->n_embd_per_layer; /* dh also holds [T, Ep] */
     const int weights = s->wg != NULL;
-    size_t floats = (size_t)(T * (3 * F + E + 2 * HD + 2 * KD + cfg->n_head + (weights ? 2 * cfg->head_dim : 0)));
+    size_t floats = (size_t)(T * (3 * F + E + 2 * HD + 2 * KD + mw.n_head + (weights ? 2 * cfg->head_dim : 0) +
+                                  (gemma ? 2 * E : 0)));
     float *p = trainer_block(t, 1, floats * sizeof(float));
     if (!p) return CART_E_NOMEM;
     back_scratch b = {0};
@@ -1226,11 +1724,15 @@ static int layers_backward(cart_trainer *t, pass *s, trunk *tr, acts *scratch, f
     b.dgate = cart_carve(&p, T * F);
     b.dup = cart_carve(&p, T * F);
     b.dxn = cart_carve(&p, T * E);
+    if (gemma) {
+        b.dy = cart_carve(&p, T * E);
+        b.dz = cart_carve(&p, T * E);
+    }
     s->datt = cart_carve(&p, T * HD);
     s->dq = cart_carve(&p, T * HD);
     s->dk = cart_carve(&p, T * KD);
     s->dv = cart_carve(&p, T * KD);
-    s->delta = cart_carve(&p, T * cfg->n_head);
+    s->delta = cart_carve(&p, T * mw.n_head);
     if (weights) {
         s->dqn_w = cart_carve(&p, T * cfg->head_dim);
         s->dkn_w = cart_carve(&p, T * cfg->head_dim);
@@ -1303,7 +1805,7 @@ int cart_trainer_distill(cart_trainer *t, cart_cartridge *c, const int32_t *toke
     trunk tr = {0};
     acts scratch;
     float *dx = NULL;
-    rc = head_work_init(&w, tg, E, s.c->n_vocab, head_chunk(s.c->n_vocab, s.wg != NULL));
+    rc = head_work_init(&w, tg, E, s.c->n_vocab, head_chunk(s.c->n_vocab, s.wg != NULL), s.c->final_softcap > 0.0f);
     if (!rc && s.wg) rc = wgrad_scratch_init(&s, t, w.chunk);
     if (!rc) rc = trunk_forward(t, &s, tokens, !t->opts.recompute, &scratch, &tr);
     if (!rc && backward) {

@@ -5,11 +5,15 @@
  * A cartridge holds, for every layer, K and V rows of shape [p, kv_heads,
  * head_dim] in f32, in exactly the KV cache's space: keys after the q/k norm
  * and after RoPE at positions 0..p-1 (never rotated again), values as
- * projected. The first `frozen` rows (the attention sink) are constants; the
+ * projected (gemma4: after their RMS norm). kv_heads and head_dim are each
+ * layer's own (gemma4's sliding and full layers differ). The first `frozen` rows (the attention sink) are constants; the
  * other p - frozen rows of every layer are the trainable parameters.
  *
  * Behind a cartridge, real tokens sit at positions p, p+1, ...: query i sees
- * all p rows and real tokens 0..i. Several sequences can be packed into one
+ * all p rows and real tokens 0..i -- except on a sliding-window layer, whose
+ * query at position P sees only positions P - window + 1 .. P, prefix rows
+ * included: exactly what a real prefill of the p corpus tokens would let it
+ * see, so that a captured cartridge stays equivalent to that prefill. Several sequences can be packed into one
  * pass as segments: each restarts at position p and sees the prefix plus its
  * own earlier tokens only.
  *
@@ -40,14 +44,22 @@ int cart_cartridge_new(cart_cartridge **out, int32_t n_layer, int32_t kv_heads, 
                        int64_t p, int64_t frozen);
 void cart_cartridge_free(cart_cartridge *c);
 
-/* A cartridge shaped for m. */
+/* The same with each layer's own geometry: kv_heads[n_layer], head_dim[n_layer]. */
+int cart_cartridge_new_layers(cart_cartridge **out, int32_t n_layer, const int32_t *kv_heads,
+                              const int32_t *head_dim, int64_t p, int64_t frozen);
+
+/* A cartridge shaped for m, layer by layer. */
 int cart_cartridge_new_for(cart_cartridge **out, const cart_model *m, int64_t p, int64_t frozen);
 
 int64_t cart_cartridge_p(const cart_cartridge *c);
 int64_t cart_cartridge_frozen(const cart_cartridge *c);
 int32_t cart_cartridge_n_layer(const cart_cartridge *c);
+/* Layer 0's KV heads and head_dim (every layer's for a cartridge made by
+ * cart_cartridge_new), and one layer's (0 for a layer out of range). */
 int32_t cart_cartridge_kv_heads(const cart_cartridge *c);
 int32_t cart_cartridge_head_dim(const cart_cartridge *c);
+int32_t cart_cartridge_layer_heads(const cart_cartridge *c, int32_t layer);
+int32_t cart_cartridge_layer_head_dim(const cart_cartridge *c, int32_t layer);
 
 /* One layer's K (which = 0) or V (which = 1) rows, [p, kv_heads, head_dim]
  * f32, sink rows first. Borrowed and writable; NULL for a bad argument. */

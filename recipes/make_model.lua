@@ -3,6 +3,7 @@
 --   cartridge run recipes/make_model.lua --out /tmp/tiny.gguf
 --   cartridge run recipes/make_model.lua --preset qwen3-0.6b --dtype f16 --out q06.gguf \
 --       --tokenizer-from ../shared/reference/qwen3-tiny-realvocab-f16.gguf
+--   cartridge run recipes/make_model.lua --arch gemma4 --preset tiny-moe --dtype q8_0 --out g.gguf
 --
 -- The same flags and seed give the same bytes. Weights are normal with std
 -- 1/sqrt(fan_in) (embeddings too, since they double as the tied head), norm
@@ -17,12 +18,13 @@ local options = require("cartridge.options")
 local randmodel = require("cartridge.randmodel")
 
 local opts = options.parse(arg, {
-    summary = "Write a deterministic random-weight qwen3 or llama GGUF.",
+    summary = "Write a deterministic random-weight qwen3, llama or gemma4 GGUF.",
     flags = {
         { "out", help = "output .gguf path (required)" },
-        { "preset", default = "default", choices = { "default", "qwen3-0.6b", "qwen3-tiny", "llama-tiny" },
-          help = "starting shape; the flags below override it" },
-        { "arch", choices = { "qwen3", "llama" }, help = "architecture" },
+        { "preset", default = "default", choices = { "default", "qwen3-0.6b", "qwen3-tiny", "llama-tiny",
+            "tiny-dense", "tiny-moe", "26b-a4b" },
+          help = "starting shape; the flags below override it (tiny-dense, tiny-moe and 26b-a4b are gemma4's)" },
+        { "arch", choices = { "qwen3", "llama", "gemma4" }, help = "architecture (gemma4: its presets, default tiny-dense)" },
         { "layers", type = "int", help = "transformer blocks" },
         { "embd", type = "int", help = "hidden size" },
         { "ff", type = "int", help = "feed-forward size" },

@@ -116,7 +116,8 @@ end
 -- Question answering: exact-match accuracy of greedy answers
 
 -- bytes of K and V rows per position at f16, as a serving cache holds them
-local row_bytes = 2 * m.config.n_layer * m.config.n_head_kv * m.config.head_dim * 2
+local row_bytes = 0 -- one position's K and V over every layer, f16
+for _, g in ipairs(m.layers) do row_bytes = row_bytes + 2 * g.n_head_kv * g.head_dim * 2 end
 
 if opts.qa then
     local facts = require("cartridge.facts")

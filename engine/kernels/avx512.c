@@ -729,17 +729,16 @@ static void rows_scores(float *score, const float *q, const float *kt, int64_t s
 /* acc[d] += sum over i < nt of p[i] * v[i][d], in i order. */
 static void rows_values(float *acc, const float *p, const float *vt, int64_t stride, int64_t nt,
                         int32_t head_dim) {
-    {
+    for (int32_t d0 = 0; d0 < head_dim; d0 += 256) { /* 256 outputs in registers at a time */
         __m512 a[16];
-        int32_t nv = head_dim / 16;
-        for (int32_t v = 0; v < nv; v++) a[v] = _mm512_loadu_ps(acc + 16 * v);
+        int32_t nv = (head_dim - d0 < 256 ? head_dim - d0 : 256) / 16;
+        for (int32_t v = 0; v < nv; v++) a[v] = _mm512_loadu_ps(acc + d0 + 16 * v);
         for (int64_t i = 0; i < nt; i++) {
             __m512 b = _mm512_set1_ps(p[i]);
-            const float *vi = vt + i * stride;
+            const float *vi = vt + i * stride + d0;
             for (int32_t v = 0; v < nv; v++) a[v] = _mm512_fmadd_ps(b, _mm512_loadu_ps(vi + 16 * v), a[v]);
         }
-        for (int32_t v = 0; v < nv; v++) _mm512_storeu_ps(acc + 16 * v, a[v]);
-        return;
+        for (int32_t v = 0; v < nv; v++) _mm512_storeu_ps(acc + d0 + 16 * v, a[v]);
     }
 }
 
@@ -767,16 +766,18 @@ static void rows_scores_f16(float *score, const float *q, const uint16_t *k, int
 
 static void rows_values_f16(float *acc, const float *p, const uint16_t *v, int64_t stride, int64_t nt,
                             int32_t head_dim) {
-    __m512 a[16];
-    int32_t nv = head_dim / 16;
-    for (int32_t j = 0; j < nv; j++) a[j] = _mm512_loadu_ps(acc + 16 * j);
-    for (int64_t i = 0; i < nt; i++) {
-        __m512 b = _mm512_set1_ps(p[i]);
-        const uint16_t *vi = v + i * stride;
-        for (int32_t j = 0; j < nv; j++)
-            a[j] = _mm512_fmadd_ps(b, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vi + 16 * j))), a[j]);
+    for (int32_t d0 = 0; d0 < head_dim; d0 += 256) {
+        __m512 a[16];
+        int32_t nv = (head_dim - d0 < 256 ? head_dim - d0 : 256) / 16;
+        for (int32_t j = 0; j < nv; j++) a[j] = _mm512_loadu_ps(acc + d0 + 16 * j);
+        for (int64_t i = 0; i < nt; i++) {
+            __m512 b = _mm512_set1_ps(p[i]);
+            const uint16_t *vi = v + i * stride + d0;
+            for (int32_t j = 0; j < nv; j++)
+                a[j] = _mm512_fmadd_ps(b, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vi + 16 * j))), a[j]);
+        }
+        for (int32_t j = 0; j < nv; j++) _mm512_storeu_ps(acc + d0 + 16 * j, a[j]);
     }
-    for (int32_t j = 0; j < nv; j++) _mm512_storeu_ps(acc + 16 * j, a[j]);
 }
 
 /* ---- conversions ---------------------------------------------------------- */

@@ -126,7 +126,7 @@ typedef struct cart_kernels {
                        int32_t head_dim, int64_t nt);
 
     /* acc[d] += sum over i < nt of p[i] * v[i][d], in i order; head_dim a
-     * multiple of 16 and at most 256. */
+     * multiple of 16 and at most 512. */
     void (*values)(float *acc, const float *p, const float *v, int64_t stride, int64_t nt,
                    int32_t head_dim);
     void (*values_f16)(float *acc, const float *p, const uint16_t *v, int64_t stride, int64_t nt,

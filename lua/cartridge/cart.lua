@@ -6,15 +6,17 @@
 --   c:capture(m, ids)                      -- the model's own K/V of #ids == p tokens (f32 cache)
 --   local t = cart.from_text(m, "Some text.")  -- new + capture of the text's tokens
 --   c:append_to(kv)                        -- into a cache (serving), len += p
---   local ab = cart.compose({ a, b })      -- a's rows then b's: p = a.p + b.p (each keeps its positions)
---   ab:compose_grad()                      -- after a backward through ab: into a's and b's gradients
 --   c:save("out.safetensors", m, { training = {...}, draft_reference = ids })
 --   local d = cart.load("out.safetensors", m)   -- geometry from the header, checked against m
+--   local ab = cart.compose({ a, b })      -- a's rows then b's: p = a.p + b.p (each keeps its positions)
+--   ab:compose_grad()                      -- after a backward through ab: into a's and b's gradients
 --
 -- The artifact: per layer i, "layers.<i>.k" and
 -- "layers.<i>.v" F32 [p - frozen, kv_heads, head_dim] (the trainable rows),
 -- "layers.<i>.k_sink" / ".v_sink" [frozen, kv_heads, head_dim] when frozen >
--- 0, and optionally "draft_reference" I64 [n] (corpus token ids). Rows are in
+-- 0, and optionally "draft_reference" I64 [n] (corpus token ids). kv_heads
+-- and head_dim are each layer's own (gemma4's sliding and full layers
+-- differ). Rows are in
 -- KV-cache order (position, kv head, dim), keys post-RoPE at positions
 -- 0..p-1. __metadata__ records the format, the architecture and geometry,
 -- the model's name and fingerprint, p, frozen and the training settings (a
@@ -33,15 +35,34 @@ cart.FORMAT = "cartridge-v1"
 local Cart = {}
 Cart.__index = Cart
 
+-- c.layers[l + 1] = { kv_heads, head_dim, row } for layer l; c.kv_heads,
+-- c.head_dim and c.row are layer 0's, and c.uniform says whether every
+-- layer has them.
 local function wrap(handle)
     local self = setmetatable({ handle = handle }, Cart)
     self.p = tonumber(C.cart_cartridge_p(handle))
     self.frozen = tonumber(C.cart_cartridge_frozen(handle))
     self.n_layer = C.cart_cartridge_n_layer(handle)
-    self.kv_heads = C.cart_cartridge_kv_heads(handle)
-    self.head_dim = C.cart_cartridge_head_dim(handle)
+    self.layers = {}
+    self.uniform = true
+    for l = 0, self.n_layer - 1 do
+        local h, d = C.cart_cartridge_layer_heads(handle, l), C.cart_cartridge_layer_head_dim(handle, l)
+        self.layers[l + 1] = { kv_heads = h, head_dim = d, row = h * d }
+        if l > 0 and (h ~= self.layers[1].kv_heads or d ~= self.layers[1].head_dim) then self.uniform = false end
+    end
+    self.kv_heads = self.layers[1].kv_heads
+    self.head_dim = self.layers[1].head_dim
     self.row = self.kv_heads * self.head_dim
     return self
+end
+
+-- The per-layer geometry as "h x d" text ("2x16, 2x16, 1x32, ..."), or one
+-- "h x d" when every layer shares it.
+function Cart:geometry_text()
+    if self.uniform then return ("%d x %d"):format(self.kv_heads, self.head_dim) end
+    local parts = {}
+    for l, g in ipairs(self.layers) do parts[l] = ("%dx%d"):format(g.kv_heads, g.head_dim) end
+    return table.concat(parts, ", ")
 end
 
 -- A zero cartridge of p rows per layer shaped for model m (a cartridge.model).
@@ -50,10 +71,20 @@ function cart.new(m, p, frozen)
         frozen or 1))
 end
 
--- A zero cartridge of explicit geometry.
+-- A zero cartridge of explicit geometry: kv_heads and head_dim are numbers
+-- (every layer) or lists of n_layer numbers (each layer's).
 function cart.new_geometry(n_layer, kv_heads, head_dim, p, frozen)
-    return wrap(core.new("cart_cartridge", C.cart_cartridge_new, C.cart_cartridge_free, "cart.new", n_layer, kv_heads,
-        head_dim, p, frozen))
+    if type(kv_heads) == "number" and type(head_dim) == "number" then
+        return wrap(core.new("cart_cartridge", C.cart_cartridge_new, C.cart_cartridge_free, "cart.new", n_layer,
+            kv_heads, head_dim, p, frozen))
+    end
+    local h, d = ffi.new("int32_t[?]", n_layer), ffi.new("int32_t[?]", n_layer)
+    for l = 1, n_layer do
+        h[l - 1] = type(kv_heads) == "number" and kv_heads or kv_heads[l]
+        d[l - 1] = type(head_dim) == "number" and head_dim or head_dim[l]
+    end
+    return wrap(core.new("cart_cartridge", C.cart_cartridge_new_layers, C.cart_cartridge_free, "cart.new", n_layer,
+        h, d, p, frozen))
 end
 
 function Cart:free()
@@ -121,10 +152,10 @@ function cart.compose(parts)
     local first = parts[1]
     local arr = ffi.new("const cart_cartridge *[?]", #parts)
     for i, c in ipairs(parts) do
-        if c.n_layer ~= first.n_layer or c.kv_heads ~= first.kv_heads or c.head_dim ~= first.head_dim then
-            error(("cart.compose: %s is %d layers x %d KV heads x %d dims and %s is %d x %d x %d; only cartridges "
-                .. "trained on one model compose"):format(part_name(c, i), c.n_layer, c.kv_heads, c.head_dim,
-                part_name(first, 1), first.n_layer, first.kv_heads, first.head_dim), 0)
+        if c.n_layer ~= first.n_layer or c:geometry_text() ~= first:geometry_text() then
+            error(("cart.compose: %s is %d layers of %s (KV heads x dims) and %s is %d layers of %s; only "
+                .. "cartridges trained on one model compose"):format(part_name(c, i), c.n_layer, c:geometry_text(),
+                part_name(first, 1), first.n_layer, first:geometry_text()), 0)
         end
         arr[i - 1] = c.handle
     end
@@ -145,7 +176,9 @@ end
 
 -- Bytes of the K/V rows (f32).
 function Cart:bytes()
-    return self.n_layer * 2 * self.p * self.row * 4
+    local total = 0
+    for _, g in ipairs(self.layers) do total = total + 2 * self.p * g.row * 4 end
+    return total
 end
 
 -- The model's fingerprint as 16 hex digits.
@@ -156,6 +189,17 @@ function cart.fingerprint(m)
     return ("%08x%08x"):format(hi, lo)
 end
 
+-- One field of the geometry for the metadata: a number when every layer
+-- shares it, else the layers' values joined by commas.
+function Cart:per_layer_text(field)
+    local values, same = {}, true
+    for l, g in ipairs(self.layers) do
+        values[l] = tostring(g[field])
+        same = same and values[l] == values[1]
+    end
+    return same and values[1] or table.concat(values, ",")
+end
+
 -- Saves the cartridge atomically. opts: training (a table, stored as JSON),
 -- draft_reference (corpus token ids: a cartridge.ids sequence or a Lua list),
 -- extra_meta (string map).
@@ -164,13 +208,14 @@ function Cart:save(path, m, opts)
     local tensors, keep = {}, {}
     local trainable = self.p - self.frozen
     for l = 0, self.n_layer - 1 do
+        local g = self.layers[l + 1]
         for which, name in ipairs({ "k", "v" }) do
             local rows = self:rows(l, which - 1)
             tensors[#tensors + 1] = { name = ("layers.%d.%s"):format(l, name), dtype = "F32",
-                shape = { trainable, self.kv_heads, self.head_dim }, data = rows + self.frozen * self.row }
+                shape = { trainable, g.kv_heads, g.head_dim }, data = rows + self.frozen * g.row }
             if self.frozen > 0 then
                 tensors[#tensors + 1] = { name = ("layers.%d.%s_sink"):format(l, name), dtype = "F32",
-                    shape = { self.frozen, self.kv_heads, self.head_dim }, data = rows }
+                    shape = { self.frozen, g.kv_heads, g.head_dim }, data = rows }
             end
         end
     end
@@ -185,8 +230,8 @@ function Cart:save(path, m, opts)
         ["cartridge.format"] = cart.FORMAT,
         ["cartridge.architecture"] = m.config.arch,
         ["cartridge.n_layer"] = tostring(self.n_layer),
-        ["cartridge.kv_heads"] = tostring(self.kv_heads),
-        ["cartridge.head_dim"] = tostring(self.head_dim),
+        ["cartridge.kv_heads"] = self:per_layer_text("kv_heads"),
+        ["cartridge.head_dim"] = self:per_layer_text("head_dim"),
         ["cartridge.p"] = tostring(self.p),
         ["cartridge.frozen"] = tostring(self.frozen),
         ["cartridge.model_name"] = tostring(m.file:get("general.name") or m.path),
@@ -201,8 +246,9 @@ end
 
 -- Opens a cartridge artifact and checks it: the checksum, exactly the
 -- expected tensors, and with a model m its geometry and fingerprint. Returns
--- the open file, the geometry { n_layer, kv_heads, head_dim, p, frozen }, the
--- metadata and the draft reference (or nil); raises "<who>: PATH: what".
+-- the open file, the geometry { n_layer, heads, dims (each layer's KV heads
+-- and head_dim), kv_heads, head_dim (layer 0's), p, frozen }, the metadata and
+-- the draft reference (or nil); raises "<who>: PATH: what".
 local function open_checked(path, m, who)
     require("cartridge.fs").sweep_temps(path)
     local f = safetensors.open(path)
@@ -222,18 +268,30 @@ local function open_checked(path, m, who)
     local k0 = f:tensor("layers.0.k")
     if not k0 then fail("no tensor 'layers.0.k': this is not a cartridge artifact") end
     if #k0.shape ~= 3 then fail("'layers.0.k' has rank " .. #k0.shape .. ", expected 3 [rows, kv_heads, head_dim]") end
-    local trainable, kv_heads, head_dim = k0.shape[1], k0.shape[2], k0.shape[3]
+    local trainable = k0.shape[1]
     local sink0 = f:tensor("layers.0.k_sink")
     local frozen = sink0 and sink0.shape[1] or 0
     local n_layer = 0
-    while f:tensor(("layers.%d.k"):format(n_layer)) do n_layer = n_layer + 1 end
+    local heads, dims = {}, {}
+    while true do
+        local k = f:tensor(("layers.%d.k"):format(n_layer))
+        if not k then break end
+        if #k.shape ~= 3 then
+            fail(("'layers.%d.k' has rank %d, expected 3 [rows, kv_heads, head_dim]"):format(n_layer, #k.shape))
+        end
+        heads[n_layer + 1], dims[n_layer + 1] = k.shape[2], k.shape[3]
+        n_layer = n_layer + 1
+    end
     local p = trainable + frozen
-    -- strict: exactly the expected names, shapes and dtypes
+    -- strict: exactly the expected names, shapes and dtypes (each layer its
+    -- own heads and head_dim, every layer the same rows)
     local expected = {}
     for l = 0, n_layer - 1 do
         for _, name in ipairs({ "k", "v" }) do
-            expected[("layers.%d.%s"):format(l, name)] = { trainable, kv_heads, head_dim }
-            if frozen > 0 then expected[("layers.%d.%s_sink"):format(l, name)] = { frozen, kv_heads, head_dim } end
+            expected[("layers.%d.%s"):format(l, name)] = { trainable, heads[l + 1], dims[l + 1] }
+            if frozen > 0 then
+                expected[("layers.%d.%s_sink"):format(l, name)] = { frozen, heads[l + 1], dims[l + 1] }
+            end
         end
     end
     local draft
@@ -267,10 +325,18 @@ local function open_checked(path, m, who)
     local meta = f.metadata
     if m then
         local mc = m.config
-        if mc.n_layer ~= n_layer or mc.n_head_kv ~= kv_heads or mc.head_dim ~= head_dim then
+        if mc.n_layer ~= n_layer then
             fail(("the cartridge is %d layers x %d KV heads x %d dims, the model %s is %d x %d x %d; "
-                .. "use the model it was trained with"):format(n_layer, kv_heads, head_dim, m.path,
-                mc.n_layer, mc.n_head_kv, mc.head_dim))
+                .. "use the model it was trained with"):format(n_layer, heads[1], dims[1], m.path,
+                mc.n_layer, m.layers[1].n_head_kv, m.layers[1].head_dim))
+        end
+        for l = 1, n_layer do
+            local g = m.layers[l]
+            if g.n_head_kv ~= heads[l] or g.head_dim ~= dims[l] then
+                fail(("the cartridge is %d layers x %d KV heads x %d dims (layer %d), the model %s is %d x %d x %d; "
+                    .. "use the model it was trained with"):format(n_layer, heads[l], dims[l], l - 1, m.path,
+                    mc.n_layer, g.n_head_kv, g.head_dim))
+            end
         end
         local want_fp = meta["cartridge.model_fingerprint"]
         if want_fp and want_fp ~= cart.fingerprint(m) then
@@ -279,7 +345,8 @@ local function open_checked(path, m, who)
                 cart.fingerprint(m)))
         end
     end
-    return f, { n_layer = n_layer, kv_heads = kv_heads, head_dim = head_dim, p = p, frozen = frozen }, meta, draft
+    return f, { n_layer = n_layer, heads = heads, dims = dims, kv_heads = heads[1], head_dim = dims[1], p = p,
+        frozen = frozen }, meta, draft
 end
 
 -- Loads a cartridge artifact. The geometry comes from the tensors; with a
@@ -288,14 +355,14 @@ end
 -- cartridge.ids sequence or nil), training (decoded table or nil) }.
 function cart.load(path, m)
     local f, g, meta, draft = open_checked(path, m, "cart.load")
-    local n_layer, kv_heads, head_dim, p, frozen = g.n_layer, g.kv_heads, g.head_dim, g.p, g.frozen
+    local n_layer, p, frozen = g.n_layer, g.p, g.frozen
     local function fail(what) error("cart.load: " .. path .. ": " .. what, 0) end
-    local c = cart.new_geometry(n_layer, kv_heads, head_dim, p, frozen)
+    local c = cart.new_geometry(n_layer, heads, dims, p, frozen)
     for l = 0, n_layer - 1 do
         for which, name in ipairs({ "k", "v" }) do
             local rows = c:rows(l, which - 1)
             local t = f:tensor(("layers.%d.%s"):format(l, name))
-            ffi.copy(rows + frozen * c.row, t.data, t.nbytes)
+            ffi.copy(rows + frozen * c.layers[l + 1].row, t.data, t.nbytes)
             if frozen > 0 then
                 local s = f:tensor(("layers.%d.%s_sink"):format(l, name))
                 ffi.copy(rows, s.data, s.nbytes)
@@ -322,7 +389,8 @@ end
 -- the rows stay in the page cache, which the kernel may drop and read again.
 -- The same checks as cart.load (and every value finite); append_to writes
 -- the same rows into a cache as the loaded cartridge's append_to. Fields:
--- path, p, frozen, n_layer, kv_heads, head_dim, row, metadata; :bytes()
+-- path, p, frozen, n_layer, heads, dims, kv_heads, head_dim, row (layer 0's),
+-- metadata; :bytes()
 -- (its rows' bytes, f32); :free() unmaps it.
 local Mapped = {}
 Mapped.__index = Mapped
@@ -332,7 +400,9 @@ function cart.map(path, m)
     local self = setmetatable({ file = f, path = path, metadata = meta, k = {}, v = {}, k_sink = {}, v_sink = {} },
         Mapped)
     for key, value in pairs(g) do self[key] = value end
-    self.row = g.kv_heads * g.head_dim
+    self.rows_per_layer = {}
+    for l = 1, g.n_layer do self.rows_per_layer[l] = g.heads[l] * g.dims[l] end
+    self.row = self.rows_per_layer[1]
     for l = 0, g.n_layer - 1 do
         for _, name in ipairs({ "k", "v", "k_sink", "v_sink" }) do
             local t = f:tensor(("layers.%d.%s"):format(l, name))
@@ -366,7 +436,11 @@ function Mapped:append_to(kv)
     kv:set_len(len + self.p)
 end
 
-function Mapped:bytes() return self.n_layer * 2 * self.p * self.row * 4 end
+function Mapped:bytes()
+    local total = 0
+    for _, row in ipairs(self.rows_per_layer) do total = total + 2 * self.p * row * 4 end
+    return total
+end
 
 function Mapped:free()
     if self.file then self.file:close() end

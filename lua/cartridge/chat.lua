@@ -15,12 +15,16 @@
 --           Qwen3's template turns thinking off.
 --   llama3  <|start_header_id|>role<|end_header_id|>\n\n ... <|eot_id|>; the
 --           tokenizer adds <|begin_of_text|> (add_bos).
+--   gemma   gemma4: <|turn>role\n ... <turn|>\n per message, the assistant's
+--           role named "model"; the opener primes the model's turn with an
+--           empty thought channel (<|channel>thought\n<channel|>), which is
+--           how gemma4's template turns thinking off; the tokenizer adds <bos>.
 --   plain   base models without a template: each message's content on its
 --           own, system first, followed by a blank line; the opener is empty,
 --           so the model simply continues the text.
 -- The choice is read from tokenizer.chat_template: a template mentioning
--- <|im_start|> is chatml, one mentioning <|start_header_id|> is llama3,
--- anything else (or none) is plain.
+-- <|im_start|> is chatml, one mentioning <|start_header_id|> is llama3, one
+-- mentioning <|turn> is gemma, anything else (or none) is plain.
 
 local chat = {}
 
@@ -67,6 +71,17 @@ chat.templates = {
         close = "<|eot_id|>",
         stop = "<|eot_id|>",
     },
+    gemma = {
+        name = "gemma",
+        message = function(role, content)
+            return "<|turn>" .. (role == "assistant" and "model" or role) .. "\n" .. content .. "<turn|>\n"
+        end,
+        opener = function(thinking) return "<|turn>model\n" .. (thinking and "" or "<|channel>thought\n<channel|>") end,
+        system_open = "<|turn>system\n",
+        user_open = "<|turn>user\n",
+        close = "<turn|>\n",
+        stop = "<turn|>",
+    },
     plain = {
         name = "plain",
         message = function(_, content) return content .. "\n\n" end,
@@ -84,6 +99,7 @@ function chat.detect(file)
     if type(t) == "string" then
         if t:find("<|im_start|>", 1, true) then return "chatml" end
         if t:find("<|start_header_id|>", 1, true) then return "llama3" end
+        if t:find("<|turn>", 1, true) then return "gemma" end
     end
     return "plain"
 end

@@ -71,8 +71,9 @@ function kvstore.cartridge_hash(c)
     if not c then return "none" end
     local parts = { ("p %d frozen %d layers %d heads %d dims %d"):format(c.p, c.frozen, c.n_layer, c.kv_heads,
         c.head_dim) }
+    if not c.uniform then parts[#parts + 1] = "per layer " .. c:geometry_text() end
     for l = 0, c.n_layer - 1 do
-        for which = 0, 1 do parts[#parts + 1] = cs64(c:rows(l, which), c.p * c.row * 4) end
+        for which = 0, 1 do parts[#parts + 1] = cs64(c:rows(l, which), c.p * c.layers[l + 1].row * 4) end
     end
     local text = table.concat(parts, "\n")
     return cs64(text, #text)
@@ -133,7 +134,12 @@ function kvstore.open(opts)
     self.log = opts.log or function() end
     self.warn = opts.warn or self.log
     self.cfg = self.m.config
-    self.row_bytes = self.cfg.n_head_kv * self.cfg.head_dim * (self.dtype == "f32" and 4 or 2)
+    -- each layer's row: { heads, dims, bytes } (gemma4's layers differ)
+    self.rows = {}
+    for l, g in ipairs(self.m.layers) do
+        self.rows[l - 1] = { heads = g.n_head_kv, dims = g.head_dim,
+            bytes = g.n_head_kv * g.head_dim * (self.dtype == "f32" and 4 or 2) }
+    end
     self.entries = {} -- every kv-*.safetensors file in dir: { path, name, bytes, used, usable, tokens, cart_hash, p }
     self.clock = 0    -- used order: a larger number is more recent
     self.stats = { hits = 0, hit_tokens = 0, misses = 0, spills = 0, spill_bytes = 0, evictions = 0, skipped = 0 }
@@ -223,10 +229,10 @@ function Store:describe(f)
         for _, side in ipairs({ "k", "v" }) do
             local name = ("layers.%d.%s"):format(l, side)
             local t = f:tensor(name)
+            local r = self.rows[l]
             if not t or t.dtype_name ~= want_dtype or #t.shape ~= 3 or t.shape[1] ~= n
-                or t.shape[2] ~= self.cfg.n_head_kv or t.shape[3] ~= self.cfg.head_dim then
-                return nil, "damaged", ("'%s' is not %s [%d, %d, %d]"):format(name, want_dtype, n, self.cfg.n_head_kv,
-                    self.cfg.head_dim)
+                or t.shape[2] ~= r.heads or t.shape[3] ~= r.dims then
+                return nil, "damaged", ("'%s' is not %s [%d, %d, %d]"):format(name, want_dtype, n, r.heads, r.dims)
             end
         end
     end
@@ -359,14 +365,15 @@ function Store:adopt(entry, kv, c, n)
             if d.cart_hash ~= self:hash(c) or n > d.n or common_prefix(d.tokens, entry.tokens) < n then
                 error({ kind = "damaged", why = "its tokens changed since the directory was read" }, 0)
             end
-            if kv:len() ~= p or p + n > kv:capacity() or kv:row_bytes() ~= self.row_bytes then
+            if kv:len() ~= p or p + n > kv:capacity() or kv:row_bytes(0) ~= self.rows[0].bytes then
                 error({ kind = "internal", why = ("the slot's cache holds %d rows (not the cartridge's %d) or fits "
                     .. "fewer than %d"):format(kv:len(), p, p + n) }, 0)
             end
             for l = 0, self.cfg.n_layer - 1 do
                 for which, side in ipairs({ "k", "v" }) do
                     local t = f:tensor(("layers.%d.%s"):format(l, side))
-                    ffi.copy(kv:raw_rows(l, which - 1) + p * self.row_bytes, t.data, n * self.row_bytes)
+                    local rb = self.rows[l].bytes
+                    ffi.copy(kv:raw_rows(l, which - 1) + p * rb, t.data, n * rb)
                 end
             end
             kv:set_len(p + n)
@@ -421,14 +428,15 @@ function Store:spill(c, tokens, kv, protect)
     end
     local t0 = C.cart_now_seconds()
     local p = c and c.p or 0
-    local data_bytes = n * 4 + 2 * self.cfg.n_layer * n * self.row_bytes
+    local data_bytes = n * 4
+    for l = 0, self.cfg.n_layer - 1 do data_bytes = data_bytes + 2 * n * self.rows[l].bytes end
     if data_bytes > self.max_bytes then
         self.warn(("kv-cache: not spilled: a conversation of %d tokens needs %s, above --kv-cache-max %s"):format(n,
             mib(data_bytes), mib(self.max_bytes)))
         return false
     end
     local ok, err = pcall(function()
-        if kv:len() < p + n or kv:row_bytes() ~= self.row_bytes then
+        if kv:len() < p + n or kv:row_bytes(0) ~= self.rows[0].bytes then
             error(("the cache holds %d rows, not the %d of its cartridge and tokens"):format(kv:len(), p + n), 0)
         end
         local ids = ffi.new("int32_t[?]", n)
@@ -441,9 +449,10 @@ function Store:spill(c, tokens, kv, protect)
             nbytes = n * 4 } }
         for l = 0, self.cfg.n_layer - 1 do
             for which, side in ipairs({ "k", "v" }) do
+                local r = self.rows[l]
                 tensors[#tensors + 1] = { name = ("layers.%d.%s"):format(l, side), dtype = st_dtype,
-                    dtype_name = st_dtype, shape = { n, self.cfg.n_head_kv, self.cfg.head_dim },
-                    data = kv:raw_rows(l, which - 1) + p * self.row_bytes, nbytes = n * self.row_bytes }
+                    dtype_name = st_dtype, shape = { n, r.heads, r.dims },
+                    data = kv:raw_rows(l, which - 1) + p * r.bytes, nbytes = n * r.bytes }
             end
         end
         local served = self.cart_of[h]

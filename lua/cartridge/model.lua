@@ -26,7 +26,7 @@ Model.__index = Model
 local KV = {}
 KV.__index = KV
 
-local ARCH = { [1] = "llama", [2] = "qwen3" }
+local ARCH = { [1] = "llama", [2] = "qwen3", [3] = "gemma4" }
 
 local function config_table(c)
     return {
@@ -45,7 +45,29 @@ local function config_table(c)
         tied_output = c.tied_output ~= 0,
         rms_eps = c.rms_eps,
         rope_theta = c.rope_theta,
+        -- gemma4 (0 / false otherwise)
+        n_swa = c.n_swa,
+        n_expert = c.n_expert,
+        n_expert_used = c.n_expert_used,
+        n_ff_exp = c.n_ff_exp,
+        n_embd_per_layer = c.n_embd_per_layer,
+        uniform_kv = c.uniform_kv ~= 0,
+        final_softcap = c.final_softcap,
+        embd_scale = c.embd_scale,
     }
+end
+
+-- Every layer's own geometry: a list (layer 0 first) of { n_head, n_head_kv,
+-- head_dim, n_rot, n_ff, window (0: full attention), moe, rope_theta,
+-- attn_scale }. gemma4's sliding and full layers differ.
+local function layer_tables(handle, n_layer)
+    local out, g = {}, ffi.new("cart_layer_config")
+    for l = 0, n_layer - 1 do
+        core.check(C.cart_model_layer(handle, l, g), "model.load")
+        out[l + 1] = { n_head = g.n_head, n_head_kv = g.n_head_kv, head_dim = g.head_dim, n_rot = g.n_rot,
+            n_ff = g.n_ff, window = g.window, moe = g.moe ~= 0, rope_theta = g.rope_theta, attn_scale = g.attn_scale }
+    end
+    return out
 end
 
 -- Loads a model. opts.widen = true keeps f32 copies of all matrices.
@@ -62,21 +84,35 @@ function model.load(path, opts)
         widened_bytes = core.int(C.cart_model_widened_bytes(handle)),
     }, Model)
     self.n_vocab = self.config.n_vocab
+    self.layers = layer_tables(handle, self.config.n_layer)
     self.file = gguf.borrow(C.cart_model_gguf(handle), self, path)
     return self
+end
+
+-- The line recipes print first: "model: PATH (4 layers, hidden 256,
+-- kv_heads 2, head_dim 64)", or with the architecture and each layer's
+-- geometry and window when they differ.
+function Model:describe()
+    return ("model: %s (%s)"):format(self.path, self:geometry_text())
+end
+
+-- The model's layers, hidden size and KV geometry as describe() shows them.
+function Model:geometry_text()
+    local c = self.config
+    if c.uniform_kv then
+        return ("%d layers, hidden %d, kv_heads %d, head_dim %d"):format(c.n_layer, c.n_embd, c.n_head_kv, c.head_dim)
+    end
+    local kinds = {}
+    for i, g in ipairs(self.layers) do
+        kinds[i] = ("%dx%d %s"):format(g.n_head_kv, g.head_dim, g.window > 0 and ("window " .. g.window) or "full")
+    end
+    return ("%s, %d layers, hidden %d; KV heads x head_dim per layer: %s"):format(c.arch, c.n_layer, c.n_embd,
+        table.concat(kinds, ", "))
 end
 
 function Model:free()
     if self.file then self.file:close() end
     core.free(self, C.cart_model_free)
-end
-
--- The line recipes print first: "model: PATH (N layers, hidden E, kv_heads
--- G, head_dim D)".
-function Model:describe()
-    local c = self.config
-    return ("model: %s (%d layers, hidden %d, kv_heads %d, head_dim %d)"):format(self.path, c.n_layer, c.n_embd,
-        c.n_head_kv, c.head_dim)
 end
 
 -- The model's tokenizer (loaded on first use).
@@ -109,15 +145,23 @@ function KV:set_len(len)
 end
 
 -- The raw row storage of one layer (which: 0 = K, 1 = V) as a uint8_t*:
--- row r at r * kv:row_bytes(), in the cache dtype. Borrowed; lives with kv.
+-- row r at r * kv:row_bytes(layer), in the cache dtype. Borrowed; lives with kv.
 function KV:raw_rows(layer, which)
     return ffi.cast("uint8_t *", C.cart_kv_rows(self.handle, layer, which))
 end
 
--- Bytes of one row of one layer's K (or V): kv_heads * head_dim * 2 (f16) or 4.
-function KV:row_bytes()
+-- Bytes of one row of layer `layer`'s K (or V): kv_heads * head_dim * 2
+-- (f16) or 4. Layers may differ (gemma4); layer defaults to 0.
+function KV:row_bytes(layer)
     local h = self.handle
-    return C.cart_kv_heads(h) * C.cart_kv_head_dim(h) * (C.cart_kv_dtype(h) == C.CART_F32 and 4 or 2)
+    layer = layer or 0
+    return C.cart_kv_layer_heads(h, layer) * C.cart_kv_layer_head_dim(h, layer)
+        * (C.cart_kv_dtype(h) == C.CART_F32 and 4 or 2)
+end
+
+-- One layer's heads and head_dim.
+function KV:layer_geometry(layer)
+    return C.cart_kv_layer_heads(self.handle, layer), C.cart_kv_layer_head_dim(self.handle, layer)
 end
 
 function KV:dtype_name() return C.cart_kv_dtype(self.handle) == C.CART_F32 and "f32" or "f16" end

@@ -4,7 +4,7 @@
 --   require("cartridge.randmodel").write{ out = "/tmp/m.gguf", preset = "qwen3-tiny", dtype = "f32" }
 --
 -- Fields: out (required), preset ("default", "qwen3-0.6b", "qwen3-tiny",
--- "llama-tiny"), arch, layers, embd, ff, heads, kv_heads, head_dim, vocab,
+-- "llama-tiny"; with arch "gemma4" the presets of cartridge.randgemma), arch, layers, embd, ff, heads, kv_heads, head_dim, vocab,
 -- ctx, rope_theta, eps (1e-6), dtype ("f16"), tied (true), seed (1),
 -- std_scale (1), out_scale (4), tokenizer_from (a GGUF path), tokenizer (a
 -- learned vocabulary, cartridge.bpe), name, quiet.
@@ -38,6 +38,16 @@ local PRESETS = randmodel.PRESETS
 
 function randmodel.write(opts)
     if not opts.out then error("make_model: out is required", 0) end
+    local randgemma = require("cartridge.randgemma")
+    if opts.arch == "gemma4" or randgemma.PRESETS[opts.preset or ""] then
+        if opts.arch and opts.arch ~= "gemma4" then
+            error(("make_model: preset '%s' is a gemma4 shape, not %s"):format(opts.preset, opts.arch), 0)
+        end
+        local g = {}
+        for k, v in pairs(opts) do g[k] = v end
+        if g.preset == nil or g.preset == "default" then g.preset = "tiny-dense" end
+        return randgemma.write(g)
+    end
     opts.eps = opts.eps or 1e-6
     opts.dtype = opts.dtype or "f16"
     if opts.tied == nil then opts.tied = true end
@@ -246,6 +256,11 @@ function randmodel.write(opts)
             end
         end
     end
+    return randmodel.finish(w, opts, started)
+end
+
+-- Closes the file a writer streamed (atomically) and says so unless quiet.
+function randmodel.finish(w, opts, started)
     w:finish()
     if not opts.quiet then
         io.stderr:write(("make_model: wrote %s in %.1f s\n"):format(opts.out, C.cart_now_seconds() - started))

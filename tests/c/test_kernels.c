@@ -165,11 +165,13 @@ static void test_products_match_scalar_on_every_level(void) {
 typedef struct att_case {
     int32_t dtype, nq, n_head, n_head_kv, head_dim;
     int64_t n_ctx0;
+    int64_t window; /* sliding window (0: none) */
 } att_case;
 
 static const att_case att_cases[] = {
-    {CART_F16, 1, 8, 2, 64, 150},  {CART_F16, 5, 4, 4, 128, 70}, {CART_F32, 1, 4, 1, 128, 200},
-    {CART_F32, 16, 2, 2, 64, 33},  {CART_F16, 3, 6, 3, 80, 64},  {CART_F16, 2, 2, 1, 8, 20},
+    {CART_F16, 1, 8, 2, 64, 150, 0},  {CART_F16, 5, 4, 4, 128, 70, 0}, {CART_F32, 1, 4, 1, 128, 200, 0},
+    {CART_F32, 16, 2, 2, 64, 33, 0},  {CART_F16, 3, 6, 3, 80, 64, 0},  {CART_F16, 2, 2, 1, 8, 20, 0},
+    {CART_F16, 1, 4, 2, 64, 150, 40}, {CART_F32, 16, 2, 1, 32, 130, 70}, {CART_F16, 5, 4, 2, 512, 90, 17},
 };
 
 /* attention_forward for one case at the active level into out. */
@@ -177,7 +179,7 @@ static void run_attention(float *out, const att_case *c, const float *q, const v
                           const void *v) {
     const int64_t stride = (int64_t)c->n_head_kv * c->head_dim;
     const int64_t q_stride = (int64_t)c->n_head * c->head_dim;
-    attention_forward(out, q, q_stride, c->nq, k, v, c->dtype, c->n_ctx0, stride, c->n_head,
+    attention_forward(out, q, q_stride, c->nq, k, v, c->dtype, c->n_ctx0, c->window, stride, c->n_head,
                       c->n_head_kv, c->head_dim, 1.0f / sqrtf((float)c->head_dim));
 }
 
@@ -214,7 +216,7 @@ static void test_attention_matches_scalar_on_every_level(void) {
             run_attention(ref, c, q, k, v);
             /* the training kernels: one head over a prefix block and a segment */
             const int64_t na = c->n_ctx0 / 2, nb = rows - na;
-            float out_r[256], out_g[256], lse_r, lse_g;
+            float out_r[512], out_g[512], lse_r, lse_g;
             float *dq_r = calloc((size_t)c->head_dim, 4), *dq_g = calloc((size_t)c->head_dim, 4);
             float *dk_r = calloc((size_t)(rows * stride), 4), *dk_g = calloc((size_t)(rows * stride), 4);
             float *dv_r = calloc((size_t)(rows * stride), 4), *dv_g = calloc((size_t)(rows * stride), 4);

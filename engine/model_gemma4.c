@@ -1,0 +1,417 @@
+/*
+ * model_gemma4.c - gemma4's hyperparameters and tensors, as llama.cpp's
+ * src/models/gemma4.cpp reads them (model.h says what the layers compute).
+ *
+ * Every "gemma4.*" key is either honoured or refused by name: the keys below
+ * are the ones this engine reads, and a key outside the list means the file
+ * asks for something it does not implement. Every tensor the file holds must
+ * be one the model uses (model.c checks that after loading).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "internal.h"
+#include "model.h"
+#include "model_internal.h"
+
+/* The gemma4 keys this engine honours (after "gemma4."). */
+static const char *const honoured_keys[] = {
+    "block_count", "context_length", "embedding_length", "feed_forward_length",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length",
+    "attention.value_length", "attention.key_length_swa", "attention.value_length_swa",
+    "attention.layer_norm_rms_epsilon", "attention.sliding_window",
+    "attention.sliding_window_pattern", "attention.shared_kv_layers", "rope.dimension_count",
+    "rope.dimension_count_swa", "rope.freq_base", "rope.freq_base_swa",
+    "embedding_length_per_layer_input", "final_logit_softcapping", "expert_count",
+    "expert_used_count", "expert_feed_forward_length", "expert_gating_func", "vocab_size",
+    "causal_attention", "rope.scaling.type", "rope.scaling.factor",
+};
+
+static int refuse_unknown_keys(model_loader *ld) {
+    const size_t prefix = strlen("gemma4.");
+    for (int64_t i = 0; i < cart_gguf_kv_count(ld->g); i++) {
+        const cart_gguf_kv *kv = cart_gguf_kv_at(ld->g, i);
+        if (kv->key.len <= prefix || memcmp(kv->key.data, "gemma4.", prefix) != 0) continue;
+        int known = 0;
+        for (size_t j = 0; j < sizeof honoured_keys / sizeof honoured_keys[0] && !known; j++)
+            known = kv->key.len - prefix == strlen(honoured_keys[j]) &&
+                    memcmp(kv->key.data + prefix, honoured_keys[j], kv->key.len - prefix) == 0;
+        if (!known)
+            return cart_fail(CART_E_UNSUPPORTED,
+                             "%s: '%.*s' is set, and this engine does not implement it for gemma4 "
+                             "(it would silently compute something else)",
+                             ld->path, (int)(kv->key.len > 128 ? 128 : kv->key.len), kv->key.data);
+    }
+    return CART_OK;
+}
+
+/* A per-layer integer hyperparameter: one number for every layer, or an
+ * array of n_layer numbers. `def` fills it when the key is absent (def < 0:
+ * the key is required). Values must lie in [lo, 2^30]. */
+static int get_per_layer(model_loader *ld, const char *suffix, int32_t n_layer, int32_t def,
+                         int32_t lo, int32_t *out) {
+    const char *key = model_key(ld, suffix);
+    const cart_gguf_value *v = cart_gguf_find(ld->g, key);
+    if (!v) {
+        if (def < 0) return cart_fail(CART_E_FORMAT, "%s: missing hyperparameter '%s'", ld->path, key);
+        for (int32_t l = 0; l < n_layer; l++) out[l] = def;
+        return CART_OK;
+    }
+    if (v->type != CART_GGUF_ARRAY) {
+        int32_t x = 0;
+        int rc = model_get_dim(ld, suffix, &x, lo);
+        if (rc) return rc;
+        for (int32_t l = 0; l < n_layer; l++) out[l] = x;
+        return CART_OK;
+    }
+    if (v->count != (uint64_t)n_layer)
+        return cart_fail(CART_E_FORMAT, "%s: '%s' holds %llu values, expected one per layer (%d)",
+                         ld->path, key, (unsigned long long)v->count, n_layer);
+    for (int32_t l = 0; l < n_layer; l++) {
+        int64_t x;
+        switch (v->elem_type) {
+        case CART_GGUF_UINT32: x = ((const uint32_t *)v->as.array)[l]; break;
+        case CART_GGUF_INT32: x = ((const int32_t *)v->as.array)[l]; break;
+        case CART_GGUF_UINT16: x = ((const uint16_t *)v->as.array)[l]; break;
+        case CART_GGUF_INT16: x = ((const int16_t *)v->as.array)[l]; break;
+        case CART_GGUF_UINT8: x = ((const uint8_t *)v->as.array)[l]; break;
+        case CART_GGUF_INT8: x = ((const int8_t *)v->as.array)[l]; break;
+        default:
+            return cart_fail(CART_E_FORMAT, "%s: '%s' is an array of %s, expected integers", ld->path,
+                             key, cart_gguf_type_name(v->elem_type) ? cart_gguf_type_name(v->elem_type)
+                                                                    : "an unknown type");
+        }
+        if (x < lo || x > (1 << 30))
+            return cart_fail(CART_E_FORMAT, "%s: '%s'[%d] = %lld is out of range", ld->path, key, l,
+                             (long long)x);
+        out[l] = (int32_t)x;
+    }
+    return CART_OK;
+}
+
+/* An optional float; *out keeps its default when absent. */
+static int get_float_opt(model_loader *ld, const char *suffix, float *out) {
+    int rc = cart_gguf_get_f32(out, ld->g, model_key(ld, suffix));
+    return rc == CART_E_NOT_FOUND ? CART_OK : rc;
+}
+
+/* The bool (or 0/1 integer) array of sliding layers. */
+static int get_pattern(model_loader *ld, int32_t n_layer, int32_t *swa) {
+    const char *key = model_key(ld, "attention.sliding_window_pattern");
+    const cart_gguf_value *v = cart_gguf_find(ld->g, key);
+    if (!v)
+        return cart_fail(CART_E_FORMAT, "%s: missing '%s' (which layers use the sliding window)",
+                         ld->path, key);
+    if (v->type != CART_GGUF_ARRAY || v->count != (uint64_t)n_layer ||
+        (v->elem_type != CART_GGUF_BOOL && v->elem_type != CART_GGUF_UINT8 &&
+         v->elem_type != CART_GGUF_INT8 && v->elem_type != CART_GGUF_UINT32 &&
+         v->elem_type != CART_GGUF_INT32))
+        return cart_fail(CART_E_FORMAT, "%s: '%s' must be an array of %d bools, one per layer",
+                         ld->path, key, n_layer);
+    for (int32_t l = 0; l < n_layer; l++) {
+        if (v->elem_type == CART_GGUF_UINT32 || v->elem_type == CART_GGUF_INT32)
+            swa[l] = ((const int32_t *)v->as.array)[l] != 0;
+        else swa[l] = ((const uint8_t *)v->as.array)[l] != 0;
+    }
+    return CART_OK;
+}
+
+/* Keys whose only honoured values are the neutral ones. */
+static int check_neutral_keys(model_loader *ld) {
+    const cart_gguf_value *v;
+    if ((v = cart_gguf_find(ld->g, model_key(ld, "rope.scaling.type"))) &&
+        !(v->type == CART_GGUF_STRING && v->as.str.len == 4 && memcmp(v->as.str.data, "none", 4) == 0))
+        return cart_fail(CART_E_UNSUPPORTED, "%s: '%s' is set, and this engine does not implement RoPE "
+                         "scaling (only \"none\")", ld->path, ld->key);
+    float factor = 0.0f;
+    int rc = get_float_opt(ld, "rope.scaling.factor", &factor);
+    if (rc) return rc;
+    if (factor != 0.0f && factor != 1.0f)
+        return cart_fail(CART_E_UNSUPPORTED, "%s: '%s' = %g, and this engine does not implement RoPE "
+                         "scaling", ld->path, ld->key, factor);
+    uint32_t u = 1;
+    rc = cart_gguf_get_u32(&u, ld->g, model_key(ld, "expert_gating_func"));
+    if (rc && rc != CART_E_NOT_FOUND) return rc;
+    if (u != 1)
+        return cart_fail(CART_E_UNSUPPORTED, "%s: '%s' = %u; gemma4 gates its experts with a softmax "
+                         "(1), and this engine implements nothing else", ld->path, ld->key, u);
+    int32_t causal = 1;
+    rc = cart_gguf_get_bool(&causal, ld->g, model_key(ld, "causal_attention"));
+    if (rc && rc != CART_E_NOT_FOUND) return rc;
+    if (!causal)
+        return cart_fail(CART_E_UNSUPPORTED, "%s: '%s' is false; this engine runs causal attention "
+                         "only", ld->path, ld->key);
+    return CART_OK;
+}
+
+int gemma4_read_config(model_loader *ld, cart_model *m) {
+    cart_model_config *c = &m->cfg;
+    int rc;
+    if ((rc = refuse_unknown_keys(ld)) || (rc = check_neutral_keys(ld))) return rc;
+    if ((rc = model_get_dim(ld, "block_count", &c->n_layer, 1))) return rc;
+    if ((rc = model_get_dim(ld, "embedding_length", &c->n_embd, 1))) return rc;
+    if ((rc = model_get_dim(ld, "context_length", &c->n_ctx_train, 1))) return rc;
+    const int32_t n_layer = c->n_layer;
+    if (n_layer > 4096)
+        return cart_fail(CART_E_FORMAT, "%s: %d layers is beyond this engine's limit (4096)", ld->path,
+                         n_layer);
+    if ((rc = model_get_eps(ld, &c->rms_eps))) return rc;
+
+    uint32_t shared = 0;
+    rc = cart_gguf_get_u32(&shared, ld->g, model_key(ld, "attention.shared_kv_layers"));
+    if (rc && rc != CART_E_NOT_FOUND) return rc;
+    if (shared > 0)
+        return cart_fail(CART_E_UNSUPPORTED,
+                         "%s: '%s' = %u: the last %u layers reuse earlier layers' K/V (gemma4 "
+                         "E2B/E4B), which this engine does not implement; use a gemma4 model "
+                         "without KV-shared layers (26B-A4B, 31B)", ld->path, ld->key, shared, shared);
+
+    /* per-layer shapes */
+    int32_t *tmp = cart_calloc((size_t)n_layer * 4, sizeof(int32_t), "gemma4 layer table");
+    if (!tmp) return CART_E_NOMEM;
+    int32_t *n_ff = tmp, *n_head = tmp + n_layer, *n_head_kv = tmp + 2 * n_layer, *swa = tmp + 3 * n_layer;
+    if ((rc = get_per_layer(ld, "feed_forward_length", n_layer, -1, 1, n_ff)) ||
+        (rc = get_per_layer(ld, "attention.head_count", n_layer, -1, 1, n_head)) ||
+        (rc = get_pattern(ld, n_layer, swa))) {
+        free(tmp);
+        return rc;
+    }
+    /* KV heads default to the query heads, layer by layer */
+    const cart_gguf_value *kvv = cart_gguf_find(ld->g, model_key(ld, "attention.head_count_kv"));
+    if (kvv) rc = get_per_layer(ld, "attention.head_count_kv", n_layer, -1, 1, n_head_kv);
+    else memcpy(n_head_kv, n_head, sizeof(int32_t) * (size_t)n_layer);
+    int32_t hd_full = c->n_embd / n_head[0], hd_swa, v_full, v_swa, n_rot_full, n_rot_swa, n_swa = 0;
+    if (!rc) rc = model_get_dim_opt(ld, "attention.key_length", &hd_full);
+    v_full = hd_full;
+    if (!rc) rc = model_get_dim_opt(ld, "attention.value_length", &v_full);
+    if (!rc) rc = model_get_dim(ld, "attention.key_length_swa", &hd_swa, 1);
+    if (!rc) rc = model_get_dim(ld, "attention.value_length_swa", &v_swa, 1);
+    if (!rc && (v_full != hd_full || v_swa != hd_swa))
+        rc = cart_fail(CART_E_FORMAT, "%s: gemma4 needs value_length = key_length on both layer kinds "
+                       "(full %d vs %d, sliding %d vs %d)", ld->path, v_full, hd_full, v_swa, hd_swa);
+    n_rot_full = hd_full;
+    if (!rc) rc = model_get_dim_opt(ld, "rope.dimension_count", &n_rot_full);
+    n_rot_swa = n_rot_full;
+    if (!rc) rc = model_get_dim_opt(ld, "rope.dimension_count_swa", &n_rot_swa);
+    if (!rc) rc = model_get_dim(ld, "attention.sliding_window", &n_swa, 1);
+    float theta = 10000.0f, theta_swa = 10000.0f;
+    if (!rc) rc = get_float_opt(ld, "rope.freq_base", &theta);
+    if (!rc) rc = get_float_opt(ld, "rope.freq_base_swa", &theta_swa);
+    if (!rc && !(theta > 1.0f && theta_swa > 1.0f && isfinite(theta) && isfinite(theta_swa)))
+        rc = cart_fail(CART_E_FORMAT, "%s: rope.freq_base %g / freq_base_swa %g are out of range", ld->path,
+                       theta, theta_swa);
+    if (!rc) rc = model_get_dim(ld, "embedding_length_per_layer_input", &c->n_embd_per_layer, 0);
+    if (!rc && c->n_embd_per_layer > c->n_embd)
+        rc = cart_fail(CART_E_UNSUPPORTED, "%s: embedding_length_per_layer_input %d is wider than the model "
+                       "(%d), which this engine does not support", ld->path, c->n_embd_per_layer, c->n_embd);
+    float softcap = 0.0f;
+    if (!rc) rc = get_float_opt(ld, "final_logit_softcapping", &softcap);
+    if (!rc && !(softcap >= 0.0f && isfinite(softcap)))
+        rc = cart_fail(CART_E_FORMAT, "%s: final_logit_softcapping %g is out of range", ld->path, softcap);
+    c->final_softcap = softcap;
+    if (!rc) rc = model_get_dim_opt0(ld, "expert_count", &c->n_expert);
+    if (!rc) rc = model_get_dim_opt0(ld, "expert_used_count", &c->n_expert_used);
+    if (!rc && c->n_expert > 0) {
+        int32_t *ffe = cart_calloc((size_t)n_layer, sizeof(int32_t), "gemma4 expert sizes");
+        if (!ffe) rc = CART_E_NOMEM;
+        else {
+            rc = get_per_layer(ld, "expert_feed_forward_length", n_layer, -1, 1, ffe);
+            for (int32_t l = 1; !rc && l < n_layer; l++)
+                if (ffe[l] != ffe[0])
+                    rc = cart_fail(CART_E_UNSUPPORTED, "%s: expert_feed_forward_length differs between "
+                                   "layers (%d at layer 0, %d at layer %d), which this engine does "
+                                   "not implement", ld->path, ffe[0], ffe[l], l);
+            if (!rc) c->n_ff_exp = ffe[0];
+            free(ffe);
+        }
+        if (!rc && (c->n_expert_used < 1 || c->n_expert_used > c->n_expert || c->n_expert > 1024))
+            rc = cart_fail(CART_E_FORMAT, "%s: expert_used_count %d must lie in 1..expert_count (%d, "
+                           "at most 1024)", ld->path, c->n_expert_used, c->n_expert);
+    } else if (!rc && c->n_expert_used != 0) {
+        rc = cart_fail(CART_E_FORMAT, "%s: expert_used_count %d without expert_count", ld->path,
+                       c->n_expert_used);
+    }
+    if (rc) {
+        free(tmp);
+        return rc;
+    }
+
+    m->layers = cart_calloc((size_t)n_layer, sizeof *m->layers, "model layers");
+    if (!m->layers) {
+        free(tmp);
+        return CART_E_NOMEM;
+    }
+    int32_t first_full = -1;
+    for (int32_t l = 0; l < n_layer; l++) {
+        layer_weights *L = &m->layers[l];
+        cart_layer_config *g = &L->g;
+        g->n_head = n_head[l];
+        g->n_head_kv = n_head_kv[l];
+        g->head_dim = swa[l] ? hd_swa : hd_full;
+        g->n_rot = swa[l] ? n_rot_swa : n_rot_full;
+        g->n_ff = n_ff[l];
+        g->window = swa[l] ? n_swa : 0;
+        g->rope_theta = swa[l] ? theta_swa : theta;
+        g->attn_scale = 1.0f; /* gemma4 scales nothing (its q/k norms do) */
+        L->rope_table = swa[l] ? 1 : 0;
+        L->out_scale = 1.0f;
+        if (!swa[l] && first_full < 0) first_full = l;
+        if (g->n_head % g->n_head_kv != 0 || g->n_head / g->n_head_kv > 16 || g->head_dim > 512 ||
+            g->n_rot > g->head_dim || g->n_rot % 2) {
+            free(tmp);
+            return cart_fail(CART_E_UNSUPPORTED, "%s: layer %d has %d query heads over %d KV heads, "
+                             "head_dim %d and %d rotated dims: this engine needs a whole number of "
+                             "at most 16 query heads per KV head, head_dim <= 512, and an even "
+                             "rotation no wider than the head", ld->path, l, g->n_head, g->n_head_kv,
+                             g->head_dim, g->n_rot);
+        }
+    }
+    free(tmp);
+    const layer_weights *R = &m->layers[first_full >= 0 ? first_full : 0];
+    c->n_head = R->g.n_head;
+    c->n_head_kv = R->g.n_head_kv;
+    c->head_dim = hd_full;
+    c->n_rot = n_rot_full;
+    c->n_ff = R->g.n_ff;
+    c->rope_theta = theta;
+    c->rope_neox = 1;
+    c->qk_norm = 1;
+    c->n_swa = n_swa;
+    c->embd_scale = sqrtf((float)c->n_embd);
+    m->rope_n_rot[0] = n_rot_full, m->rope_base[0] = theta;
+    m->rope_n_rot[1] = n_rot_swa, m->rope_base[1] = theta_swa;
+    return CART_OK;
+}
+
+/* A [n_expert, rows, cols] tensor (GGML dims {cols, rows, n_expert}) as
+ * n_expert weight views. */
+static int load_experts(model_loader *ld, const char *name, int64_t cols, int64_t rows, int32_t n_expert,
+                        cart_weight **out, uint64_t *bytes) {
+    const cart_gguf_tensor_info *t = model_find_tensor(ld, name);
+    if (!t) return cart_fail(CART_E_FORMAT, "%s: missing tensor '%s'", ld->path, name);
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n_expert || t->ne[3] != 1)
+        return cart_fail(CART_E_FORMAT, "%s: tensor '%s' has shape [%lld, %lld, %lld, %lld] (GGML "
+                         "order), expected [%lld, %lld, %d]", ld->path, name, (long long)t->ne[0],
+                         (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3], (long long)cols,
+                         (long long)rows, n_expert);
+    cart_weight *w = cart_calloc((size_t)n_expert, sizeof *w, name);
+    if (!w) return CART_E_NOMEM;
+    *out = w;
+    model_claim(ld, t);
+    for (int32_t e = 0; e < n_expert; e++) {
+        int rc = cart_weight_init(&w[e], t->dtype, NULL, 0, cols);
+        if (!rc) {
+            uint64_t slice = w[e].row_bytes * (uint64_t)rows;
+            rc = cart_weight_init(&w[e], t->dtype, (const uint8_t *)t->data + slice * (uint64_t)e, rows, cols);
+        }
+        if (rc) return cart_fail_context(rc, "%s: tensor '%s'", ld->path, name);
+    }
+    *bytes += t->nbytes;
+    return CART_OK;
+}
+
+/* A [1] tensor's value. */
+static int load_scalar(model_loader *ld, const char *name, float *out, uint64_t *bytes) {
+    float *v = NULL;
+    int rc = model_load_vector(ld, name, 1, &v, bytes);
+    if (rc) return rc;
+    *out = v[0];
+    free(v);
+    return CART_OK;
+}
+
+int gemma4_load_weights(cart_model *m, model_loader *ld) {
+    const cart_model_config *c = &m->cfg;
+    const int64_t E = c->n_embd, Ep = c->n_embd_per_layer, NL = c->n_layer;
+    uint64_t *bytes = &m->weight_bytes;
+    int rc;
+    int any_full = 0;
+    for (int32_t l = 0; l < c->n_layer; l++) any_full |= m->layers[l].g.window == 0;
+    if (any_full) {
+        if ((rc = model_load_vector(ld, "rope_freqs.weight", c->head_dim / 2, &m->rope_freqs, bytes)))
+            return rc;
+        for (int64_t i = 0; i < c->head_dim / 2; i++)
+            if (!(m->rope_freqs[i] > 0.0f))
+                return cart_fail(CART_E_FORMAT, "%s: rope_freqs.weight[%lld] = %g; RoPE divides by it, "
+                                 "so it must be positive", ld->path, (long long)i, m->rope_freqs[i]);
+    }
+    if (Ep > 0) {
+        if ((rc = model_load_weight(ld, "per_layer_token_embd.weight", Ep * NL, c->n_vocab, &m->pl_tok_embd, bytes)) ||
+            (rc = model_load_weight(ld, "per_layer_model_proj.weight", E, Ep * NL, &m->pl_model_proj, bytes)) ||
+            (rc = model_load_vector(ld, "per_layer_proj_norm.weight", Ep, &m->pl_proj_norm, bytes)))
+            return rc;
+    }
+    char name[96];
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        layer_weights *L = &m->layers[l];
+        const int64_t D = L->g.head_dim, HD = (int64_t)L->g.n_head * D, KD = (int64_t)L->g.n_head_kv * D;
+        const int64_t F = L->g.n_ff;
+        L->rope_ff = L->g.window == 0 ? m->rope_freqs : NULL;
+#define NAME(part) (snprintf(name, sizeof name, "blk.%d." part, (int)l), name)
+        if ((rc = model_load_vector(ld, NAME("attn_norm.weight"), E, &L->attn_norm, bytes)) ||
+            (rc = model_load_weight(ld, NAME("attn_q.weight"), E, HD, &L->wq, bytes)) ||
+            (rc = model_load_weight(ld, NAME("attn_k.weight"), E, KD, &L->wk, bytes)) ||
+            (rc = model_load_weight(ld, NAME("attn_output.weight"), HD, E, &L->wo, bytes)) ||
+            (rc = model_load_vector(ld, NAME("attn_q_norm.weight"), D, &L->q_norm, bytes)) ||
+            (rc = model_load_vector(ld, NAME("attn_k_norm.weight"), D, &L->k_norm, bytes)) ||
+            (rc = model_load_vector(ld, NAME("post_attention_norm.weight"), E, &L->post_attn_norm, bytes)) ||
+            (rc = model_load_vector(ld, NAME("ffn_norm.weight"), E, &L->ffn_norm, bytes)) ||
+            (rc = model_load_weight(ld, NAME("ffn_gate.weight"), E, F, &L->wgate, bytes)) ||
+            (rc = model_load_weight(ld, NAME("ffn_up.weight"), E, F, &L->wup, bytes)) ||
+            (rc = model_load_weight(ld, NAME("ffn_down.weight"), F, E, &L->wdown, bytes)) ||
+            (rc = model_load_vector(ld, NAME("post_ffw_norm.weight"), E, &L->post_ffn_norm, bytes)))
+            return rc;
+        /* without attn_v the values are the keys' projection (llama.cpp's
+         * use_alternative_attention) */
+        if (model_find_tensor(ld, NAME("attn_v.weight"))) {
+            if ((rc = model_load_weight(ld, name, E, KD, &L->wv, bytes))) return rc;
+        } else if ((rc = cart_weight_init(&L->wv, L->wk.dtype, NULL, 0, E))) {
+            return rc;
+        }
+        if (model_find_tensor(ld, NAME("layer_output_scale.weight")) &&
+            (rc = load_scalar(ld, name, &L->out_scale, bytes)))
+            return rc;
+        if (model_find_tensor(ld, NAME("ffn_gate_inp.weight"))) {
+            if (c->n_expert < 1)
+                return cart_fail(CART_E_FORMAT, "%s: '%s' is present but gemma4.expert_count is not set",
+                                 ld->path, name);
+            const int64_t FE = c->n_ff_exp;
+            L->g.moe = 1;
+            if ((rc = model_load_weight(ld, name, E, c->n_expert, &L->router, bytes)) ||
+                (rc = model_load_vector(ld, NAME("ffn_gate_inp.scale"), E, &L->router_scale, bytes)) ||
+                (rc = model_load_vector(ld, NAME("pre_ffw_norm_2.weight"), E, &L->pre_ffn_norm_2, bytes)) ||
+                (rc = model_load_vector(ld, NAME("post_ffw_norm_1.weight"), E, &L->post_ffn_norm_1, bytes)) ||
+                (rc = model_load_vector(ld, NAME("post_ffw_norm_2.weight"), E, &L->post_ffn_norm_2, bytes)) ||
+                (rc = load_experts(ld, NAME("ffn_gate_exps.weight"), E, FE, c->n_expert, &L->exp_gate, bytes)) ||
+                (rc = load_experts(ld, NAME("ffn_up_exps.weight"), E, FE, c->n_expert, &L->exp_up, bytes)) ||
+                (rc = load_experts(ld, NAME("ffn_down_exps.weight"), FE, E, c->n_expert, &L->exp_down, bytes)))
+                return rc;
+            if (model_find_tensor(ld, NAME("ffn_down_exps.scale")) &&
+                (rc = model_load_vector(ld, name, c->n_expert, &L->exp_scale, bytes)))
+                return rc;
+        }
+        if (Ep > 0 &&
+            ((rc = model_load_weight(ld, NAME("inp_gate.weight"), E, Ep, &L->pl_gate, bytes)) ||
+             (rc = model_load_weight(ld, NAME("proj.weight"), Ep, E, &L->pl_proj, bytes)) ||
+             (rc = model_load_vector(ld, NAME("post_norm.weight"), E, &L->pl_post_norm, bytes))))
+            return rc;
+#undef NAME
+    }
+    return CART_OK;
+}
+
+void gemma4_free_layer(layer_weights *L) {
+    free(L->post_attn_norm);
+    free(L->post_ffn_norm);
+    free(L->pl_post_norm);
+    free(L->router_scale);
+    free(L->pre_ffn_norm_2);
+    free(L->post_ffn_norm_1);
+    free(L->post_ffn_norm_2);
+    free(L->exp_gate);
+    free(L->exp_up);
+    free(L->exp_down);
+    free(L->exp_scale);
+}

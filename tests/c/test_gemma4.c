@@ -1,0 +1,395 @@
+/*
+ * test_gemma4.c - the gemma4 forward pass: the random-weight models the build
+ * writes (models/gemma4, recipes/make_model.lua --arch gemma4) against
+ * llama.cpp's greedy continuations of them (tests/fixtures/gemma4, made by
+ * tools/gemma4_fixtures.mjs with node-llama-cpp 3.22.1), dense and MoE, at
+ * f32, f16 and q8_0, prompts longer than the sliding window; the batch
+ * invariance the equivalence gate relies on, through sliding windows and
+ * expert routing; the q8_0 x q8_0 product; the loader's refusals; the
+ * trainer's backward into the cartridge rows through sliding windows,
+ * soft-capping, per-layer inputs and the MoE against finite differences,
+ * and the sliding layers' rule for the prefix.
+ */
+#include <unistd.h>
+
+#include "check.h"
+#include "gguf_mutant.h"
+#include "reference_check.h"
+#include "dtype.h"
+#include "gguf.h"
+#include "matmul.h"
+#include "model.h"
+#include "rng.h"
+#include "train.h"
+#include "train_problem.h"
+
+#define MODELS CART_SOURCE_DIR "/models/gemma4/"
+#define FIXTURES CART_SOURCE_DIR "/tests/fixtures/gemma4/"
+
+/* The fixture was made from these bytes: the same size, or the generator
+ * changed and the fixtures must be made again. */
+static int same_model(const char *model_path, const char *json_path) {
+    char *text = slurp(json_path);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    cJSON *size = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "model"), "size_bytes");
+    FILE *fp = fopen(model_path, "rb");
+    long n = -1;
+    if (fp) {
+        fseek(fp, 0, SEEK_END);
+        n = ftell(fp);
+        fclose(fp);
+    }
+    int ok = size && n == (long)size->valuedouble;
+    CHECK_MSG(ok, "%s has %ld bytes, the fixture's model %.0f: make_model.lua changed, so run "
+              "tools/gemma4_fixtures.mjs again", model_path, n, size ? size->valuedouble : -1.0);
+    cJSON_Delete(root);
+    return ok;
+}
+
+/* llama.cpp disagrees with itself (reference_check.h): GGML's GELU rounds
+ * its input to f16 for a table lookup, f16 weights round the activations
+ * to f16, q8_0 weights quantize them, and the MoE's top-k picks experts;
+ * each turns a difference of one f32 rounding into a step, so kernels that
+ * sum in another order land up to a few thousandths apart on f32 weights,
+ * a few hundredths on f16, and -- once a q8_0 activation or an expert
+ * choice flips -- tenths on q8_0 (llama.cpp's flash attention against its
+ * plain attention: up to 4 logits). The fixtures record both. */
+static void check_gemma4(const char *name, double tol) {
+    char model[512], json[512];
+    snprintf(model, sizeof model, MODELS "%s.gguf", name);
+    snprintf(json, sizeof json, FIXTURES "%s.greedy.json", name);
+    if (same_model(model, json)) check_reference(model, json, tol, 32 * 3);
+}
+
+static void test_dense_f32_matches_llama_cpp(void) { check_gemma4("tiny-dense-f32", 1e-3); }
+static void test_dense_f16_matches_llama_cpp(void) { check_gemma4("tiny-dense-f16", 1e-2); }
+static void test_dense_q8_0_matches_llama_cpp(void) { check_gemma4("tiny-dense-q8_0", 1e-2); }
+static void test_moe_f32_matches_llama_cpp(void) { check_gemma4("tiny-moe-f32", 1e-3); }
+static void test_moe_f16_matches_llama_cpp(void) { check_gemma4("tiny-moe-f16", 1e-2); }
+static void test_moe_q8_0_matches_llama_cpp(void) { check_gemma4("tiny-moe-q8_0", 1e-2); }
+
+static double max_diff(const float *a, const float *b, int64_t n) {
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
+    return worst;
+}
+
+/* Logits of every position of n tokens fed in chunks of `chunk`. */
+static void logits_in_chunks(cart_model *m, const int32_t *toks, int64_t n, int64_t chunk, float *out) {
+    const cart_model_config *c = cart_model_get_config(m);
+    cart_kv *kv = NULL;
+    CHECK_OK(cart_model_new_kv(&kv, m, n, CART_F32));
+    int64_t rows[128];
+    for (int64_t at = 0; kv && at < n; at += chunk) {
+        int64_t count = n - at < chunk ? n - at : chunk;
+        for (int64_t j = 0; j < count; j++) rows[j] = j;
+        CHECK_OK(cart_model_forward(m, &kv, 1, toks + at, &count, rows, count, out + at * c->n_vocab));
+    }
+    cart_kv_free(kv);
+}
+
+/* 100 tokens, three times the window: passes of more than 16 tokens give
+ * every token the same bits wherever it sits (what the equivalence gate
+ * relies on), through the sliding layers and the experts' routing. */
+static void check_shapes(const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, MODELS "%s.gguf", name);
+    cart_model *m = NULL;
+    CHECK_OK(cart_model_load(&m, path, NULL));
+    if (!m) return;
+    const int64_t V = cart_model_get_config(m)->n_vocab, N = 100;
+    int32_t toks[100];
+    cart_rng rng;
+    cart_rng_seed(&rng, 5);
+    for (int i = 0; i < N; i++) toks[i] = 8 + (int32_t)(cart_rng_next(&rng) % (uint64_t)(V - 8));
+    float *one = malloc(sizeof(float) * (size_t)(N * V)), *parts = malloc(sizeof(float) * (size_t)(N * V));
+    logits_in_chunks(m, toks, N, N, one);
+    logits_in_chunks(m, toks, N, 50, parts);
+    printf("  %s:\n", name);
+    CHECK_MAXDIFF("two passes of 50 vs one of 100 (bitwise)", max_diff(one, parts, N * V), 0.0);
+    logits_in_chunks(m, toks, N, 20, parts);
+    CHECK_MAXDIFF("passes of 20 vs one of 100 (bitwise)", max_diff(one, parts, N * V), 0.0);
+    /* a few tokens a call take the GEMV kernels, whose sums round
+     * differently; the f16 GELU table turns that into up to ~1e-2 on f32
+     * weights (llama.cpp does the same to itself, reference_check.h); the
+     * q8_0 product is the same bits on both paths */
+    logits_in_chunks(m, toks, N, 3, parts);
+    CHECK_MAXDIFF("passes of 3 vs one of 100", max_diff(one, parts, N * V), 5e-2);
+    free(one);
+    free(parts);
+    cart_model_free(m);
+}
+
+static void test_chunked_prefill_gives_the_bits_of_one_pass(void) {
+    check_shapes("tiny-dense-f32");
+    check_shapes("tiny-moe-f32");
+    check_shapes("tiny-moe-q8_0");
+}
+
+/* Streams decoding together (and one beside a prefill) get the bits each
+ * gets alone: the experts of a batch are routed and run stream by stream. */
+static void test_a_stream_gets_the_same_bits_in_any_group(void) {
+    cart_model *m = NULL;
+    CHECK_OK(cart_model_load(&m, MODELS "tiny-moe-f32.gguf", NULL));
+    if (!m) return;
+    const int64_t V = cart_model_get_config(m)->n_vocab;
+    enum { B = 5, P = 40 };
+    cart_kv *kv[B], *solo[B];
+    int32_t prompts[B][P];
+    cart_rng rng;
+    cart_rng_seed(&rng, 9);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < P; i++) prompts[b][i] = 8 + (int32_t)(cart_rng_next(&rng) % (uint64_t)(V - 8));
+    float *alone = malloc(sizeof(float) * (size_t)(B * V)), *group = malloc(sizeof(float) * (size_t)(B * V));
+    int64_t lens[B];
+    /* streams 1..B-1 prefill alone first; stream 0 prefills inside the group */
+    for (int b = 0; b < B; b++) {
+        CHECK_OK(cart_model_new_kv(&kv[b], m, P + 8, CART_F32));
+        CHECK_OK(cart_model_new_kv(&solo[b], m, P + 8, CART_F32));
+        int64_t n = b == 0 ? P : P - 1 - b, last = n - 1;
+        CHECK_OK(cart_model_forward(m, &solo[b], 1, prompts[b], &n, &last, 1, alone + b * V));
+        if (b > 0) CHECK_OK(cart_model_forward(m, &kv[b], 1, prompts[b], &n, NULL, 0, NULL));
+        lens[b] = n;
+    }
+    /* the group: stream 0's whole prompt beside one decode token each */
+    int32_t toks[P + B];
+    int64_t counts[B], rows[B], at = 0;
+    for (int b = 0; b < B; b++) {
+        counts[b] = b == 0 ? P : 1;
+        for (int64_t i = 0; i < counts[b]; i++) toks[at + i] = b == 0 ? prompts[0][i] : prompts[b][lens[b]];
+        rows[b] = at + counts[b] - 1;
+        at += counts[b];
+    }
+    CHECK_OK(cart_model_forward(m, kv, B, toks, counts, rows, B, group));
+    double worst = max_diff(alone, group, V); /* stream 0: the prefill */
+    for (int b = 1; b < B; b++) {
+        int64_t one = 1, last = 0;
+        CHECK_OK(cart_model_forward(m, &solo[b], 1, &prompts[b][lens[b]], &one, &last, 1, alone + b * V));
+        worst = fmax(worst, max_diff(alone + b * V, group + b * V, V));
+    }
+    CHECK_MAXDIFF("a prefill and 4 decodes in one MoE pass vs each alone", worst, 0.0);
+    for (int b = 0; b < B; b++) cart_kv_free(kv[b]), cart_kv_free(solo[b]);
+    free(alone);
+    free(group);
+    cart_model_free(m);
+}
+
+/* The q8_0 product against the same sums in double, and each row the same
+ * bits whatever the batch. */
+static void test_q8_product_quantizes_activations_as_ggml_does(void) {
+    enum { ROWS = 40, COLS = 96, N = 7 };
+    float wf[ROWS * COLS], x[N * COLS], y[N * ROWS], y1[ROWS];
+    cart_rng rng;
+    cart_rng_seed(&rng, 3);
+    cart_rng_fill_normal(&rng, wf, ROWS * COLS, 0.0f, 0.3f);
+    cart_rng_fill_normal(&rng, x, N * COLS, 0.0f, 1.0f);
+    x[5] = 0.0f; /* an exact zero and a block of zeros */
+    for (int i = 0; i < 32; i++) x[COLS + 32 + i] = 0.0f;
+    uint64_t bytes = 0;
+    CHECK_OK(cart_dtype_nbytes(&bytes, CART_Q8_0, ROWS * COLS));
+    uint8_t *wq = malloc((size_t)bytes);
+    CHECK_OK(cart_from_f32(wq, CART_Q8_0, wf, ROWS * COLS));
+    cart_weight w;
+    CHECK_OK(cart_weight_init(&w, CART_Q8_0, wq, ROWS, COLS));
+    CHECK_OK(cart_matmul_forward_q8(y, ROWS, x, COLS, &w, N, NULL));
+    /* the reference: x quantized as GGML does, then exact sums */
+    double worst = 0, worst_batch = 0;
+    float wd[ROWS * COLS];
+    CHECK_OK(cart_to_f32(wd, CART_Q8_0, wq, ROWS * COLS));
+    for (int i = 0; i < N; i++) {
+        float xq[COLS];
+        for (int b = 0; b < COLS / 32; b++) {
+            float amax = 0;
+            for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(x[i * COLS + b * 32 + k]));
+            float d = cart_f16_to_f32(cart_f32_to_f16(amax / 127.0f)), id = amax ? 127.0f / amax : 0.0f;
+            for (int k = 0; k < 32; k++) xq[b * 32 + k] = nearbyintf(x[i * COLS + b * 32 + k] * id) * d;
+        }
+        for (int r = 0; r < ROWS; r++) {
+            double s = 0;
+            for (int k = 0; k < COLS; k++) s += (double)wd[r * COLS + k] * xq[k];
+            worst = fmax(worst, fabs(s - y[i * ROWS + r]) / (fabs(s) + 1e-3));
+        }
+        CHECK_OK(cart_matmul_forward_q8(y1, ROWS, x + i * COLS, COLS, &w, 1, NULL));
+        worst_batch = fmax(worst_batch, max_diff(y1, y + i * ROWS, ROWS));
+    }
+    CHECK_MAXDIFF("q8_0 x q8_0 vs the quantized sums in double (relative)", worst, 1e-5);
+    CHECK_MAXDIFF("one row alone vs in a batch of 7", worst_batch, 0.0);
+    cart_weight f;
+    CHECK_OK(cart_weight_init(&f, CART_F32, wf, ROWS, COLS));
+    CHECK_ERR(cart_matmul_forward_q8(y, ROWS, x, COLS, &f, N, NULL), CART_E_ARG);
+    CHECK_ERROR_MENTIONS("not q8_0");
+    free(wq);
+}
+
+/* A copy of tiny-dense-f32 with one change, for the loader's refusals. */
+static void write_mutant(const char *out, mutation what, const char *target, uint32_t value) {
+    write_mutant_of(MODELS "tiny-dense-f32.gguf", out, what, target, value);
+}
+
+static void test_loading_refuses_what_it_cannot_honour_by_name(void) {
+    static const struct {
+        mutation what;
+        const char *target;
+        uint32_t value;
+        int status;
+        const char *message;
+    } cases[] = {
+        {SET_U32, "gemma4.attention.shared_kv_layers", 2, CART_E_UNSUPPORTED, "gemma4.attention.shared_kv_layers' = 2"},
+        {SET_U32, "gemma4.attention.logit_softcapping_swa", 50, CART_E_UNSUPPORTED,
+         "'gemma4.attention.logit_softcapping_swa' is set"},
+        {SET_U32, "gemma4.expert_gating_func", 2, CART_E_UNSUPPORTED, "gemma4.expert_gating_func"},
+        {DROP_TENSOR, "rope_freqs.weight", 0, CART_E_FORMAT, "missing tensor 'rope_freqs.weight'"},
+        {DROP_TENSOR, "blk.2.post_ffw_norm.weight", 0, CART_E_FORMAT, "missing tensor 'blk.2.post_ffw_norm.weight'"},
+        {ADD_TENSOR, "blk.1.attn_qkv.scale", 0, CART_E_UNSUPPORTED,
+         "tensor 'blk.1.attn_qkv.scale' is not part of the gemma4 architecture"},
+    };
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/cart_test_gemma4_mutant.%d.gguf", (int)getpid());
+    cart_model *m = NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_mutant(path, cases[i].what, cases[i].target, cases[i].value);
+        CHECK_ERR(cart_model_load(&m, path, NULL), cases[i].status);
+        CHECK_ERROR_MENTIONS(cases[i].message);
+    }
+    CHECK(m == NULL);
+    remove(path);
+}
+
+static void test_layers_report_their_own_geometry(void) {
+    cart_model *m = NULL;
+    CHECK_OK(cart_model_load(&m, MODELS "tiny-dense-f32.gguf", NULL));
+    if (!m) return;
+    const cart_model_config *c = cart_model_get_config(m);
+    CHECK(c->arch == CART_ARCH_GEMMA4 && c->n_layer == 4 && c->n_swa == 32 && !c->uniform_kv);
+    CHECK(c->n_embd_per_layer == 32 && c->final_softcap == 30.0f && c->embd_scale == 8.0f);
+    cart_layer_config g;
+    CHECK_OK(cart_model_layer(m, 0, &g));
+    CHECK(g.window == 32 && g.head_dim == 16 && g.n_head_kv == 2 && g.rope_theta == 1e4f && g.attn_scale == 1.0f);
+    CHECK_OK(cart_model_layer(m, 2, &g));
+    CHECK(g.window == 0 && g.head_dim == 32 && g.n_head_kv == 1 && g.rope_theta == 1e6f && g.n_rot == 32);
+    CHECK_ERR(cart_model_layer(m, 4, &g), CART_E_ARG);
+    cart_kv *kv = NULL;
+    CHECK_OK(cart_model_new_kv(&kv, m, 10, CART_F16));
+    CHECK(cart_kv_layer_heads(kv, 2) == 1 && cart_kv_layer_head_dim(kv, 2) == 32);
+    CHECK(cart_kv_layer_heads(kv, 3) == 2 && cart_kv_layer_head_dim(kv, 3) == 16);
+    /* a uniform cache of the wrong shape is refused, naming the layer */
+    cart_kv *flat = NULL;
+    CHECK_OK(cart_kv_new(&flat, 4, 2, 16, 10, CART_F16));
+    int32_t tok = 10;
+    int64_t one = 1;
+    CHECK_ERR(cart_model_forward(m, &flat, 1, &tok, &one, NULL, 0, NULL), CART_E_ARG);
+    CHECK_ERROR_MENTIONS("(layer 2), the model needs 4 x 1 x 32");
+    cart_kv_free(flat);
+    cart_kv_free(kv);
+    cart_model_free(m);
+}
+
+/* The prefix of 24 rows and segments of 20 and 12 tokens put the segments'
+ * queries at positions 24..43, so the window of 32 cuts through the prefix
+ * on the sliding layers. */
+static const int64_t stack_lens[2] = {20, 12};
+
+static void test_dense_gradients_match_finite_differences(void) {
+    /* sliding windows through the prefix, proportional RoPE, value norm,
+     * post-norms, GEGLU, per-layer inputs, output scales, soft-capping */
+    check_stack_gradients(MODELS "tiny-dense-f32.gguf", "tiny-dense-f32", stack_lens, 2, 24, 1e-2f, 3e-2);
+}
+
+static void test_moe_gradients_match_finite_differences(void) {
+    /* the experts' choice is constant; a step small enough not to flip it */
+    check_stack_gradients(MODELS "tiny-moe-f32.gguf", "tiny-moe-f32", stack_lens, 2, 24, 2e-3f, 3e-2);
+    check_stack_gradients(MODELS "tiny-moe-q8_0.gguf", "tiny-moe-q8_0", stack_lens, 2, 24, 2e-3f, 3e-2);
+}
+
+/* A query at position P of a sliding layer sees positions P - 31 .. P: with
+ * p = 40 rows and 5 tokens at positions 40..44, prefix rows 0..8 lie outside
+ * every window on the sliding layers (no gradient, no influence) and inside
+ * on the full layer. */
+static void test_sliding_layers_see_the_prefix_only_within_their_window(void) {
+    problem pb;
+    const int64_t lens[1] = {5};
+    make_problem(&pb, MODELS "tiny-dense-f32.gguf", lens, 1, 40, 1, 0, 23);
+    if (!pb.m) return;
+    cart_cartridge_zero_grad(pb.c);
+    double loss = 0;
+    CHECK_OK(cart_trainer_distill(pb.t, pb.c, pb.tokens, pb.n, pb.seg, pb.n_seg, &pb.tg, 1, 1.0f, 1, &loss));
+    for (int32_t l = 0; l < 4; l++) {
+        cart_layer_config g;
+        CHECK_OK(cart_model_layer(pb.m, l, &g));
+        const int64_t row = (int64_t)g.n_head_kv * g.head_dim;
+        double outside = 0, inside = 0;
+        for (int32_t which = 0; which < 2; which++) {
+            const float *gr = cart_cartridge_grad(pb.c, l, which);
+            for (int64_t i = row; i < 9 * row; i++) outside = fmax(outside, fabs(gr[i])); /* rows 1..8 */
+            for (int64_t i = 9 * row; i < 40 * row; i++) inside = fmax(inside, fabs(gr[i]));
+        }
+        printf("  layer %d (%s): |grad| up to %.3g on rows 1..8, %.3g on rows 9..39\n", l,
+               g.window ? "sliding" : "full", outside, inside);
+        CHECK(inside > 0);
+        if (g.window) CHECK(outside == 0.0);
+        else CHECK(outside > 0);
+    }
+    /* and the rows outside the window change nothing: layer 0 slides */
+    float *k0 = cart_cartridge_rows(pb.c, 0, 0);
+    k0[5 * 32 + 3] += 1.0f;
+    CHECK(loss_of(&pb) == loss);
+    free_problem(&pb);
+}
+
+static void test_recompute_gives_bitwise_equal_loss_and_gradients(void) {
+    const int64_t lens[2] = {18, 9};
+    check_recompute_is_bitwise(MODELS "tiny-moe-f32.gguf", lens, 2, 20, 31);
+}
+
+/* Packed segments give each segment what it gets alone (the trainer's
+ * forward), through windows and experts. */
+static void test_packed_segments_match_one_at_a_time(void) {
+    problem pb;
+    const int64_t lens[3] = {15, 22, 9};
+    make_problem(&pb, MODELS "tiny-moe-f32.gguf", lens, 3, 12, 1, 0, 5);
+    if (!pb.m) return;
+    const int32_t V = cart_model_get_config(pb.m)->n_vocab;
+    int64_t rows[46];
+    for (int64_t i = 0; i < pb.n; i++) rows[i] = i;
+    float *packed = malloc(sizeof(float) * (size_t)(pb.n * V)), *alone = malloc(sizeof(float) * (size_t)(pb.n * V));
+    CHECK_OK(cart_trainer_logits(pb.t, pb.c, pb.tokens, pb.n, pb.seg, pb.n_seg, rows, pb.n, packed));
+    int64_t at = 0;
+    for (int32_t s = 0; s < pb.n_seg; s++) {
+        CHECK_OK(cart_trainer_logits(pb.t, pb.c, pb.tokens + at, pb.seg[s], &pb.seg[s], 1, rows, pb.seg[s],
+                                     alone + at * V));
+        at += pb.seg[s];
+    }
+    /* alone, the 9-token segment takes the GEMV path, packed the GEMM: f32
+     * round-off, which the post-norms carry through the four layers */
+    CHECK_MAXDIFF("three packed segments vs each alone", max_diff(packed, alone, pb.n * V), 1e-3);
+    free(packed);
+    free(alone);
+    free_problem(&pb);
+}
+
+int main(void) {
+    FILE *fp = fopen(MODELS "tiny-moe-q8_0.gguf", "rb");
+    if (!fp) {
+        printf("skipping: %s not found (the build writes it: cmake --build build)\n", MODELS "tiny-moe-q8_0.gguf");
+        return CHECK_SKIP;
+    }
+    fclose(fp);
+    RUN(test_dense_f32_matches_llama_cpp);
+    RUN(test_dense_f16_matches_llama_cpp);
+    RUN(test_dense_q8_0_matches_llama_cpp);
+    RUN(test_moe_f32_matches_llama_cpp);
+    RUN(test_moe_f16_matches_llama_cpp);
+    RUN(test_moe_q8_0_matches_llama_cpp);
+    RUN(test_chunked_prefill_gives_the_bits_of_one_pass);
+    RUN(test_a_stream_gets_the_same_bits_in_any_group);
+    RUN(test_q8_product_quantizes_activations_as_ggml_does);
+    RUN(test_loading_refuses_what_it_cannot_honour_by_name);
+    RUN(test_layers_report_their_own_geometry);
+    RUN(test_dense_gradients_match_finite_differences);
+    RUN(test_moe_gradients_match_finite_differences);
+    RUN(test_sliding_layers_see_the_prefix_only_within_their_window);
+    RUN(test_recompute_gives_bitwise_equal_loss_and_gradients);
+    RUN(test_packed_segments_match_one_at_a_time);
+    return check_finish("gemma4");
+}

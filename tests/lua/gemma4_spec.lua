@@ -1,0 +1,140 @@
+-- gemma4_spec.lua: the gemma4 models the build writes (models/gemma4), their
+-- SentencePiece vocabulary and chat template, against the llama.cpp
+-- fixtures in tests/fixtures/gemma4 (test_gemma4.c checks the logits).
+
+local helper = require("helper")
+local cartridge = require("cartridge")
+local json = require("cartridge.json")
+local chat = require("cartridge.chat")
+
+local MODELS = helper.root .. "/models/gemma4/"
+local FIXTURES = helper.root .. "/tests/fixtures/gemma4/"
+
+local function fixture(name)
+    local f = assert(io.open(FIXTURES .. name .. ".greedy.json", "rb"))
+    local d = json.decode(f:read("*a"))
+    f:close()
+    return d
+end
+
+local function built(name)
+    local path = MODELS .. name .. ".gguf"
+    if helper.exists(path) then return path end
+    print(("skipped: %s not found (the build writes it: cmake --build build)"):format(path))
+end
+
+local function sha256(path)
+    local p = io.popen("sha256sum " .. helper.q(path))
+    local out = p:read("*a")
+    p:close()
+    return out:match("^(%x+)")
+end
+
+describe("the gemma4 models", function()
+    it("are the bytes the llama.cpp fixtures were made from", function()
+        for _, preset in ipairs({ "tiny-dense", "tiny-moe" }) do
+            for _, dtype in ipairs({ "f32", "f16", "q8_0" }) do
+                local name = preset .. "-" .. dtype
+                local path = built(name)
+                if not path then return end
+                local fx = fixture(name)
+                assert.are.equal(fx.model.sha256, sha256(path),
+                    name .. ": make_model.lua changed; run tools/gemma4_fixtures.mjs again")
+            end
+        end
+    end)
+
+    it("tokenize the fixture prompts as llama.cpp does, BOS first", function()
+        local path = built("tiny-dense-f32")
+        if not path then return end
+        local m = cartridge.model.load(path)
+        local tok = m:tokenizer()
+        local fx = fixture("tiny-dense-f32")
+        for _, p in ipairs(fx.prompts) do
+            local ids = tok:encode_ids(p.prompt, { add_special = true, special = p.parse_special }):list()
+            assert.are.same(p.prompt_token_ids, ids)
+        end
+        m:free()
+    end)
+
+    it("declare gemma's turn template, and render it with an empty thought channel", function()
+        local path = built("tiny-moe-f32")
+        if not path then return end
+        local m = cartridge.model.load(path)
+        local t = chat.for_model(m)
+        assert.are.equal("gemma", t.name)
+        local text = chat.render(t, {
+            { role = "system", content = "You answer questions about the corpus." },
+            { role = "user", content = "What is it?" },
+        })
+        assert.are.equal("<|turn>system\nYou answer questions about the corpus.<turn|>\n<|turn>user\nWhat is it?"
+            .. "<turn|>\n<|turn>model\n<|channel>thought\n<channel|>", text)
+        -- the markers are single tokens when special tokens are parsed
+        local ids = m:tokenizer():encode_ids("<|turn>model\n<turn|>", { special = true }):list()
+        assert.are.same({ 4, 5 }, { ids[1], ids[#ids] })
+        assert.are.equal(m.config.arch, "gemma4")
+        assert.is_false(m.config.uniform_kv)
+        assert.are.equal(32, m.layers[1].window)
+        assert.are.equal(0, m.layers[3].window)
+        assert.are.equal(32, m.layers[3].head_dim)
+        assert.is_true(m.layers[1].moe)
+        m:free()
+    end)
+
+    it("save and load cartridges whose layers differ, refusing a model of another geometry by layer", function()
+        local path = built("tiny-dense-f32")
+        if not path then return end
+        local cart = require("cartridge.cart")
+        local m = cartridge.model.load(path)
+        local ids = m:tokenizer():encode_ids("Once upon a time the little dog went to the park with Tom.",
+            { add_special = true })
+        local c = cart.new(m, #ids, 1)
+        c:capture(m, ids)
+        assert.is_false(c.uniform)
+        assert.are.equal("2x16, 2x16, 1x32, 2x16", c:geometry_text())
+        local tmp = os.tmpname()
+        c:save(tmp, m)
+        local back, info = cart.load(tmp, m)
+        assert.are.equal("2,2,1,2", info.metadata["cartridge.kv_heads"])
+        assert.are.equal("16,16,32,16", info.metadata["cartridge.head_dim"])
+        for l = 0, 3 do
+            local n = c.p * c.layers[l + 1].row * 4
+            for which = 0, 1 do
+                assert.are.equal(cartridge.ffi.string(c:rows(l, which), n), cartridge.ffi.string(back:rows(l, which), n))
+            end
+        end
+        -- served: written into a cache of the model's geometry
+        local kv = m:new_kv(c.p + 4)
+        back:append_to(kv)
+        assert.are.equal(c.p, kv:len())
+        local ok, err = pcall(cart.load, tmp, cartridge.model.load(helper.root .. "/models/default.gguf"))
+        assert.is_false(ok)
+        assert.matches("the cartridge is 4 layers x 2 KV heads x 16 dims (layer 0), the model", err, 1, true)
+        local other = built("tiny-moe-f32")
+        ok, err = pcall(cart.load, tmp, cartridge.model.load(other))
+        assert.is_false(ok)
+        assert.matches("fingerprint", err, 1, true)
+        os.remove(tmp)
+        kv:free()
+        back:free()
+        c:free()
+        m:free()
+    end)
+
+    it("pass the equivalence gate bitwise, the envelope printed first", function()
+        for _, name in ipairs({ "tiny-dense-f32", "tiny-dense-f16", "tiny-moe-q8_0" }) do
+            local path = built(name)
+            if not path then return end
+            local rc, out = helper.cartridge("run", helper.root .. "/recipes/equiv.lua", "--model", path,
+                "--corpus", helper.root .. "/README.md", "--p", "48", "--suffix-max", "40", "--kv", "f16")
+            assert.are.equal(0, rc, out)
+            local env = out:find("model shape-sensitivity envelope (m=40 vs m=88, no cartridge): max |dlogit| 0.000000 (bitwise)", 1, true)
+            local gate = out:find("max |dlogit| 0.000000, mean 0.0000000, greedy agreement 40/40", 1, true)
+            assert.is_truthy(env, out)
+            assert.is_truthy(gate, out)
+            assert.is_true(env < gate)
+            assert.matches("PASS: .* %(bitwise%)", out)
+        end
+    end)
+end)
+
