@@ -357,7 +357,7 @@ function cart.load(path, m)
     local f, g, meta, draft = open_checked(path, m, "cart.load")
     local n_layer, p, frozen = g.n_layer, g.p, g.frozen
     local function fail(what) error("cart.load: " .. path .. ": " .. what, 0) end
-    local c = cart.new_geometry(n_layer, heads, dims, p, frozen)
+    local c = cart.new_geometry(n_layer, g.heads, g.dims, p, frozen)
     for l = 0, n_layer - 1 do
         for which, name in ipairs({ "k", "v" }) do
             local rows = c:rows(l, which - 1)
