@@ -357,7 +357,7 @@ function cart.load(path, m)
     local f, g, meta, draft = open_checked(path, m, "cart.load")
     local n_layer, heads, dims, p, frozen = g.n_layer, g.heads, g.dims, g.p, g.frozen
     local function fail(what) error("cart.load: " .. path .. ": " .. what, 0) end
-    local c = cart.new_geometry(n_layer, heads, dims, p, frozen)
+    local c = cart.new_geometry(n_layer, g.heads, g.dims, p, frozen)
     for l = 0, n_layer - 1 do
         for which, name in ipairs({ "k", "v" }) do
             local rows = c:rows(l, which - 1)
@@ -407,16 +407,13 @@ function cart.map(path, m)
         for _, name in ipairs({ "k", "v", "k_sink", "v_sink" }) do
             local t = f:tensor(("layers.%d.%s"):format(l, name))
             if t then
-                local x = ffi.cast("const float *", t.data)
-                for i = 0, t.numel - 1 do
-                    local y = x[i]
-                    if y ~= y or y == math.huge or y == -math.huge then
-                        f:close()
-                        error(("cart.map: %s: '%s' holds %s at element %d: every value must be finite; the file is "
-                            .. "damaged or its training diverged"):format(path, t.name, tostring(y), i), 0)
-                    end
+                local bad = tonumber(C.cart_f32_first_nonfinite(t.data, t.numel))
+                if bad >= 0 then
+                    f:close()
+                    error(("cart.map: %s: '%s' holds a NaN or an infinity at element %d: every value must be finite; "
+                        .. "the file is damaged or its training diverged"):format(path, t.name, bad), 0)
                 end
-                self[name][l] = x
+                self[name][l] = ffi.cast("const float *", t.data)
             end
         end
     end

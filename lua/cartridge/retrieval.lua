@@ -28,6 +28,7 @@ local safetensors = require("cartridge.safetensors")
 local ids_mod = require("cartridge.ids")
 local cart = require("cartridge.cart")
 local ffi = core.ffi
+local C = core.C
 
 local retrieval = {}
 
@@ -220,14 +221,9 @@ function retrieval.load(path, m, n_docs)
         index.chunk_doc[r + 1] = v + 1
     end
     f:close()
-    for i = 0, n * dim - 1 do
-        local x = index.rows[i]
-        if x ~= x or x == math.huge or x == -math.huge then fail(("embeddings row %d is not finite"):format(math.floor(i / dim))) end
-    end
-    for i = 0, dim - 1 do
-        local x = index.centroid[i]
-        if x ~= x or x == math.huge or x == -math.huge then fail("the centroid is not finite") end
-    end
+    local bad = tonumber(C.cart_f32_first_nonfinite(index.rows, n * dim))
+    if bad >= 0 then fail(("embeddings row %d is not finite"):format(math.floor(bad / dim))) end
+    if C.cart_f32_first_nonfinite(index.centroid, dim) >= 0 then fail("the centroid is not finite") end
     return index
 end
 

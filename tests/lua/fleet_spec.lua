@@ -642,7 +642,23 @@ describe("mapped cartridges", function()
             k1:free(); k2:free(); ab:free()
         end
         ma:free(); mb:free()
-        local ok, err = pcall(cart.map, tmp .. "/missing.safetensors", m)
+        -- a NaN with a payload (what LuaJIT's interpreter could read as another type) is found
+        local mc = m.config
+        local n = mc.n_head_kv * mc.head_dim
+        local data = ffi.new("float[?]", n)
+        ffi.cast("uint32_t *", data)[n - 1] = 0xffffffff
+        local tensors = {}
+        for l = 0, mc.n_layer - 1 do
+            for _, name in ipairs({ "k", "v" }) do
+                tensors[#tensors + 1] = { name = ("layers.%d.%s"):format(l, name), dtype = "F32",
+                    shape = { 1, mc.n_head_kv, mc.head_dim }, data = data }
+            end
+        end
+        cartridge.safetensors.write(tmp .. "/nan.safetensors", tensors)
+        local ok, err = pcall(cart.map, tmp .. "/nan.safetensors", m)
+        assert.is_false(ok)
+        assert.truthy(err:find("'layers.0.k' holds a NaN or an infinity at element " .. (n - 1), 1, true), err)
+        ok, err = pcall(cart.map, tmp .. "/missing.safetensors", m)
         assert.is_false(ok)
         assert.truthy(err:find("missing.safetensors", 1, true), err)
         m:free()
