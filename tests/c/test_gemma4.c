@@ -342,6 +342,11 @@ static void test_recompute_gives_bitwise_equal_loss_and_gradients(void) {
     check_recompute_is_bitwise(MODELS "tiny-moe-f32.gguf", lens, 2, 20, 31);
 }
 
+static void test_adam_lowers_the_loss_through_the_experts(void) {
+    const int64_t lens[2] = {20, 12};
+    check_adam_lowers_the_loss(MODELS "tiny-moe-f32.gguf", lens, 2, 24, 61, 2e-2f);
+}
+
 /* Packed segments give each segment what it gets alone (the trainer's
  * forward), through windows and experts. */
 static void test_packed_segments_match_one_at_a_time(void) {
@@ -391,5 +396,6 @@ int main(void) {
     RUN(test_sliding_layers_see_the_prefix_only_within_their_window);
     RUN(test_recompute_gives_bitwise_equal_loss_and_gradients);
     RUN(test_packed_segments_match_one_at_a_time);
+    RUN(test_adam_lowers_the_loss_through_the_experts);
     return check_finish("gemma4");
 }
