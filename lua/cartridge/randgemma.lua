@@ -13,9 +13,11 @@
 --   tiny-moe    the same attention, no per-layer inputs; every layer has 4
 --               experts of 64 (top 2) beside a dense FFN of 128
 --   26b-a4b     gemma-4-26B-A4B's shape (30 layers, hidden 2816, 128 experts
---               of 704, top 8, window 1024, head_dim 256 / 512): for speed
---               figures; its 262,144-token vocabulary is the small SPM one
---               padded, which changes no cost of the forward
+--               of 704, top 8, window 1024, head_dim 256 / 512, the experts'
+--               gate and up merged into ffn_gate_up_exps as the converters
+--               write them): for speed figures; its 262,144-token
+--               vocabulary is the small SPM one padded, which changes no
+--               cost of the forward
 -- Fields: out (required), preset, dtype ("f32": matrices; vectors stay f32,
 -- and so does the router), seed (1), name, quiet, any preset key (layers,
 -- embd, heads, ff, pattern, kv_swa, hd_full, experts, ...), and
@@ -48,7 +50,7 @@ randgemma.PRESETS = {
     ["26b-a4b"] = { layers = 30, embd = 2816, heads = 16, ff = 2112, window = 1024,
         pattern = "5:1", kv_swa = 8, kv_full = 2, hd_swa = 256, hd_full = 512, rot_full_pairs = 64,
         theta = 1e6, theta_swa = 1e4, per_layer = 0, softcap = 30.0, out_scales = true, ctx = 262144,
-        experts = 128, experts_used = 8, ff_exp = 704, vocab = 262144 },
+        experts = 128, experts_used = 8, ff_exp = 704, vocab = 262144, merged_experts = true },
 }
 
 -- gemma's turn format, as a Jinja template llama.cpp can read
@@ -127,7 +129,7 @@ function randgemma.write(opts)
     for k, v in pairs(preset) do shape[k] = v end
     for _, k in ipairs({ "layers", "embd", "ff", "heads", "vocab", "ctx", "pattern", "kv_swa", "kv_full",
         "hd_swa", "hd_full", "rot_full_pairs", "window", "per_layer", "softcap", "out_scales", "experts",
-        "experts_used", "ff_exp" }) do
+        "experts_used", "ff_exp", "merged_experts" }) do
         if opts[k] ~= nil then shape[k] = opts[k] end
     end
     local seed = opts.seed or 1
@@ -250,8 +252,12 @@ function randgemma.tensors(w, opts, shape, pattern, kv, dtype, dtype_name, seed)
             add(p .. "pre_ffw_norm_2.weight", { E }, "norm")
             add(p .. "post_ffw_norm_1.weight", { E }, "norm")
             add(p .. "post_ffw_norm_2.weight", { E }, "norm")
-            add(p .. "ffn_gate_exps.weight", { NE, FE, E }, "matrix")
-            add(p .. "ffn_up_exps.weight", { NE, FE, E }, "matrix")
+            if shape.merged_experts then -- as the converters write gemma4: gate rows, then up rows
+                add(p .. "ffn_gate_up_exps.weight", { NE, 2 * FE, E }, "matrix")
+            else
+                add(p .. "ffn_gate_exps.weight", { NE, FE, E }, "matrix")
+                add(p .. "ffn_up_exps.weight", { NE, FE, E }, "matrix")
+            end
             add(p .. "ffn_down_exps.weight", { NE, E, FE }, "matrix")
             add(p .. "ffn_down_exps.scale", { NE }, "norm")
         end
