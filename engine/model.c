@@ -397,17 +397,30 @@ static int load_weights(cart_model *m, model_loader *ld, const cart_model_option
 int cart_model_load(cart_model **out, const char *path, const cart_model_options *opts) {
     *out = NULL;
     if (cart_isa_init() != CART_OK) return cart_fail_context(cart_last_status(), "%s", path);
-    cart_model *m = cart_calloc(1, sizeof *m, "model");
-    if (!m) return CART_E_NOMEM;
-    int rc = cart_gguf_open(&m->gguf, path);
-    if (rc) {
-        free(m);
+    cart_gguf *g = NULL;
+    int rc = cart_gguf_open(&g, path);
+    if (rc) return rc;
+    return cart_model_load_gguf(out, g, opts);
+}
+
+int cart_model_load_gguf(cart_model **out, cart_gguf *g, const cart_model_options *opts) {
+    *out = NULL;
+    const char *path = cart_gguf_path(g);
+    if (cart_isa_init() != CART_OK) {
+        int rc = cart_fail_context(cart_last_status(), "%s", path);
+        cart_gguf_close(g);
         return rc;
     }
-    model_loader ld = {.g = m->gguf, .path = path};
-    int64_t n_tensors = cart_gguf_tensor_count(m->gguf);
+    cart_model *m = cart_calloc(1, sizeof *m, "model");
+    if (!m) {
+        cart_gguf_close(g);
+        return CART_E_NOMEM;
+    }
+    m->gguf = g;
+    model_loader ld = {.g = g, .path = path};
+    int64_t n_tensors = cart_gguf_tensor_count(g);
     ld.claimed = cart_calloc((size_t)(n_tensors > 0 ? n_tensors : 1), 1, "tensor table");
-    if (!ld.claimed) rc = CART_E_NOMEM;
+    int rc = ld.claimed ? CART_OK : CART_E_NOMEM;
     if (rc || (rc = read_model_config(&ld, m)) || (rc = load_weights(m, &ld, opts))) {
         free(ld.claimed);
         cart_model_free(m);

@@ -116,6 +116,10 @@ typedef struct cart_model cart_model;
 /* Loads a model: maps the file, reads the config, checks every tensor's
  * presence, dtype and shape. opts may be NULL. Free with cart_model_free. */
 int cart_model_load(cart_model **out, const char *path, const cart_model_options *opts);
+
+/* The same over an opened GGUF (cart_gguf_open or _open_memory), which the
+ * model then owns: cart_model_free closes it, and so does a failure here. */
+int cart_model_load_gguf(cart_model **out, cart_gguf *g, const cart_model_options *opts);
 void cart_model_free(cart_model *m);
 
 /* The config (borrowed, lives with m) and the underlying GGUF (borrowed; for

@@ -384,10 +384,30 @@ int gemma4_load_weights(cart_model *m, model_loader *ld) {
                 (rc = model_load_vector(ld, NAME("pre_ffw_norm_2.weight"), E, &L->pre_ffn_norm_2, bytes)) ||
                 (rc = model_load_vector(ld, NAME("post_ffw_norm_1.weight"), E, &L->post_ffn_norm_1, bytes)) ||
                 (rc = model_load_vector(ld, NAME("post_ffw_norm_2.weight"), E, &L->post_ffn_norm_2, bytes)) ||
-                (rc = load_experts(ld, NAME("ffn_gate_exps.weight"), E, FE, c->n_expert, &L->exp_gate, bytes)) ||
-                (rc = load_experts(ld, NAME("ffn_up_exps.weight"), E, FE, c->n_expert, &L->exp_up, bytes)) ||
                 (rc = load_experts(ld, NAME("ffn_down_exps.weight"), FE, E, c->n_expert, &L->exp_down, bytes)))
                 return rc;
+            /* gate and up as two tensors, or merged (converters write
+             * ffn_gate_up_exps: each expert's gate rows, then its up rows) */
+            if (model_find_tensor(ld, NAME("ffn_gate_up_exps.weight"))) {
+                cart_weight *both = NULL;
+                if ((rc = load_experts(ld, name, E, 2 * FE, c->n_expert, &both, bytes))) {
+                    free(both);
+                    return rc;
+                }
+                L->exp_gate = both;
+                L->exp_up = cart_calloc((size_t)c->n_expert, sizeof *L->exp_up, name);
+                if (!L->exp_up) return CART_E_NOMEM;
+                for (int32_t e = 0; e < c->n_expert; e++) {
+                    const uint8_t *slice = both[e].data;
+                    const uint64_t half = both[e].row_bytes * (uint64_t)FE;
+                    if ((rc = cart_weight_init(&L->exp_gate[e], both[e].dtype, slice, FE, E)) ||
+                        (rc = cart_weight_init(&L->exp_up[e], both[e].dtype, slice + half, FE, E)))
+                        return rc;
+                }
+            } else if ((rc = load_experts(ld, NAME("ffn_gate_exps.weight"), E, FE, c->n_expert, &L->exp_gate, bytes)) ||
+                       (rc = load_experts(ld, NAME("ffn_up_exps.weight"), E, FE, c->n_expert, &L->exp_up, bytes))) {
+                return rc;
+            }
             if (model_find_tensor(ld, NAME("ffn_down_exps.scale")) &&
                 (rc = model_load_vector(ld, name, c->n_expert, &L->exp_scale, bytes)))
                 return rc;

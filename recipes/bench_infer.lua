@@ -4,6 +4,7 @@
 --   cartridge run recipes/bench_infer.lua                        # generated f16 model (~1.2 GB, once)
 --   cartridge run recipes/bench_infer.lua --dtype q8_0           # a generated Q8_0 (or q4_K, ...) model
 --   cartridge run recipes/bench_infer.lua --vs-llama /tmp/llama-peer
+--   cartridge run recipes/bench_infer.lua --model models/gemma4-26b-a4b-q4_K.gguf --vs-llama /tmp/llama-peer
 --   CART_ISA=avx2 cartridge run recipes/bench_infer.lua          # a lower ISA level, for comparison
 --
 -- It first measures the machine: read bandwidth (integer sums over 512 MiB,
@@ -66,12 +67,24 @@ print(("machine: %s; kernels %s; %d threads; read bandwidth %.1f GB/s; f32 GEMM 
 local function load_model(widen)
     local m = cartridge.model.load(path, { widen = widen })
     local c = m.config
-    -- FLOPs of one token through the layers (matrices + attention at length n)
-    local layer_params = c.n_layer * (c.n_embd * (c.n_head + 2 * c.n_head_kv) * c.head_dim
-        + c.n_head * c.head_dim * c.n_embd + 3 * c.n_embd * c.n_ff)
+    -- FLOPs of one token through the layers (the matrices a token runs --
+    -- on an MoE layer its experts only -- and attention over the rows its
+    -- layer sees at position p: a sliding layer at most its window)
+    local E, Ep = c.n_embd, c.n_embd_per_layer
+    local layer_params = c.n_layer * Ep * E -- gemma4's per-layer input projection
+    for _, g in ipairs(m.layers) do
+        layer_params = layer_params + E * (g.n_head + 2 * g.n_head_kv) * g.head_dim + g.n_head * g.head_dim * E
+            + 3 * E * g.n_ff + 2 * E * Ep
+        if g.moe then layer_params = layer_params + E * c.n_expert + c.n_expert_used * 3 * E * c.n_ff_exp end
+    end
     local head_params = c.n_vocab * c.n_embd
     local flops = 2 * layer_params * opts.prompt + 2 * head_params
-    for p = 0, opts.prompt - 1 do flops = flops + 4 * c.n_layer * c.n_head * c.head_dim * (p + 1) end
+    for p = 0, opts.prompt - 1 do
+        for _, g in ipairs(m.layers) do
+            local seen = g.window > 0 and math.min(p + 1, g.window) or p + 1
+            flops = flops + 4 * g.n_head * g.head_dim * seen
+        end
+    end
     return m, c, flops
 end
 
@@ -105,16 +118,25 @@ local function prefill(m, c, label, flops)
 end
 
 local m, c, flops = load_model(false)
-print(("model %s: %s, %d layers, hidden %d, %d heads / %d kv, vocab %d, weights %s, %s KV")
+print(("model %s: %s, %d layers, hidden %d, %d heads / %d kv, vocab %d, weights %s, %s KV%s")
     :format(path, c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
-        cartridge.fmt.bytes(m.weight_bytes), opts.kv))
+        cartridge.fmt.bytes(m.weight_bytes), opts.kv,
+        c.n_expert > 0 and (", %d of %d experts per token"):format(c.n_expert_used, c.n_expert) or ""))
 
 local kv, prefill_tok_s = prefill(m, c, "(" .. opts.dtype .. ")", flops)
 
 -- single-stream decode from the end of the prompt (the cache is cut back
 -- to the prompt between reps)
+-- bytes one decode step reads: every matrix but the embedding tables (one
+-- row each), and of the experts only the n_expert_used a token runs
 local bytes_per_token = m.weight_bytes
-if not c.tied_output then bytes_per_token = bytes_per_token - m.file:tensor("token_embd.weight").nbytes end
+for _, t in ipairs(m.file:tensors()) do
+    if (t.name == "token_embd.weight" and not c.tied_output) or t.name == "per_layer_token_embd.weight" then
+        bytes_per_token = bytes_per_token - t.nbytes
+    elseif t.name:match("_exps%.weight$") then
+        bytes_per_token = bytes_per_token - t.nbytes * (1 - c.n_expert_used / c.n_expert)
+    end
+end
 local best = math.huge
 for _ = 1, opts.reps do
     kv:truncate(opts.prompt)

@@ -13,12 +13,16 @@
 --   tiny-moe    the same attention, no per-layer inputs; every layer has 4
 --               experts of 64 (top 2) beside a dense FFN of 128
 --   26b-a4b     gemma-4-26B-A4B's shape (30 layers, hidden 2816, 128 experts
---               of 704, top 8, window 1024, head_dim 256 / 512): for speed
---               figures; its 262,144-token vocabulary is the small SPM one
---               padded, which changes no cost of the forward
+--               of 704, top 8, window 1024, head_dim 256 / 512, the experts'
+--               gate and up merged into ffn_gate_up_exps as the converters
+--               write them): for speed figures; its 262,144-token
+--               vocabulary is the small SPM one padded, which changes no
+--               cost of the forward
 -- Fields: out (required), preset, dtype ("f32": matrices; vectors stay f32,
--- and so does the router), seed (1), name, quiet, and any preset key
--- (layers, embd, ...). The vocabulary is a small SentencePiece ("llama")
+-- and so does the router), seed (1), name, quiet, any preset key (layers,
+-- embd, heads, ff, pattern, kv_swa, hd_full, experts, ...), and
+-- no_tokenizer (the model alone, for the fuzz seeds; vocab then sets the
+-- embedding rows). The vocabulary is a small SentencePiece ("llama")
 -- one: <pad> <eos> <bos> <unk>, gemma's chat markers <|turn> <turn|>
 -- <|channel> <channel|>, the 256 byte tokens, then single characters and
 -- common English words with every prefix, so that ordinary text splits into
@@ -46,7 +50,7 @@ randgemma.PRESETS = {
     ["26b-a4b"] = { layers = 30, embd = 2816, heads = 16, ff = 2112, window = 1024,
         pattern = "5:1", kv_swa = 8, kv_full = 2, hd_swa = 256, hd_full = 512, rot_full_pairs = 64,
         theta = 1e6, theta_swa = 1e4, per_layer = 0, softcap = 30.0, out_scales = true, ctx = 262144,
-        experts = 128, experts_used = 8, ff_exp = 704, vocab = 262144 },
+        experts = 128, experts_used = 8, ff_exp = 704, vocab = 262144, merged_experts = true },
 }
 
 -- gemma's turn format, as a Jinja template llama.cpp can read
@@ -123,7 +127,9 @@ function randgemma.write(opts)
     end
     local shape = {}
     for k, v in pairs(preset) do shape[k] = v end
-    for _, k in ipairs({ "layers", "embd", "ff", "heads", "vocab", "ctx" }) do
+    for _, k in ipairs({ "layers", "embd", "ff", "heads", "vocab", "ctx", "pattern", "kv_swa", "kv_full",
+        "hd_swa", "hd_full", "rot_full_pairs", "window", "per_layer", "softcap", "out_scales", "experts",
+        "experts_used", "ff_exp", "merged_experts" }) do
         if opts[k] ~= nil then shape[k] = opts[k] end
     end
     local seed = opts.seed or 1
@@ -142,7 +148,7 @@ function randgemma.write(opts)
 
     local w = gguf.writer()
     local tokens, scores, types = vocabulary()
-    local n_tok = #tokens
+    local n_tok = opts.no_tokenizer and 1 or #tokens
     shape.vocab = shape.vocab or n_tok
     if shape.vocab < n_tok then
         error(("make_model: --vocab %d is smaller than the built-in tokenizer's %d tokens"):format(shape.vocab, n_tok), 0)
@@ -183,6 +189,14 @@ function randgemma.write(opts)
         w:set(A .. "expert_used_count", shape.experts_used, "uint32")
         w:set(A .. "expert_feed_forward_length", shape.ff_exp, "uint32")
     end
+    if not opts.no_tokenizer then randgemma.tokenizer(w, tokens, scores, types) end
+
+    -- tensors: name, row-major shape, kind; matrices take the dtype
+    return randgemma.tensors(w, opts, shape, pattern, kv, dtype, dtype_name, seed)
+end
+
+-- The SentencePiece vocabulary and gemma's template as tokenizer.* metadata.
+function randgemma.tokenizer(w, tokens, scores, types)
     w:set("tokenizer.ggml.model", "llama")
     w:set("tokenizer.ggml.pre", "default")
     w:set("tokenizer.ggml.tokens", tokens, "array", "string")
@@ -196,13 +210,18 @@ function randgemma.write(opts)
     w:set("tokenizer.ggml.add_eos_token", false)
     w:set("tokenizer.ggml.add_space_prefix", false)
     w:set("tokenizer.chat_template", TEMPLATE)
+end
 
-    -- tensors: name, row-major shape, kind; matrices take the dtype
+-- The tensors, declared then streamed; returns the path.
+function randgemma.tensors(w, opts, shape, pattern, kv, dtype, dtype_name, seed)
+    local E, L = shape.embd, shape.layers
     local list = {}
     local function add(name, shp, kind) list[#list + 1] = { name, shp, kind } end
     local Ep, V = shape.per_layer, shape.vocab
     add("token_embd.weight", { V, E }, "embed")
-    add("rope_freqs.weight", { shape.hd_full / 2 }, "rope_freqs")
+    local any_full = false
+    for l = 1, L do any_full = any_full or not pattern[l] end
+    if any_full then add("rope_freqs.weight", { shape.hd_full / 2 }, "rope_freqs") end -- read by full layers only
     if Ep > 0 then
         add("per_layer_token_embd.weight", { V, L * Ep }, "embed_pl")
         add("per_layer_model_proj.weight", { L * Ep, E }, "matrix")
@@ -233,8 +252,12 @@ function randgemma.write(opts)
             add(p .. "pre_ffw_norm_2.weight", { E }, "norm")
             add(p .. "post_ffw_norm_1.weight", { E }, "norm")
             add(p .. "post_ffw_norm_2.weight", { E }, "norm")
-            add(p .. "ffn_gate_exps.weight", { NE, FE, E }, "matrix")
-            add(p .. "ffn_up_exps.weight", { NE, FE, E }, "matrix")
+            if shape.merged_experts then -- as the converters write gemma4: gate rows, then up rows
+                add(p .. "ffn_gate_up_exps.weight", { NE, 2 * FE, E }, "matrix")
+            else
+                add(p .. "ffn_gate_exps.weight", { NE, FE, E }, "matrix")
+                add(p .. "ffn_up_exps.weight", { NE, FE, E }, "matrix")
+            end
             add(p .. "ffn_down_exps.weight", { NE, E, FE }, "matrix")
             add(p .. "ffn_down_exps.scale", { NE }, "norm")
         end
@@ -246,17 +269,22 @@ function randgemma.write(opts)
     end
     add("output_norm.weight", { E }, "out_norm")
 
-    local info = dtype_mod.info(dtype)
-    local function takes_dtype(t)
-        return (t[3] == "matrix" or t[3] == "embed" or t[3] == "embed_pl") and dtype ~= 0
+    -- a matrix whose rows are no whole number of the dtype's blocks takes
+    -- llama-quantize's fallback (the 26b-a4b experts' rows of 704 under q4_K)
+    local FALLBACK = { q2_K = "q4_0", q3_K = "q4_0", q4_K = "q5_0", q5_K = "q5_1", q6_K = "q8_0" }
+    local fell_back = 0
+    local function dtype_of(t)
+        if not (t[3] == "matrix" or t[3] == "embed" or t[3] == "embed_pl") or dtype == 0 then return 0 end
+        local cols = t[2][#t[2]]
+        if cols % dtype_mod.info(dtype).block_size == 0 then return dtype end
+        fell_back = fell_back + 1
+        local alt = FALLBACK[dtype_name] and dtype_mod.id(FALLBACK[dtype_name])
+        if alt and cols % dtype_mod.info(alt).block_size == 0 then return alt end
+        return dtype_mod.id("f16")
     end
     for _, t in ipairs(list) do
-        local cols = t[2][#t[2]]
-        if takes_dtype(t) and cols % info.block_size ~= 0 then
-            error(("make_model: %s has rows of %d, not a multiple of %s's block of %d"):format(t[1], cols,
-                dtype_name, info.block_size), 0)
-        end
-        w:add_tensor(t[1], takes_dtype(t) and dtype or 0, t[2], nil)
+        t[4] = dtype_of(t)
+        w:add_tensor(t[1], t[4], t[2], nil)
     end
     local total = 0
     for _, t in ipairs(list) do
@@ -265,8 +293,10 @@ function randgemma.write(opts)
         total = total + n
     end
     if not opts.quiet then
-        io.stderr:write(("make_model: gemma4 %s %dL hidden %d, %s parameters, %s -> %s\n"):format(
-            opts.preset or "tiny-dense", L, E, fmt.int(total), dtype_name, opts.out))
+        io.stderr:write(("make_model: gemma4 %s %dL hidden %d, %s parameters, %s -> %s%s\n"):format(
+            opts.preset or "tiny-dense", L, E, fmt.int(total), dtype_name, opts.out,
+            fell_back > 0 and (" (%d matrices with rows no whole number of %s blocks fall back as llama-quantize's do)")
+                :format(fell_back, dtype_name) or ""))
     end
 
     require("cartridge.fs").mkdirs(require("cartridge.fs").parent(opts.out))
@@ -278,7 +308,7 @@ function randgemma.write(opts)
         local cols = shp[#shp]
         local n = 1
         for _, d in ipairs(shp) do n = n * d end
-        local tdtype = takes_dtype(t) and dtype or 0
+        local tdtype = t[4]
         local whole = ffi.new("uint8_t[?]", dtype_mod.nbytes(tdtype, n))
         -- generated a block of rows at a time (the 26b-a4b embeddings are 738M values)
         local rows = n / cols

@@ -19,22 +19,25 @@ typedef enum {
     CHANGE_ARCH     /* general.architecture = `target` */
 } mutation;
 
+/* Copies g's metadata into w in order, all but the key `skip` (may be NULL). */
+static void copy_gguf_metadata(cart_gguf_writer *w, const cart_gguf *g, const char *skip) {
+    for (int64_t i = 0; i < cart_gguf_kv_count(g); i++) {
+        const cart_gguf_kv *kv = cart_gguf_kv_at(g, i);
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.data);
+        if (skip && strcmp(key, skip) == 0) continue;
+        CHECK_OK(cart_gguf_writer_set(w, key, &kv->value));
+    }
+}
+
 static void write_mutant_of(const char *src, const char *out, mutation what, const char *target, uint32_t value) {
     cart_gguf *g = NULL;
     CHECK_OK(cart_gguf_open(&g, src));
     if (!g) return;
     cart_gguf_writer *w = NULL;
     CHECK_OK(cart_gguf_writer_new(&w));
-    for (int64_t i = 0; i < cart_gguf_kv_count(g); i++) {
-        const cart_gguf_kv *kv = cart_gguf_kv_at(g, i);
-        char key[256];
-        snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.data);
-        if (what == SET_U32 && strcmp(key, target) == 0) continue;
-        if (what == CHANGE_ARCH && strcmp(key, "general.architecture") == 0)
-            CHECK_OK(cart_gguf_writer_set_str(w, key, target));
-        else
-            CHECK_OK(cart_gguf_writer_set(w, key, &kv->value));
-    }
+    copy_gguf_metadata(w, g, what == SET_U32 ? target : NULL);
+    if (what == CHANGE_ARCH) CHECK_OK(cart_gguf_writer_set_str(w, "general.architecture", target)); /* in place */
     if (what == ADD_KEY) CHECK_OK(cart_gguf_writer_set_str(w, target, "linear"));
     if (what == SET_U32) CHECK_OK(cart_gguf_writer_set_u32(w, target, value));
     static uint8_t zeros[1 << 20];

@@ -256,6 +256,70 @@ static void test_loading_refuses_what_it_cannot_honour_by_name(void) {
     remove(path);
 }
 
+/* tiny-moe-f32 with each layer's ffn_gate_exps and ffn_up_exps merged into
+ * one ffn_gate_up_exps (each expert's gate rows, then its up rows), as the
+ * converters write gemma4: the same model, so the same bits. */
+static void test_merged_gate_up_experts_give_the_same_logits(void) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/cart_test_gemma4_merged.%d.gguf", (int)getpid());
+    cart_gguf *g = NULL;
+    CHECK_OK(cart_gguf_open(&g, MODELS "tiny-moe-f32.gguf"));
+    if (!g) return;
+    cart_gguf_writer *w = NULL;
+    CHECK_OK(cart_gguf_writer_new(&w));
+    copy_gguf_metadata(w, g, NULL);
+    uint8_t *merged[8] = {0};
+    int n_merged = 0;
+    for (int64_t i = 0; i < cart_gguf_tensor_count(g); i++) {
+        const cart_gguf_tensor_info *t = cart_gguf_tensor_at(g, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.data);
+        char *at = strstr(name, "ffn_gate_exps.weight");
+        if (strstr(name, "ffn_up_exps.weight")) continue;
+        if (!at) {
+            CHECK_OK(cart_gguf_writer_add_tensor(w, name, t->dtype, t->n_dims, t->ne, t->data));
+            continue;
+        }
+        char up_name[128], out_name[128];
+        snprintf(up_name, sizeof up_name, "%.*sffn_up_exps.weight", (int)(at - name), name);
+        snprintf(out_name, sizeof out_name, "%.*sffn_gate_up_exps.weight", (int)(at - name), name);
+        const cart_gguf_tensor_info *u = cart_gguf_find_tensor(g, up_name);
+        CHECK(u != NULL && n_merged < 8);
+        if (!u || n_merged >= 8) break;
+        const size_t slice = (size_t)t->nbytes / (size_t)t->ne[2];
+        uint8_t *both = malloc(2 * (size_t)t->nbytes);
+        for (int64_t e = 0; e < t->ne[2]; e++) {
+            memcpy(both + 2 * e * slice, (const uint8_t *)t->data + e * slice, slice);
+            memcpy(both + (2 * e + 1) * slice, (const uint8_t *)u->data + e * slice, slice);
+        }
+        int64_t ne[4] = {t->ne[0], 2 * t->ne[1], t->ne[2], 1};
+        CHECK_OK(cart_gguf_writer_add_tensor(w, out_name, t->dtype, 3, ne, both));
+        merged[n_merged++] = both;
+    }
+    CHECK_OK(cart_gguf_writer_write(w, path));
+    cart_gguf_writer_free(w);
+    cart_gguf_close(g);
+    for (int i = 0; i < n_merged; i++) free(merged[i]);
+    CHECK(n_merged == 4);
+    cart_model *a = NULL, *b = NULL;
+    CHECK_OK(cart_model_load(&a, MODELS "tiny-moe-f32.gguf", NULL));
+    CHECK_OK(cart_model_load(&b, path, NULL));
+    if (a && b) {
+        const int64_t V = cart_model_get_config(a)->n_vocab, N = 40;
+        int32_t toks[40];
+        for (int i = 0; i < N; i++) toks[i] = 8 + (i * 37) % (int32_t)(V - 8);
+        float *la = malloc(sizeof(float) * (size_t)(N * V)), *lb = malloc(sizeof(float) * (size_t)(N * V));
+        logits_in_chunks(a, toks, N, N, la);
+        logits_in_chunks(b, toks, N, N, lb);
+        CHECK_MAXDIFF("merged ffn_gate_up_exps vs separate gate and up (bitwise)", max_diff(la, lb, N * V), 0.0);
+        free(la);
+        free(lb);
+    }
+    cart_model_free(a);
+    cart_model_free(b);
+    remove(path);
+}
+
 static void test_layers_report_their_own_geometry(void) {
     cart_model *m = NULL;
     CHECK_OK(cart_model_load(&m, MODELS "tiny-dense-f32.gguf", NULL));
@@ -342,6 +406,11 @@ static void test_recompute_gives_bitwise_equal_loss_and_gradients(void) {
     check_recompute_is_bitwise(MODELS "tiny-moe-f32.gguf", lens, 2, 20, 31);
 }
 
+static void test_adam_lowers_the_loss_through_the_experts(void) {
+    const int64_t lens[2] = {20, 12};
+    check_adam_lowers_the_loss(MODELS "tiny-moe-f32.gguf", lens, 2, 24, 61, 2e-2f);
+}
+
 /* Packed segments give each segment what it gets alone (the trainer's
  * forward), through windows and experts. */
 static void test_packed_segments_match_one_at_a_time(void) {
@@ -386,10 +455,12 @@ int main(void) {
     RUN(test_q8_product_quantizes_activations_as_ggml_does);
     RUN(test_loading_refuses_what_it_cannot_honour_by_name);
     RUN(test_layers_report_their_own_geometry);
+    RUN(test_merged_gate_up_experts_give_the_same_logits);
     RUN(test_dense_gradients_match_finite_differences);
     RUN(test_moe_gradients_match_finite_differences);
     RUN(test_sliding_layers_see_the_prefix_only_within_their_window);
     RUN(test_recompute_gives_bitwise_equal_loss_and_gradients);
     RUN(test_packed_segments_match_one_at_a_time);
+    RUN(test_adam_lowers_the_loss_through_the_experts);
     return check_finish("gemma4");
 }

@@ -10,6 +10,7 @@
 #include "check.h"
 #include "model.h"
 #include "rng.h"
+#include "adam.h"
 #include "train.h"
 
 typedef struct problem {
@@ -151,6 +152,38 @@ static void check_recompute_is_bitwise(const char *path, const int64_t *lens, in
     free(gb);
     free_problem(&a);
     free_problem(&b);
+}
+
+/* Ten Adam steps at lr on a problem lower the loss and leave the sink row
+ * (layer 1's K) as it was. */
+static void check_adam_lowers_the_loss(const char *path, const int64_t *lens, int32_t n_seg, int64_t p, uint64_t seed,
+                                       float lr) {
+    problem pb;
+    make_problem(&pb, path, lens, n_seg, p, 1, 0, seed);
+    if (!pb.m) return;
+    cart_adam_params ap;
+    cart_adam_default_params(&ap);
+    ap.lr = lr;
+    cart_adam *a = NULL;
+    CHECK_OK(cart_adam_new(&a, &ap, cart_cartridge_trainable_count(pb.c)));
+    int64_t row = (int64_t)cart_cartridge_layer_heads(pb.c, 1) * cart_cartridge_layer_head_dim(pb.c, 1);
+    float *sink_before = malloc(sizeof(float) * (size_t)row);
+    memcpy(sink_before, cart_cartridge_rows(pb.c, 1, 0), sizeof(float) * (size_t)row);
+    double first = 0, last = 0;
+    for (int step = 0; step < 10; step++) {
+        cart_cartridge_zero_grad(pb.c);
+        double loss = 0;
+        CHECK_OK(cart_trainer_distill(pb.t, pb.c, pb.tokens, pb.n, pb.seg, pb.n_seg, &pb.tg, 1, 1.0f, 1, &loss));
+        CHECK_OK(cart_cartridge_adam_step(pb.c, a));
+        if (step == 0) first = loss;
+        last = loss;
+    }
+    printf("  10 Adam steps: loss %.5f -> %.5f\n", first, last);
+    CHECK(last < first);
+    CHECK(memcmp(sink_before, cart_cartridge_rows(pb.c, 1, 0), sizeof(float) * (size_t)row) == 0);
+    free(sink_before);
+    cart_adam_free(a);
+    free_problem(&pb);
 }
 
 #endif

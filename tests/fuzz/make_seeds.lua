@@ -150,6 +150,31 @@ gguf_seed("tok_qwen2.gguf", function(w) bpe_vocab(w, "qwen2") end)
 gguf_seed("tok_llama3.gguf", function(w) bpe_vocab(w, "llama-bpe") end)
 gguf_seed("tok_gpt2.gguf", function(w) bpe_vocab(w, "gpt-2") end)
 
+-- Whole small models for the model loader (fuzz_gguf loads every input as a
+-- model too): a qwen3 with its tokenizer, a gemma4 with both attention
+-- kinds, per-layer inputs and output scales, and a gemma4 MoE; each under
+-- the target's 16 KiB.
+local function model_seed(name, write)
+    local path = scratch(name)
+    write(path)
+    put("fuzz_gguf", name, slurp(path))
+end
+
+model_seed("model_qwen3.gguf", function(path)
+    require("cartridge.randmodel").write({ out = path, arch = "qwen3", layers = 1, embd = 8, ff = 8, heads = 2,
+        kv_heads = 1, head_dim = 4, dtype = "f16", quiet = true })
+end)
+model_seed("model_gemma4.gguf", function(path)
+    require("cartridge.randgemma").write({ out = path, preset = "tiny-dense", layers = 2, pattern = { true, false },
+        embd = 16, heads = 2, ff = 16, kv_swa = 2, kv_full = 1, hd_swa = 8, hd_full = 8, rot_full_pairs = 2,
+        per_layer = 4, vocab = 16, no_tokenizer = true, dtype = "f16", quiet = true })
+end)
+model_seed("model_gemma4_moe.gguf", function(path)
+    require("cartridge.randgemma").write({ out = path, preset = "tiny-moe", layers = 2, pattern = { true, false },
+        embd = 16, heads = 2, ff = 8, kv_swa = 1, kv_full = 1, hd_swa = 8, hd_full = 8, rot_full_pairs = 2,
+        experts = 3, experts_used = 2, ff_exp = 8, vocab = 16, no_tokenizer = true, dtype = "f16", quiet = true })
+end)
+
 -- A SentencePiece vocabulary with byte fallback.
 gguf_seed("tok_spm.gguf", function(w)
     local tokens = { "<unk>", "<s>", "</s>" }

@@ -136,5 +136,41 @@ describe("the gemma4 models", function()
             assert.matches("PASS: .* %(bitwise%)", out)
         end
     end)
+
+    it("spill a served conversation to the disk tier and adopt its rows back, each layer its own shape", function()
+        local path = built("tiny-moe-f32")
+        if not path then return end
+        local kvstore = require("cartridge.kvstore")
+        local m = cartridge.model.load(path)
+        local c = cartridge.cart.from_text(m, "Cartridges are trained KV prefixes on gemma4 too.")
+        local dir = os.tmpname()
+        os.remove(dir)
+        local log = {}
+        local store = kvstore.open({ dir = dir, max_bytes = 2 ^ 30, model = m, kv = "f16", cartridges = { a = c },
+            model_name = "g", model_hash = kvstore.model_hash(m), log = function(l) log[#log + 1] = l end })
+        local ids = m:tokenizer():encode("<|turn>user\nWhat do cartridges hold?<turn|>\n<|turn>model\n",
+            { special = true })
+        local kv = m:new_kv(c.p + 64, "f16")
+        c:append_to(kv)
+        m:forward(kv, ids)
+        assert.is_true(store:spill(c, ids, kv))
+        local entry, n = store:match(c, ids)
+        assert.are.equal(#ids, n)
+        local kv2 = m:new_kv(c.p + 64, "f16")
+        c:append_to(kv2)
+        assert.is_true(store:adopt(entry, kv2, c, n))
+        for l = 0, m.config.n_layer - 1 do
+            local rb = kv:row_bytes(l)
+            for which = 0, 1 do
+                assert.are.equal(cartridge.ffi.string(kv:raw_rows(l, which), (c.p + n) * rb),
+                    cartridge.ffi.string(kv2:raw_rows(l, which), (c.p + n) * rb), ("layer %d"):format(l))
+            end
+        end
+        kv:free()
+        kv2:free()
+        c:free()
+        m:free()
+        require("helper").rmdir(dir)
+    end)
 end)
 
