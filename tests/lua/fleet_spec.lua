@@ -157,10 +157,11 @@ local function stories()
     return helper.fixture("models/stories260K.gguf")
 end
 
--- Three small documents of different lengths (the README's paragraphs).
+-- Three small documents of different lengths (paragraphs of a README kept
+-- in tests/fixtures/fleet, so that editing the docs changes no test's data).
 local function write_docs(where)
     os.execute("mkdir -p " .. helper.q(where))
-    local readme = helper.read_file("README.md")
+    local readme = helper.read_file("tests/fixtures/fleet/readme-head.md")
     local lines = {}
     for l in (readme .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
     local spans = { { 1, 40 }, { 41, 100 }, { 101, 130 } }
@@ -499,11 +500,12 @@ end)
 
 local retrieval = require("cartridge.retrieval")
 
--- Four documents of different subjects: the openings of docs/*.md.
+-- Four documents of different subjects: the openings of docs/*.md as
+-- tests/fixtures/fleet keeps them.
 local function subject_docs(where)
     os.execute("mkdir -p " .. helper.q(where))
     for _, name in ipairs({ "server", "scale-out", "fuzzing", "formats" }) do
-        helper.write_file(where .. "/" .. name .. ".md", helper.read_file("docs/" .. name .. ".md"):sub(1, 6000))
+        helper.write_file(where .. "/" .. name .. ".md", helper.read_file("tests/fixtures/fleet/" .. name .. ".md"))
     end
     return where
 end
