@@ -178,3 +178,13 @@ void cart_bf16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
 void cart_f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n) {
     cart_kern()->f32_to_bf16(dst, src, n);
 }
+
+int64_t cart_f32_first_nonfinite(const void *x, int64_t n) {
+    const unsigned char *p = x;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, p + (size_t)i * 4, 4);
+        if ((bits & UINT32_C(0x7f800000)) == UINT32_C(0x7f800000)) return i;
+    }
+    return -1;
+}

@@ -98,6 +98,12 @@ void cart_f32_to_f16_n(uint16_t *dst, const float *src, int64_t n);
 void cart_bf16_to_f32_n(float *dst, const uint16_t *src, int64_t n);
 void cart_f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n);
 
+/* The index of the first of n f32 values at x (any alignment) that is NaN or
+ * infinite, by its exponent bits, or -1 when every one is finite. (Lua
+ * cannot make this check on data it reads through the FFI: LuaJIT's
+ * interpreter may take a NaN with a payload for a value of another type.) */
+int64_t cart_f32_first_nonfinite(const void *x, int64_t n);
+
 /* Converts n elements of `dtype` at src (any alignment) to f32: plain floats
  * and integers are converted, block types are dequantized exactly as GGML
  * does. n must be a multiple of the block size. CART_E_UNSUPPORTED for a type

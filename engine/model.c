@@ -972,11 +972,22 @@ static int forward_logits(forward_state *s, int32_t n_streams, const int64_t *lo
     return rc;
 }
 
-int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
-                       const int32_t *tokens, const int64_t *n_tokens, const int64_t *logit_rows,
-                       int64_t n_logit_rows, float *logits) {
+/* The final hidden states of the wanted rows: each row copied out of the
+ * residual stream and normed on its own. */
+static void forward_hidden(const forward_state *s, const int64_t *rows, int64_t n_rows, float *hidden) {
+    const int64_t E = s->c->n_embd;
+    for (int64_t j = 0; j < n_rows; j++) {
+        memcpy(hidden + j * E, s->x + rows[j] * E, (size_t)E * sizeof(float));
+        rmsnorm_forward(hidden + j * E, hidden + j * E, s->m->output_norm, 1, E, s->c->rms_eps);
+    }
+}
+
+/* The pass behind cart_model_forward (hidden = 0: logits of the rows) and
+ * cart_model_forward_hidden (hidden = 1: final hidden states of the rows). */
+static int forward_pass(cart_model *m, cart_kv *const *kvs, int32_t n_streams, const int32_t *tokens,
+                        const int64_t *n_tokens, const int64_t *rows, int64_t n_rows, float *out, int hidden) {
     int64_t T = 0;
-    int rc = forward_check(m, kvs, n_streams, tokens, n_tokens, logit_rows, n_logit_rows, &T);
+    int rc = forward_check(m, kvs, n_streams, tokens, n_tokens, rows, n_rows, &T);
     if (rc || T == 0) return rc;
     forward_state s = {.m = m, .c = &m->cfg, .T = T, .kvs = kvs};
     cart_pool *pool = cart_default_pool();
@@ -988,10 +999,23 @@ int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
         s.layer = l;
         rc = forward_layer(&s, n_tokens, n_streams, pool);
     }
-    if (!rc) rc = forward_logits(&s, n_streams, logit_rows, n_logit_rows, logits, pool);
+    if (!rc && hidden) forward_hidden(&s, rows, n_rows, out);
+    else if (!rc) rc = forward_logits(&s, n_streams, rows, n_rows, out, pool);
     if (!rc)
         for (int32_t b = 0; b < n_streams; b++)
             cart_kv_set_len(kvs[b], cart_kv_len(kvs[b]) + n_tokens[b]);
     free(s.arena);
     return rc;
+}
+
+int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
+                       const int32_t *tokens, const int64_t *n_tokens, const int64_t *logit_rows,
+                       int64_t n_logit_rows, float *logits) {
+    return forward_pass(m, kvs, n_streams, tokens, n_tokens, logit_rows, n_logit_rows, logits, 0);
+}
+
+int cart_model_forward_hidden(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
+                              const int32_t *tokens, const int64_t *n_tokens, const int64_t *rows,
+                              int64_t n_rows, float *hidden) {
+    return forward_pass(m, kvs, n_streams, tokens, n_tokens, rows, n_rows, hidden, 1);
 }

@@ -172,6 +172,16 @@ int cart_model_forward(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
                        const int32_t *tokens, const int64_t *n_tokens, const int64_t *logit_rows,
                        int64_t n_logit_rows, float *logits);
 
+/* The same pass as cart_model_forward (the same checks, the caches grow
+ * the same way), returning final hidden states instead of logits: row j of
+ * `hidden` ([n_rows, n_embd]) is token rows[j]'s residual stream after the
+ * last block and the output norm, the vector the output head would turn
+ * into its logits. Each row is normed on its own, so it is the same bits in
+ * any batch. For embeddings (a fleet's retrieval index). */
+int cart_model_forward_hidden(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
+                              const int32_t *tokens, const int64_t *n_tokens, const int64_t *rows,
+                              int64_t n_rows, float *hidden);
+
 #ifdef __cplusplus
 }
 #endif

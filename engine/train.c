@@ -270,6 +270,101 @@ void cart_cartridge_grad_import(cart_cartridge *c, const float *src) {
     }
 }
 
+/* ---- composition ------------------------------------------------------------ */
+
+static int same_geometry(const cart_cartridge *a, const cart_cartridge *b) {
+    if (a->n_layer != b->n_layer) return 0;
+    for (int32_t l = 0; l < a->n_layer; l++)
+        if (a->kv_heads[l] != b->kv_heads[l] || a->head_dim[l] != b->head_dim[l]) return 0;
+    return 1;
+}
+
+/* The first layer where a and b differ (0 when only their layer counts do). */
+static int32_t first_difference(const cart_cartridge *a, const cart_cartridge *b) {
+    int32_t n = a->n_layer < b->n_layer ? a->n_layer : b->n_layer;
+    for (int32_t l = 0; l < n; l++)
+        if (a->kv_heads[l] != b->kv_heads[l] || a->head_dim[l] != b->head_dim[l]) return l;
+    return 0;
+}
+
+int cart_cartridge_copy_rows(cart_cartridge *dst, int64_t dst_row, const cart_cartridge *src,
+                             int64_t src_row, int64_t n) {
+    if (!dst || !src) return cart_fail(CART_E_ARG, "cart_cartridge_copy_rows: a cartridge is NULL");
+    if (!same_geometry(dst, src)) {
+        int32_t l = first_difference(dst, src);
+        return cart_fail(CART_E_ARG, "cart_cartridge_copy_rows: the source is %d layers (layer %d: %d KV heads x "
+                         "%d), the destination %d layers (layer %d: %d x %d)", src->n_layer, l,
+                         src->kv_heads[l], src->head_dim[l], dst->n_layer, l, dst->kv_heads[l], dst->head_dim[l]);
+    }
+    if (n < 0 || src_row < 0 || dst_row < 0 || src_row > src->p - n || dst_row > dst->p - n)
+        return cart_fail(CART_E_ARG, "cart_cartridge_copy_rows: %lld rows from row %lld of %lld into row "
+                         "%lld of %lld", (long long)n, (long long)src_row, (long long)src->p,
+                         (long long)dst_row, (long long)dst->p);
+    for (int32_t l = 0; l < dst->n_layer; l++)
+        for (int32_t which = 0; which < 2; which++)
+            memcpy(dst->rows + block_offset(dst, l, which) + dst_row * dst->row[l],
+                   src->rows + block_offset(src, l, which) + src_row * src->row[l],
+                   (size_t)n * (size_t)dst->row[l] * sizeof(float));
+    return CART_OK;
+}
+
+int cart_cartridge_compose(cart_cartridge **out, const cart_cartridge *const *parts, int32_t n_parts) {
+    *out = NULL;
+    if (n_parts < 1 || !parts) return cart_fail(CART_E_ARG, "cart_cartridge_compose: %d parts", (int)n_parts);
+    int64_t total = 0;
+    for (int32_t i = 0; i < n_parts; i++) {
+        if (!parts[i]) return cart_fail(CART_E_ARG, "cart_cartridge_compose: part %d is NULL", (int)i);
+        if (!same_geometry(parts[i], parts[0])) {
+            int32_t l = first_difference(parts[i], parts[0]);
+            return cart_fail(CART_E_ARG, "cart_cartridge_compose: part %d is %d layers (layer %d: %d KV heads x %d), "
+                             "part 0 is %d layers (layer %d: %d x %d): only cartridges of one model compose", (int)i,
+                             parts[i]->n_layer, l, parts[i]->kv_heads[l], parts[i]->head_dim[l], parts[0]->n_layer,
+                             l, parts[0]->kv_heads[l], parts[0]->head_dim[l]);
+        }
+        total += parts[i]->p;
+    }
+    cart_cartridge *c = NULL;
+    int rc = cart_cartridge_new_layers(&c, parts[0]->n_layer, parts[0]->kv_heads, parts[0]->head_dim, total,
+                                       parts[0]->frozen);
+    for (int64_t at = 0, i = 0; !rc && i < n_parts; at += parts[i]->p, i++)
+        rc = cart_cartridge_copy_rows(c, at, parts[i], 0, parts[i]->p);
+    if (rc) {
+        cart_cartridge_free(c);
+        return rc;
+    }
+    *out = c;
+    return CART_OK;
+}
+
+int cart_cartridge_compose_grad(const cart_cartridge *composed, cart_cartridge *const *parts,
+                                int32_t n_parts) {
+    if (!composed || !parts || n_parts < 1)
+        return cart_fail(CART_E_ARG, "cart_cartridge_compose_grad: no composition or no parts");
+    int64_t total = 0;
+    for (int32_t i = 0; i < n_parts; i++) {
+        if (!parts[i] || !same_geometry(parts[i], composed))
+            return cart_fail(CART_E_ARG, "cart_cartridge_compose_grad: part %d is not shaped like the "
+                             "composition", (int)i);
+        total += parts[i]->p;
+    }
+    if (total != composed->p)
+        return cart_fail(CART_E_ARG, "cart_cartridge_compose_grad: the parts hold %lld rows, the "
+                         "composition %lld", (long long)total, (long long)composed->p);
+    for (int64_t at = 0, i = 0; i < n_parts; at += parts[i]->p, i++) {
+        cart_cartridge *part = parts[i];
+        int64_t skip = part->frozen;
+        for (int32_t l = 0; l < part->n_layer; l++) {
+            int64_t row = part->row[l], n = (part->p - skip) * row;
+            for (int32_t which = 0; which < 2; which++) {
+                float *g = part->grad + block_offset(part, l, which) + skip * row;
+                const float *src = composed->grad + block_offset(composed, l, which) + (at + skip) * row;
+                for (int64_t k = 0; k < n; k++) g[k] += src[k];
+            }
+        }
+    }
+    return CART_OK;
+}
+
 /* ---- teacher targets ------------------------------------------------------- */
 
 int cart_topk_targets(int32_t *ids, float *logprobs, int32_t *n_out, const float *logits,

@@ -95,6 +95,35 @@ void cart_cartridge_init_random(cart_cartridge *c, uint64_t seed, float std);
  * cache's geometry must match and have room. */
 int cart_cartridge_append_to_kv(const cart_cartridge *c, cart_kv *kv);
 
+/* Composition: several cartridges of one geometry side by side in a cache.
+ * A composed cartridge holds, for every layer, parts[0]'s p_0 rows (its sinks
+ * first), then parts[1]'s p_1 rows, and so on: P = sum of p_i rows, frozen =
+ * parts[0]'s. Every part keeps the positions its rows were made at (keys
+ * stay rotated for 0..p_i-1, or wherever they were captured); tokens behind
+ * the composition sit at positions P, P+1, ... Writing a composed cartridge
+ * into a cache is the same as appending its parts in order.
+ *
+ * cart_cartridge_compose makes a new composed cartridge (rows copied, zero
+ * gradient); the parts must share n_layer, kv_heads and head_dim (else
+ * CART_E_ARG naming part i's geometry and part 0's). Free with
+ * cart_cartridge_free. */
+int cart_cartridge_compose(cart_cartridge **out, const cart_cartridge *const *parts, int32_t n_parts);
+
+/* Training through a composition: adds the composed cartridge's gradient of
+ * part i's rows (rows P_i..P_i+p_i-1, P_i = p_0 + ... + p_{i-1}) into part
+ * i's gradient, except each part's own frozen rows, whose gradient stays as
+ * it was. The parts must be the ones composed (same geometries and p in
+ * order, summing to the composed p). */
+int cart_cartridge_compose_grad(const cart_cartridge *composed, cart_cartridge *const *parts,
+                                int32_t n_parts);
+
+/* Copies n rows of every layer (K and V) from src rows src_row.. into dst
+ * rows dst_row..; the two must share the geometry and the ranges lie within
+ * each. Gradients are untouched. (Splitting a captured cartridge into parts,
+ * as the composed equivalence gate does.) */
+int cart_cartridge_copy_rows(cart_cartridge *dst, int64_t dst_row, const cart_cartridge *src,
+                             int64_t src_row, int64_t n);
+
 /* Adam over the trainable rows: cart_adam_size(a) must equal
  * cart_cartridge_trainable_count(c). Runs one optimizer step with c's
  * gradients (layer by layer, K then V, rows frozen..p-1). */

@@ -103,17 +103,26 @@ local function reply(line)
     kv:truncate(keep)
     local rest = {}
     for i = keep + 1, #ids do rest[#rest + 1] = ids[i] end
-    if #ids + opts.n > kv:capacity() then
+    -- the reply gets what the cache has left, up to --n; a prompt that leaves
+    -- no room for one token is refused
+    local room = kv:capacity() - #ids
+    if room < 1 then
         io.stderr:write(("(the conversation needs %d rows but the cache has %d; /reset or raise --ctx)\n"):format(
-            #ids + opts.n, kv:capacity()))
+            #ids + 1, kv:capacity()))
         messages[#messages] = nil
         return
     end
+    local max_tokens = math.min(opts.n, room)
+    if max_tokens < opts.n then
+        io.stderr:write(("(the cache has room for %d more tokens: this reply stops there; /reset or raise --ctx)\n")
+            :format(max_tokens))
+    end
     turn = turn + 1
     io.write("model> ")
+    io.flush()
     local written = {}
     local ok, r = pcall(generate.run, {
-        model = m, tokenizer = tok, prompt_ids = rest, kv = kv, max_tokens = opts.n, grammar = schema,
+        model = m, tokenizer = tok, prompt_ids = rest, kv = kv, max_tokens = max_tokens, grammar = schema,
         sampling = { temperature = opts.temp, top_p = opts.top_p, seed = opts.seed + turn },
         on_text = function(s)
             written[#written + 1] = s

@@ -17,6 +17,11 @@
 -- the greedy choice agrees at all s rows and the student is within the
 -- envelope of the teacher (exit 0), else FAIL (exit 1). The corpus ids are the
 -- raw concatenated documents, not chat-wrapped.
+--
+-- --compose: the composed gate. The first 2p tokens are captured once and
+-- split into two parts, A = rows 0..p-1 and B = rows p..2p-1 (B keeps the
+-- positions it was captured at); their composition (cart.compose, the
+-- fleet's) must score the next s tokens like the real prefill of 2p + s.
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
@@ -35,6 +40,7 @@ local opts = options.parse(arg, {
         { "suffix-max", type = "int", default = 64, help = "suffix tokens scored at most" },
         { "kv", default = "f32", choices = { "f32", "f16" }, help = "KV cache dtype on both sides (the capture too)" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
+        { "compose", type = "boolean", help = "the composed gate: capture 2p tokens, split them into two parts of p rows, compose them" },
     },
 })
 
@@ -43,13 +49,14 @@ if #opts.corpus == 0 then error("equiv: --corpus is required (a text file or a d
 if opts.p < 1 or opts.suffix_max < 1 then error("equiv: --p and --suffix-max must be at least 1", 0) end
 local m = cartridge.model.load(defaults.pick_model(opts.model))
 local c = m.config
-print(("model: %s (%s)"):format(m.path, m:describe()))
+print(m:describe())
 local corpus = corpus_mod.load(opts.corpus, m:tokenizer())
 print(("corpus: %d files, %d tokens"):format(#corpus.files, corpus.n_tokens))
-corpus:require_tokens(opts.p + 2, ("lower --p (at most %d for this corpus) or add text"):format(
-    math.max(1, corpus.n_tokens - 2)))
+local parts = opts.compose and 2 or 1
+corpus:require_tokens(parts * opts.p + 2, ("lower --p (at most %d for this corpus%s) or add text"):format(
+    math.max(1, math.floor((corpus.n_tokens - 2) / parts)), opts.compose and " with --compose" or ""))
 
-local p = opts.p
+local p = parts * opts.p -- the rows in front of the suffix
 local s = math.min(opts.suffix_max, corpus.n_tokens - p)
 local full = corpus.ids:sub(0, p + s)
 local prefix, suffix = full:sub(0, p), full:sub(p, s)
@@ -84,6 +91,20 @@ local t1 = now()
 -- student: capture, write into an empty cache, evaluate the suffix behind it
 local cr = cart.new(m, p, opts.frozen)
 cr:capture(m, prefix, opts.kv) -- through the same cache dtype as the teacher
+if opts.compose then
+    -- split the capture into A and B (rows kept where they were computed),
+    -- then compose them again as a fleet composes its documents' cartridges
+    local q = opts.p
+    local a, b = cart.new(m, q, opts.frozen), cart.new(m, q, opts.frozen)
+    a:copy_rows(0, cr, 0, q)
+    b:copy_rows(0, cr, q, q)
+    cr:free()
+    cr = cart.compose({ a, b })
+    a:free()
+    b:free()
+    print(("composed gate: A = rows 0..%d, B = rows %d..%d (positions kept), %d rows composed"):format(q - 1, q,
+        2 * q - 1, cr.p))
+end
 local kv_s = m:new_kv(p + s, opts.kv)
 cr:append_to(kv_s)
 local t2 = now()
@@ -107,7 +128,8 @@ kv_s:free()
 cr:free()
 m:free()
 if agree == s and max_d <= envelope then
-    print(("PASS: untrained corpus-init cartridge is behaviorally identical to the real prefill (%s)"):format(
+    print(("PASS: %s is behaviorally identical to the real prefill (%s)"):format(
+        opts.compose and "the composition of the two parts" or "untrained corpus-init cartridge",
         max_d == 0 and "bitwise" or "within the envelope"))
 elseif agree ~= s then
     print(("FAIL: greedy agreement %d/%d; the cartridge does not reproduce the prefill"):format(agree, s))

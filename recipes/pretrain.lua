@@ -61,6 +61,8 @@ local opts = options.parse(arg, {
         { "min-facts", type = "int", default = 4, help = "fewest facts in a training document" },
         { "max-facts", type = "int", default = 40, help = "most facts in a training document" },
         { "curriculum", type = "number", default = 0.4, help = "the fraction of the steps over which the most facts grow from --min-facts + 4 to --max-facts (0: from the start)" },
+        { "lookup-steps", type = "int", default = 0, help = "first train this many steps on short keyed lists (key, filler, value), the lookup that reading needs, before the documents" },
+        { "lookup-mix", type = "number", default = 0, help = "after --lookup-steps, this fraction of the conversations stays keyed lists" },
         { "seed", type = "int", default = 1, help = "initialization and data" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
         { "save-every", type = "int", default = 100, help = "write the training state every N steps (0: never)" },
@@ -68,6 +70,7 @@ local opts = options.parse(arg, {
         { "stop-after", type = "int", help = "stop after this step, saving the state (--resume continues)" },
         { "eval", type = "int", default = 20, help = "held-out documents to score at the end (0: none)" },
         { "eval-every", type = "int", default = 0, help = "also score one held-out document every N steps (0: never)" },
+        { "eval-facts", type = "int", default = 40, help = "facts in each held-out document" },
         { "dtype", choices = { "f32", "f16" }, help = "matrices of the written GGUF (default: the preset's; f32 with --from)" },
     },
 })
@@ -157,9 +160,85 @@ local function facts_at(step)
     return math.floor(lo + (opts.max_facts - lo) * step / span + 0.5)
 end
 
+-- The lookup warm-up: a list of pairs, each a key (a person's name), a
+-- filler of 0 to 4 tokens (a relation's words: one to three fillers per
+-- list, each pair with one of them) and a value (any word), then the pairs
+-- again in a fresh order, where every token after a key is supervised.
+-- Predicting a value needs the key some tokens back and the place in the
+-- list where that key stands, by the key and not by the filler alone: the
+-- circuit that answering from a document needs, learnt where nothing else is
+-- in the way. Lists grow to 40 pairs, so the lookups reach as far back as
+-- a document's do.
+local lookup_keys, lookup_words
+local function lookup_pools()
+    if lookup_keys then return end
+    lookup_keys, lookup_words = {}, {}
+    local is_key = {}
+    for i, name in ipairs(facts.NAMES) do -- a name's tokens (one each in the reader's vocabulary)
+        lookup_keys[i] = tok:encode(" " .. name, { add_special = false })
+        if #lookup_keys[i] == 1 then is_key[lookup_keys[i][1]] = true end
+    end
+    for id = 0, m.n_vocab - 1 do -- whole words with their space, three letters or more
+        local text = tok:decode({ id })
+        if not is_key[id] and text and text:match("^ %a%a%a+$") then lookup_words[#lookup_words + 1] = id end
+    end
+    if #lookup_words < 50 then -- a small vocabulary: any letters with their space
+        lookup_words = {}
+        for id = 0, m.n_vocab - 1 do
+            local text = tok:decode({ id })
+            if not is_key[id] and text and text:match("^ %a+$") then lookup_words[#lookup_words + 1] = id end
+        end
+    end
+    if #lookup_words < 2 then fail("--lookup-steps: the vocabulary has no word tokens (' word') to use as values") end
+end
+
+local function lookup_list(g, step)
+    lookup_pools()
+    local function word() return lookup_words[g:below(#lookup_words) + 1] end
+    local seq, spans = ids.new(), {}
+    if tok.bos then seq:push(tok.bos) end
+    -- the first 40% of --lookup-steps: 2..8 pairs and one filler of 0..2
+    -- tokens, where the lookup forms; then lists grow to 40 pairs with one to
+    -- three fillers of 0..4 tokens by 85%, and stay so (--lookup-mix too)
+    local t = opts.lookup_steps > 0 and step / opts.lookup_steps or 1
+    local n, fillers = 8, {}
+    if t < 0.4 then
+        fillers[1] = {}
+        for i = 1, g:int(0, 2) do fillers[1][i] = word() end
+    else
+        n = math.floor(8 + 32 * math.min(1, (t - 0.4) / 0.45) + 0.5)
+        for k = 1, g:int(1, 3) do
+            fillers[k] = {}
+            for i = 1, g:int(0, 4) do fillers[k][i] = word() end
+        end
+    end
+    n = g:int(2, n)
+    local keys = g:shuffle({ unpack(lookup_keys) })
+    local list = {}
+    for i = 1, n do list[i] = { key = keys[i], filler = fillers[g:below(#fillers) + 1], value = word() } end
+    local stop = tok:encode(".", { add_special = false })[1]
+    local function put(pair, supervised)
+        for _, id in ipairs(pair.key) do seq:push(id) end
+        local from = #seq
+        for _, f in ipairs(pair.filler) do seq:push(f) end
+        seq:push(pair.value)
+        seq:push(stop)
+        if supervised then spans[#spans + 1] = { from, #seq } end
+    end
+    for i = 1, n do put(list[i], false) end
+    seq:push(stop)
+    g:shuffle(list)
+    for i = 1, math.min(n, 12) do put(list[i], true) end
+    return seq, spans
+end
+
 local function conversation(step, i)
     local g = facts.rng(opts.seed * 1000003 + step * 1009 + i)
-    local d = facts.document(g:below(1000), g:int(opts.min_facts, facts_at(step)))
+    if step <= opts.lookup_steps or (opts.lookup_mix > 0 and g:below(1000) < opts.lookup_mix * 1000) then return lookup_list(g, step) end
+    -- a few relations or all of them: facts of one relation, told apart by
+    -- their people alone, from the shortest documents on
+    local n = g:int(opts.min_facts, facts_at(step))
+    local d = facts.document(g:below(1000), n, { relations = g:int(1, math.min(8, n)) })
     local seq, spans = ids.new(), {}
     for k, piece in ipairs(facts.conversation(g, d, T)) do
         local from = #seq
@@ -181,12 +260,14 @@ end
 
 -- ---------------------------------------------------------------------------
 -- Held-out documents (seeds 1001 and up, never trained on): exact-match
--- accuracy with the document in context, and without it
+-- accuracy with the document in context, and without it. A short one has
+-- fewer relations, about five facts each as in a 40-fact document, so that
+-- its questions need the person's name there too.
 
 local function evaluate(n_docs)
     local icl, bare, n, chance = 0, 0, 0, 0
     for k = 1, n_docs do
-        local d = facts.document(1000 + k, 40)
+        local d = facts.document(1000 + k, opts.eval_facts, { relations = math.min(8, math.ceil(opts.eval_facts / 5)) })
         chance = chance + facts.chance(d) * #d.facts
         local system = "\n\n# Document: heldout/doc" .. k .. ".md\n\n" .. d.text
         icl = icl + facts.accuracy(m, d.facts, { system = system, max_a = 16 })
@@ -233,7 +314,7 @@ for step = first_step, steps do
     record({ step = step, steps = steps, loss = loss, lr = lr_at(step), grad_norm = norm, tokens = tokens_seen,
         seconds = C.cart_now_seconds() - started })
     if opts.eval_every > 0 and step % opts.eval_every == 0 then
-        local icl, bare, n = evaluate(1)
+        local icl, bare, n = evaluate(math.max(1, math.ceil(40 / opts.eval_facts)))
         bar:clear()
         print(("step %5d: held-out document: with it %d/%d, bare %d/%d"):format(step, icl, n, bare, n))
         record({ event = "eval", step = step, icl = icl, bare = bare, n = n })
@@ -258,8 +339,8 @@ if not opts.from then os.remove(init_path) end
 
 if opts.eval > 0 then
     local icl, bare, n, chance = evaluate(opts.eval)
-    print(("held-out (%d documents of 40 facts, seeds 1001-%d): with the document %d/%d = %.1f%%, "
-        .. "bare %d/%d = %.1f%% (chance %.1f%%)"):format(opts.eval, 1000 + opts.eval, icl, n, 100 * icl / n, bare, n,
+    print(("held-out (%d documents of %d facts, seeds 1001-%d): with the document %d/%d = %.1f%%, "
+        .. "bare %d/%d = %.1f%% (chance %.1f%%)"):format(opts.eval, opts.eval_facts, 1000 + opts.eval, icl, n, 100 * icl / n, bare, n,
         100 * bare / n, 100 * chance))
     record({ event = "eval", step = steps, icl = icl, bare = bare, n = n, chance = chance })
 end

@@ -33,37 +33,26 @@ local chat = require("cartridge.chat")
 local fs = require("cartridge.fs")
 local C = cartridge.C
 
+local flags = selfstudy.flags()
 local opts = options.parse(arg, {
     summary = "Train a cartridge on a corpus by self-study (or, with --load and --ask, answer from one).",
     flags = {
         { "model", help = "GGUF model (default: " .. defaults.user_model .. ", else the embedded demo model)" },
         { "corpus", repeatable = true, help = "a UTF-8 text file, or a directory of .md files (repeatable)" },
-        { "p", type = "int", default = 512, help = "cartridge rows per layer, the frozen ones included" },
-        { "frozen", type = "int", default = 1, help = "attention-sink rows kept constant" },
         { "steps", type = "int", default = 20, help = "optimizer steps" },
-        { "accum", type = "int", default = 4, help = "conversations per optimizer step" },
-        { "lr", type = "number", default = 2e-3, help = "Adam learning rate" },
-        { "chunk-min", type = "int", default = 256, help = "shortest corpus chunk, tokens" },
-        { "chunk-max", type = "int", default = 512, help = "longest corpus chunk, tokens" },
-        { "top-k", type = "int", default = 20, help = "teacher entries per supervised token (then cut at 0.99 mass)" },
-        { "max-q", type = "int", default = 64, help = "bot A's message budget, tokens" },
-        { "max-a", type = "int", default = 192, help = "bot B's answer budget, tokens (and the serve budget)" },
-        { "seed", type = "int", default = 42, help = "seeds chunks, seed prompts and bot A's sampling" },
         { "icl-max", type = "int", default = 4096, help = "serve: corpus tokens given to the ICL comparison" },
         { "save", default = "out/cartridge.safetensors", help = "where the cartridge is written (atomically)" },
         { "save-every", type = "int", default = 0, help = "checkpoint to --save every N steps (0: at the end only)" },
         { "resume", help = "start from a saved cartridge's rows (Adam restarts)" },
         { "draft-ref", type = "boolean", help = "embed the corpus token ids (for corpus-drafted serving)" },
         { "gen-batch", type = "int", default = 0, help = "conversations generated per lockstep group (a multiple of --accum; 0: --accum)" },
-        { "spec-b", type = "boolean", help = "bot B decodes speculatively, drafting from its own chunk" },
-        { "checkpoint", type = "boolean", help = "recompute each layer in the backward (less memory, bit-identical results)" },
-        { "teacher-pass", type = "boolean", help = "score B's answers with a separate packed teacher pass instead of reusing B's logits" },
         { "qa", help = "a JSONL file of {\"question\", \"answer\"} lines: exact-match accuracy of the cartridge as it trains" },
         { "qa-every", type = "int", default = 0, help = "with --qa: score every N steps (0: at the end only), with bare and ICL at the start" },
         { "threads", type = "int", default = 0, help = "threads (0: every core this process may use; under mpirun, the rank's)" },
         { "load", help = "serve mode: a saved cartridge" },
         { "ask", help = "with --load: answer this from the cartridge; without: train, save, then answer it" },
         { "spec-serve", type = "boolean", help = "serve mode: corpus-drafted speculative decoding" },
+        unpack(flags),
     },
 })
 
@@ -81,15 +70,12 @@ if opts.load and dist.size > 1 then
     fail(("serving (--load) runs in one process, and this one is rank %d of %d: run it without mpirun")
         :format(dist.rank, dist.size))
 end
-if opts.steps < 1 or opts.accum < 1 then fail("--steps and --accum must be at least 1") end
-if opts.chunk_min < 1 or opts.chunk_min > opts.chunk_max then
-    fail(("--chunk-min %d and --chunk-max %d: need 0 < chunk-min <= chunk-max"):format(opts.chunk_min, opts.chunk_max))
-end
+if opts.steps < 1 then fail("--steps must be at least 1") end
+selfstudy.check_flags(opts, fail)
 local gen_batch = opts.gen_batch == 0 and opts.accum or opts.gen_batch
 if gen_batch % opts.accum ~= 0 then
     fail(("--gen-batch %d must be a multiple of --accum %d"):format(gen_batch, opts.accum))
 end
-if opts.top_k < 1 or opts.max_q < 1 or opts.max_a < 1 then fail("--top-k, --max-q and --max-a must be at least 1") end
 if opts.accum < dist.size then
     fail(("--accum %d is below the %d ranks: every rank needs a conversation each step; use --accum %d or a "
         .. "multiple of it"):format(opts.accum, dist.size, dist.size))
@@ -105,9 +91,8 @@ if dist.size > 1 then
 end
 local started = C.cart_now_seconds()
 local m = cartridge.model.load(defaults.pick_model(opts.model))
-local mc = m.config
 local tok = m:tokenizer()
-print(("model: %s (%s)"):format(m.path, m:describe()))
+print(m:describe())
 local corpus
 if #opts.corpus > 0 then
     corpus = corpus_mod.load(opts.corpus, tok)

@@ -14,6 +14,12 @@
 -- hold when the server stops) spill to disk and are adopted again by a
 -- request that continues them. GET /metrics answers in Prometheus's text
 -- format. SIGINT or SIGTERM stops the server cleanly. See docs/server.md.
+--
+-- --fleet [NAME=]DIR serves a fleet (recipes/fleet.lua) as the model NAME
+-- (default "fleet"): each conversation goes behind the cartridges retrieval
+-- picks for its user messages, composed, mapped from DIR as needed with at
+-- most --budget of them mapped at once; the response's "documents" field
+-- names them. See docs/fleet.md.
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
@@ -41,6 +47,10 @@ local opts = options.parse(arg, {
         { "kv-cache-dir", metavar = "DIR", help = "disk tier: spill idle slots' KV here and adopt it again, across restarts too" },
         { "kv-cache-max", metavar = "SIZE", default = "8G", help = "disk tier: most bytes its files take (K, M, G, T suffixes)" },
         { "quiet", type = "boolean", help = "no per-request log lines" },
+        { "fleet", metavar = "[NAME=]DIR", help = "serve a fleet directory as the model NAME (default: fleet)" },
+        { "budget", type = "int", default = 8, help = "with --fleet: most cartridges mapped at once" },
+        { "rag-docs", type = "int", default = 2, help = "with --fleet: most documents composed per conversation" },
+        { "rag-chunks", type = "int", default = 8, help = "with --fleet: best chunks whose documents are considered" },
     },
 })
 
@@ -65,20 +75,39 @@ for _, spec in ipairs(opts.cartridge) do
     io.stderr:write(("cartridge '%s': %s (p = %d)\n"):format(name, path, carts[name].p))
 end
 
+local fleet
+if opts.fleet then
+    if #opts.cartridge > 0 or opts.kv_cache_dir then
+        error("serve: --fleet serves the fleet alone: leave out --cartridge and --kv-cache-dir", 0)
+    end
+    if opts.rag_docs < 1 or opts.rag_chunks < 1 then error("serve: --rag-docs and --rag-chunks must be at least 1", 0) end
+    local name, dir = opts.fleet:match("^([^=/]+)=(.+)$")
+    if not name then name, dir = "fleet", opts.fleet end
+    if name == model_name then
+        error(("serve: the fleet and the model would both be named '%s'; name it with --fleet NAME=DIR"):format(name), 0)
+    end
+    fleet = require("cartridge.fleetserve").open(m, dir, { name = name, budget = opts.budget, rag_docs = opts.rag_docs,
+        rag_chunks = opts.rag_chunks })
+    io.stderr:write(("fleet '%s': %s (%d documents, up to %d composed, %d mapped at most)\n"):format(name, dir,
+        #fleet.man.docs, opts.rag_docs, opts.budget))
+end
+
 local h = http.listen({ host = opts.host, port = opts.port, max_body_bytes = opts.max_body,
     max_connections = opts.max_connections, max_connections_per_peer = opts.max_per_address })
 h:catch_signals()
 local srv = server_mod.new({
     model = m, model_name = model_name, cartridges = carts, http = h, parallel = opts.parallel, ctx = opts.ctx,
     kv = opts.kv, api_key = opts.api_key, max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
-    queue_limit = opts.queue, kv_cache_dir = opts.kv_cache_dir, kv_cache_max = kv_cache_max,
+    queue_limit = opts.queue, kv_cache_dir = opts.kv_cache_dir, kv_cache_max = kv_cache_max, fleet = fleet,
     log = not opts.quiet and function(line) io.stderr:write(line, "\n") end or nil,
     warn = function(line) io.stderr:write(line, "\n") end,
 })
-print(("serving %s (%s) and %d cartridge(s) on http://%s:%d with %d slots"):format(model_name, opts.model,
-    #opts.cartridge, opts.host, h:port(), opts.parallel))
+print(("serving %s (%s) and %d cartridge(s)%s on http://%s:%d with %d slots"):format(model_name, opts.model,
+    #opts.cartridge, fleet and (" and the fleet '%s' of %d documents"):format(fleet.name, #fleet.man.docs) or "",
+    opts.host, h:port(), opts.parallel))
 io.stdout:flush()
 srv:run()
 srv:free()
+if fleet then fleet:free() end
 h:close()
 io.stderr:write("serve: stopped\n")

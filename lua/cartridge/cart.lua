@@ -8,6 +8,8 @@
 --   c:append_to(kv)                        -- into a cache (serving), len += p
 --   c:save("out.safetensors", m, { training = {...}, draft_reference = ids })
 --   local d = cart.load("out.safetensors", m)   -- geometry from the header, checked against m
+--   local ab = cart.compose({ a, b })      -- a's rows then b's: p = a.p + b.p (each keeps its positions)
+--   ab:compose_grad()                      -- after a backward through ab: into a's and b's gradients
 --
 -- The artifact: per layer i, "layers.<i>.k" and
 -- "layers.<i>.v" F32 [p - frozen, kv_heads, head_dim] (the trainable rows),
@@ -128,6 +130,50 @@ function Cart:append_to(kv)
     core.check(C.cart_cartridge_append_to_kv(self.handle, kv.handle), "cartridge append_to")
 end
 
+-- Copies n rows of every layer (K and V) from src's rows src_row.. into
+-- this cartridge's rows dst_row.. (0-based; the same geometry).
+function Cart:copy_rows(dst_row, src, src_row, n)
+    core.check(C.cart_cartridge_copy_rows(self.handle, dst_row, src.handle, src_row, n), "cart:copy_rows")
+end
+
+-- What a part is called in an error: its file, or its place in the list.
+local function part_name(c, i)
+    return c.path or ("part " .. i)
+end
+
+-- A composed cartridge (engine/train.h): the parts' rows one after the other
+-- in every layer, each part's sinks first, each part keeping its positions;
+-- tokens behind it sit at positions sum(p_i). parts: a list of carts of one
+-- geometry; a mismatch is an error naming both files. The result is a new
+-- cart (free it when done) whose .parts is the list; after a backward pass
+-- through it, :compose_grad() adds its gradient into the parts'.
+function cart.compose(parts)
+    if #parts == 0 then error("cart.compose: no cartridges to compose", 0) end
+    local first = parts[1]
+    local arr = ffi.new("const cart_cartridge *[?]", #parts)
+    for i, c in ipairs(parts) do
+        if c.n_layer ~= first.n_layer or c:geometry_text() ~= first:geometry_text() then
+            error(("cart.compose: %s is %d layers of %s (KV heads x dims) and %s is %d layers of %s; only "
+                .. "cartridges trained on one model compose"):format(part_name(c, i), c.n_layer, c:geometry_text(),
+                part_name(first, 1), first.n_layer, first:geometry_text()), 0)
+        end
+        arr[i - 1] = c.handle
+    end
+    local composed = wrap(core.new("cart_cartridge", C.cart_cartridge_compose, C.cart_cartridge_free, "cart.compose",
+        arr, #parts))
+    composed.parts = parts
+    return composed
+end
+
+-- Adds a composed cartridge's gradient into its parts' gradients (each
+-- part's own sink rows get none).
+function Cart:compose_grad()
+    local parts = assert(self.parts, "cart:compose_grad: not a composed cartridge")
+    local arr = ffi.new("cart_cartridge *[?]", #parts)
+    for i, c in ipairs(parts) do arr[i - 1] = c.handle end
+    core.check(C.cart_cartridge_compose_grad(self.handle, arr, #parts), "cart:compose_grad")
+end
+
 -- Bytes of the K/V rows (f32).
 function Cart:bytes()
     local total = 0
@@ -198,16 +244,23 @@ function Cart:save(path, m, opts)
     return path
 end
 
--- Loads a cartridge artifact. The geometry comes from the tensors; with a
--- model m, a different geometry or model fingerprint is refused, naming both.
--- Returns the cartridge and a table { metadata, draft_reference (a
--- cartridge.ids sequence or nil), training (decoded table or nil) }.
-function cart.load(path, m)
+-- Opens a cartridge artifact and checks it: the checksum, exactly the
+-- expected tensors, and with a model m its geometry and fingerprint. Returns
+-- the open file, the geometry { n_layer, heads, dims (each layer's KV heads
+-- and head_dim), kv_heads, head_dim (layer 0's), p, frozen }, the metadata and
+-- the draft reference (or nil); raises "<who>: PATH: what".
+local function open_checked(path, m, who)
     require("cartridge.fs").sweep_temps(path)
     local f = safetensors.open(path)
-    local function fail(what) error("cart.load: " .. path .. ": " .. what, 0) end
+    local function fail(what)
+        f:close()
+        error(who .. ": " .. path .. ": " .. what, 0)
+    end
     local ok, verified = pcall(f.verify, f)
-    if not ok then error("cart.load: " .. verified, 0) end
+    if not ok then
+        f:close()
+        error(who .. ": " .. verified, 0)
+    end
     if not verified then
         io.stderr:write(("cart.load: %s carries no checksum (written by an older version): its bytes are not "
             .. "verified; saving it again adds one\n"):format(path))
@@ -292,7 +345,19 @@ function cart.load(path, m)
                 cart.fingerprint(m)))
         end
     end
-    local c = cart.new_geometry(n_layer, heads, dims, p, frozen)
+    return f, { n_layer = n_layer, heads = heads, dims = dims, kv_heads = heads[1], head_dim = dims[1], p = p,
+        frozen = frozen }, meta, draft
+end
+
+-- Loads a cartridge artifact. The geometry comes from the tensors; with a
+-- model m, a different geometry or model fingerprint is refused, naming both.
+-- Returns the cartridge and a table { metadata, draft_reference (a
+-- cartridge.ids sequence or nil), training (decoded table or nil) }.
+function cart.load(path, m)
+    local f, g, meta, draft = open_checked(path, m, "cart.load")
+    local n_layer, heads, dims, p, frozen = g.n_layer, g.heads, g.dims, g.p, g.frozen
+    local function fail(what) error("cart.load: " .. path .. ": " .. what, 0) end
+    local c = cart.new_geometry(n_layer, g.heads, g.dims, p, frozen)
     for l = 0, n_layer - 1 do
         for which, name in ipairs({ "k", "v" }) do
             local rows = c:rows(l, which - 1)
@@ -311,12 +376,91 @@ function cart.load(path, m)
         c:free()
         fail(why .. "; the file is damaged or its training diverged")
     end
+    c.path = path
     local training
     if meta["cartridge.training"] then
         local ok, v = pcall(json.decode, meta["cartridge.training"])
         if ok then training = v end
     end
     return c, { metadata = meta, draft_reference = draft, training = training }
+end
+
+-- A cartridge served from its file's mapping, without a copy in memory:
+-- the rows stay in the page cache, which the kernel may drop and read again.
+-- The same checks as cart.load (and every value finite); append_to writes
+-- the same rows into a cache as the loaded cartridge's append_to. Fields:
+-- path, p, frozen, n_layer, heads, dims, kv_heads, head_dim, row (layer 0's),
+-- metadata; :bytes()
+-- (its rows' bytes, f32); :free() unmaps it.
+local Mapped = {}
+Mapped.__index = Mapped
+
+function cart.map(path, m)
+    local f, g, meta = open_checked(path, m, "cart.map")
+    local self = setmetatable({ file = f, path = path, metadata = meta, k = {}, v = {}, k_sink = {}, v_sink = {} },
+        Mapped)
+    for key, value in pairs(g) do self[key] = value end
+    self.rows_per_layer = {}
+    for l = 1, g.n_layer do self.rows_per_layer[l] = g.heads[l] * g.dims[l] end
+    self.row = self.rows_per_layer[1]
+    for l = 0, g.n_layer - 1 do
+        for _, name in ipairs({ "k", "v", "k_sink", "v_sink" }) do
+            local t = f:tensor(("layers.%d.%s"):format(l, name))
+            if t then
+                local bad = tonumber(C.cart_f32_first_nonfinite(t.data, t.numel))
+                if bad >= 0 then
+                    f:close()
+                    error(("cart.map: %s: '%s' holds a NaN or an infinity at element %d: every value must be finite; "
+                        .. "the file is damaged or its training diverged"):format(path, t.name, bad), 0)
+                end
+                self[name][l] = ffi.cast("const float *", t.data)
+            end
+        end
+    end
+    return self
+end
+
+function Mapped:append_to(kv)
+    local len = kv:len()
+    if self.p > kv:capacity() - len then
+        error(("cart.map: %s: %d rows after %d do not fit a cache of %d"):format(self.path, self.p, len,
+            kv:capacity()), 0)
+    end
+    for l = 0, self.n_layer - 1 do
+        if self.frozen > 0 then
+            core.check(C.cart_kv_write(kv.handle, l, len, self.frozen, self.k_sink[l], self.v_sink[l]), "cart.map")
+        end
+        core.check(C.cart_kv_write(kv.handle, l, len + self.frozen, self.p - self.frozen, self.k[l], self.v[l]),
+            "cart.map")
+    end
+    kv:set_len(len + self.p)
+end
+
+function Mapped:bytes()
+    local total = 0
+    for _, row in ipairs(self.rows_per_layer) do total = total + 2 * self.p * row * 4 end
+    return total
+end
+
+function Mapped:free()
+    if self.file then self.file:close() end
+    self.file, self.k, self.v, self.k_sink, self.v_sink = nil, {}, {}, {}, {}
+end
+
+-- Several cartridges (loaded or mapped) served as one prefix: append_to
+-- writes their rows into a cache one after the other, p is the sum. The
+-- same rows as cart.compose's, without copying them first.
+local Stack = {}
+Stack.__index = Stack
+
+function cart.stack(parts)
+    local p = 0
+    for _, c in ipairs(parts) do p = p + c.p end
+    return setmetatable({ parts = parts, p = p }, Stack)
+end
+
+function Stack:append_to(kv)
+    for _, c in ipairs(self.parts) do c:append_to(kv) end
 end
 
 cart.Cart = Cart

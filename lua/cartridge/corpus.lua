@@ -5,6 +5,7 @@
 --   c.text, c.ids (a cartridge.ids sequence), c.n_tokens, c.files ({ path, start, bytes, tokens })
 --   c.text_tokens                -- tokens of the documents' own text (no headers)
 --   c:file_of(token_index)      -- the path of the document a token belongs to
+--   local d = corpus.document("a.md", text, tok)   -- one document, no header (a fleet's)
 --
 -- Each path is a UTF-8 text file of any extension (at most 16 MiB) or a
 -- directory whose top-level .md files are taken in sorted order (other entries
@@ -132,6 +133,26 @@ function corpus.load(paths, tok)
     self.n_tokens = #self.ids
     return self
 end
+
+-- One document alone as a corpus, without the document header: the text's
+-- own ids, and `name` as the path its chunks name (a fleet's documents, each
+-- trained into a cartridge of its own). The text must not be blank.
+function corpus.document(name, text, tok)
+    if not text:find("%S") then
+        error(("corpus: %s has no text (%d bytes, all whitespace or none); remove it or write the document")
+            :format(name, #text), 0)
+    end
+    local self = setmetatable({ ids = ids_mod.new(), text = text }, Corpus)
+    tok:encode_ids(text, { special = true }, self.ids)
+    self.n_tokens = #self.ids
+    self.text_tokens = self.n_tokens
+    self.files = { { path = name, start = 0, bytes = #text, tokens = self.n_tokens } }
+    return self
+end
+
+-- The text of one corpus file, with the checks corpus.load makes (a regular
+-- file, at most MAX_FILE_BYTES, UTF-8).
+corpus.read_text = read_text
 
 -- The path of the document token i (0-based) belongs to.
 function Corpus:file_of(i)

@@ -120,18 +120,25 @@ local TITLES = { "Notes on the people of %s", "Who is who in %s", "A register of
 -- A document of n facts (1 <= n <= #facts.NAMES): one fact about each of n
 -- people, named from facts.NAMES in a fresh order, with relations cycled in
 -- a fresh order and values drawn fresh; the sentences in paragraphs of 3 to
--- 6 under a title. Each question names its person, who is in one sentence
+-- 6 under a title. opts.relations (default all 8) draws from that many of
+-- the relations only, so that even a short document can hold several facts
+-- of one relation, which only the person's name tells apart. Each question names its person, who is in one sentence
 -- of the document, so it has exactly one answer there.
-function facts.document(seed, n)
+function facts.document(seed, n, opts)
     if type(n) ~= "number" or n < 1 or n ~= math.floor(n) or n > #facts.NAMES then
         error(("facts.document: the number of facts must be an integer in 1..%d, got %s"):format(#facts.NAMES,
             tostring(n)), 0)
+    end
+    local k = opts and opts.relations or #RELATIONS
+    if type(k) ~= "number" or k < 1 or k > #RELATIONS or k ~= math.floor(k) then
+        error(("facts.document: relations must be an integer in 1..%d, got %s"):format(#RELATIONS, tostring(k)), 0)
     end
     local g = facts.rng(seed)
     local pool = {}
     for i, name in ipairs(facts.NAMES) do pool[i] = name end
     g:shuffle(pool)
     local rels = g:shuffle({ 1, 2, 3, 4, 5, 6, 7, 8 })
+    for i = #rels, k + 1, -1 do rels[i] = nil end
     local list, people = {}, {}
     for i = 1, n do
         if (i - 1) % #rels == 0 and i > 1 then g:shuffle(rels) end

@@ -184,11 +184,20 @@ local DISK_COUNTERS = {
         "Files of the disk tier skipped: damaged, or for another model or cartridge." },
 }
 
+-- The fleet's counters (cartridge.fleetserve stats): key, name, help.
+local FLEET_COUNTERS = {
+    { "retrievals", "cartridge_fleet_retrievals_total", "Conversations whose cartridges retrieval picked." },
+    { "sticky_hits", "cartridge_fleet_sticky_hits_total",
+        "Requests that went behind the cartridges their conversation already had." },
+    { "maps", "cartridge_fleet_maps_total", "Cartridges mapped from the fleet directory." },
+    { "unmaps", "cartridge_fleet_unmaps_total", "Cartridges unmapped to stay within --budget." },
+}
+
 local ServerMetrics = {}
 ServerMetrics.__index = ServerMetrics
 
 -- The metrics of a cartridge server: start_time (seconds since the epoch),
--- disk (true when the disk tier is on).
+-- disk (true when the disk tier is on), fleet (true when it serves a fleet).
 function metrics.server(opts)
     local reg = metrics.registry()
     local self = setmetatable({ reg = reg, routes = {} }, ServerMetrics)
@@ -208,6 +217,12 @@ function metrics.server(opts)
         self.disk_files = reg:gauge("cartridge_kv_disk_files", "Files in the disk tier.")
         self.disk_bytes = reg:gauge("cartridge_kv_disk_bytes", "Bytes in the disk tier.")
         self.disk_max = reg:gauge("cartridge_kv_disk_max_bytes", "The disk tier's bound (--kv-cache-max).")
+    end
+    if opts.fleet then
+        self.fleet = {}
+        for _, d in ipairs(FLEET_COUNTERS) do self.fleet[d[1]] = reg:counter(d[2], d[3]) end
+        self.fleet_mapped = reg:gauge("cartridge_fleet_mapped", "Cartridges of the fleet mapped now.")
+        self.fleet_budget = reg:gauge("cartridge_fleet_budget", "The most cartridges mapped at once (--budget).")
     end
     self.ttft = reg:histogram("cartridge_time_to_first_token_seconds",
         "Seconds from a request's arrival to its first token (queueing and prefill included).", metrics.TTFT_BUCKETS)
@@ -274,6 +289,12 @@ function ServerMetrics:render(srv)
         self.disk_files:set(files)
         self.disk_bytes:set(bytes)
         self.disk_max:set(store.max_bytes)
+    end
+    local fleet = srv.fleet
+    if fleet and self.fleet then
+        for key, counter in pairs(self.fleet) do counter:inc(fleet.stats[key] - counter:sample().value) end
+        self.fleet_mapped:set(fleet.mapped)
+        self.fleet_budget:set(fleet.budget)
     end
     return self.reg:render()
 end

@@ -89,10 +89,15 @@ function model.load(path, opts)
     return self
 end
 
--- One line describing the model: layers, hidden size and the KV geometry
--- ("4 layers, hidden 256, kv_heads 2, head_dim 64", or with the
--- architecture and each layer's geometry and window when they differ).
+-- The line recipes print first: "model: PATH (4 layers, hidden 256,
+-- kv_heads 2, head_dim 64)", or with the architecture and each layer's
+-- geometry and window when they differ.
 function Model:describe()
+    return ("model: %s (%s)"):format(self.path, self:geometry_text())
+end
+
+-- The model's layers, hidden size and KV geometry as describe() shows them.
+function Model:geometry_text()
     local c = self.config
     if c.uniform_kv then
         return ("%d layers, hidden %d, kv_heads %d, head_dim %d"):format(c.n_layer, c.n_embd, c.n_head_kv, c.head_dim)
@@ -191,7 +196,9 @@ end
 -- id lists (one per stream, possibly empty); logits: as for forward, applied
 -- to every stream ("last" gives one row per non-empty stream, in stream
 -- order). Returns the float* of the logit rows and the number of rows.
-function Model:forward_batch(kvs, ids, logits, counts)
+-- With hidden = true the rows are final hidden states ([rows, n_embd],
+-- after the output norm) instead of logits.
+function Model:forward_batch(kvs, ids, logits, counts, hidden)
     local B = #kvs
     local total = 0
     local n_tokens = ensure(self, "_counts", "int64_t[?]", B)
@@ -234,9 +241,15 @@ function Model:forward_batch(kvs, ids, logits, counts)
     elseif mode ~= "none" then
         error("model:forward: logits must be 'last', 'all', 'none' or a list of rows", 0)
     end
-    local out = n_rows > 0 and ensure(self, "_logits", "float[?]", n_rows * self.n_vocab) or nil
     local handles = ensure(self, "_kvs", "cart_kv *[?]", B)
     for b = 1, B do handles[b - 1] = kvs[b].handle end
+    if hidden then
+        local out = n_rows > 0 and ensure(self, "_hidden", "float[?]", n_rows * self.config.n_embd) or nil
+        core.check(C.cart_model_forward_hidden(self.handle, handles, B, tokens, n_tokens, rows, n_rows, out),
+            "model:forward")
+        return out, n_rows
+    end
+    local out = n_rows > 0 and ensure(self, "_logits", "float[?]", n_rows * self.n_vocab) or nil
     core.check(C.cart_model_forward(self.handle, handles, B, tokens, n_tokens, rows, n_rows, out),
         "model:forward")
     self._logits_rows = n_rows

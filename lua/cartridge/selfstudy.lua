@@ -28,6 +28,48 @@ local C = core.C
 
 local selfstudy = {}
 
+-- The command-line flags of self-study that other recipes take with the
+-- same meaning (recipes/selfstudy.lua, recipes/fleet.lua), as
+-- cartridge.options specs, in this order; defaults: a table of overrides
+-- (e.g. { p = 256 }).
+local FLAGS = {
+    { "p", type = "int", default = 512, help = "cartridge rows per layer, the frozen ones included" },
+    { "frozen", type = "int", default = 1, help = "attention-sink rows kept constant" },
+    { "accum", type = "int", default = 4, help = "conversations per optimizer step" },
+    { "lr", type = "number", default = 2e-3, help = "Adam learning rate" },
+    { "chunk-min", type = "int", default = 256, help = "shortest corpus chunk, tokens" },
+    { "chunk-max", type = "int", default = 512, help = "longest corpus chunk, tokens" },
+    { "top-k", type = "int", default = 20, help = "teacher entries per supervised token (then cut at 0.99 mass)" },
+    { "max-q", type = "int", default = 64, help = "bot A's message budget, tokens" },
+    { "max-a", type = "int", default = 192, help = "bot B's answer budget, tokens (and the serve budget)" },
+    { "seed", type = "int", default = 42, help = "seeds chunks, seed prompts and bot A's sampling" },
+    { "spec-b", type = "boolean", help = "bot B decodes speculatively, drafting from its own chunk" },
+    { "checkpoint", type = "boolean", help = "recompute each layer in the backward (less memory, bit-identical results)" },
+    { "teacher-pass", type = "boolean", help = "score B's answers with a separate packed teacher pass instead of reusing B's logits" },
+}
+
+function selfstudy.flags(defaults)
+    local out = {}
+    for i, f in ipairs(FLAGS) do
+        local copy = {}
+        for k, v in pairs(f) do copy[k] = v end
+        local key = f[1]:gsub("%-", "_")
+        if defaults and defaults[key] ~= nil then copy.default = defaults[key] end
+        out[i] = copy
+    end
+    return out
+end
+
+-- Checks the shared flags' values; fail(message) raises.
+function selfstudy.check_flags(opts, fail)
+    if opts.accum < 1 then fail("--accum must be at least 1") end
+    if opts.chunk_min < 1 or opts.chunk_min > opts.chunk_max then
+        fail(("--chunk-min %d and --chunk-max %d: need 0 < chunk-min <= chunk-max"):format(opts.chunk_min,
+            opts.chunk_max))
+    end
+    if opts.top_k < 1 or opts.max_q < 1 or opts.max_a < 1 then fail("--top-k, --max-q and --max-a must be at least 1") end
+end
+
 -- The system message a chunk (or the whole corpus, for the cartridge's
 -- initialization) is wrapped in.
 function selfstudy.system_text(body)

@@ -28,7 +28,8 @@ local function now() return C.cart_now_seconds() end
 -- opts: model, question, max_a (192), cartridge (optional), system (optional
 -- system-message text, for ICL), kv ("f16"), speculative (optional: a
 -- speculative drafter with :decode, see cartridge.speculative), template,
--- grammar (optional, not with speculative).
+-- grammar (optional, not with speculative), ignore_eos (greedy decoding goes
+-- on past the end of the turn: a benchmark's fixed length).
 function serve.answer(opts)
     local m = opts.model
     local tok = m:tokenizer()
@@ -71,7 +72,7 @@ function serve.answer(opts)
         local logits = m:forward(kv, prompt)
         for _ = 1, max_a do
             local id = m:argmax(logits)
-            if tok:is_eog(id) then break end
+            if tok:is_eog(id) and not opts.ignore_eos then break end
             ids[#ids + 1] = id
             if #ids == max_a then break end
             logits = m:forward(kv, { id })

@@ -16,6 +16,9 @@
 -- (opts.kv_cache_dir, cartridge.kvstore), a conversation about to be
 -- overwritten in a slot spills to a file first, and a request whose prompt
 -- shares a longer prefix with a file than with any slot adopts its rows.
+-- With a fleet (opts.fleet, cartridge.fleetserve), a request for the fleet's
+-- name goes behind the cartridges retrieval picks for its conversation,
+-- composed; the response names them in an extra field, "documents".
 --
 -- Endpoints: POST /v1/chat/completions, POST /v1/completions, POST
 -- /v1/responses (OpenAI's Responses API), POST /v1/messages (Anthropic's
@@ -147,7 +150,8 @@ Server.__index = Server
 -- the cartridge), api_key, max_tokens_limit, max_messages, queue_limit,
 -- default_max_tokens, log (function(line) or nil); the disk tier:
 -- kv_cache_dir, kv_cache_max (bytes) and warn (function(line) for the lines
--- a --quiet server still prints: skipped files, failed writes).
+-- a --quiet server still prints: skipped files, failed writes); fleet (a
+-- cartridge.fleetserve, served under its name).
 function server.new(opts)
     local self = setmetatable({}, Server)
     self.m = opts.model
@@ -168,13 +172,15 @@ function server.new(opts)
     self.counter = 0
     local max_p = 0
     for _, c in pairs(self.cartridges) do max_p = math.max(max_p, c.p) end
+    self.fleet = opts.fleet
+    if self.fleet then max_p = math.max(max_p, self.fleet.max_rows) end
     self.ctx = opts.ctx or 4096
     self.slots = {}
     for i = 1, opts.parallel or 4 do
         self.slots[i] = { id = i, kv = self.m:new_kv(max_p + self.ctx, opts.kv or "f16"), cart = nil,
             tokens = {}, last_used = 0, job = nil }
     end
-    self.metrics = metrics.server({ disk = opts.kv_cache_dir ~= nil })
+    self.metrics = metrics.server({ disk = opts.kv_cache_dir ~= nil, fleet = opts.fleet ~= nil })
     if self.http then self.http.on_answer = function(id, status) self.metrics:answered(id, status) end end
     if opts.kv_cache_dir then
         self.store = kvstore.open({ dir = opts.kv_cache_dir, max_bytes = opts.kv_cache_max or 8 * 2 ^ 30, model = self.m,
@@ -298,6 +304,7 @@ function Server:pick(body)
     if name == nil or name == json.null then return nil, self.model_name end
     if type(name) ~= "string" then reject(400, "model must be a string; got " .. shown(name, body, "model"), "model") end
     if name == self.model_name then return nil, name end
+    if self.fleet and name == self.fleet.name then return self.fleet, name end
     local c = self.cartridges[name]
     if not c then
         reject(404, ("The model %s does not exist; GET /v1/models lists them."):format(shown(name)), "model",
@@ -637,7 +644,7 @@ function Server:parse_messages(body)
             reject(400, "messages: the final assistant content cannot end with trailing whitespace", "messages")
         end
     end
-    return chat.render(self.template, list) .. (prefill or "")
+    return chat.render(self.template, list) .. (prefill or ""), list
 end
 
 function Server:messages_options(body)
@@ -746,7 +753,7 @@ function Server:parse_responses(body)
     local tools = self:chat_tools(body, true)
     local ok, text = pcall(chat.render, self.template, list, { tools = tools and tools.list })
     if not ok then reject(400, (tostring(text):gsub("^chat%.render: ", "")), "input") end
-    return text .. (tools and tools.prefill or ""), tools
+    return text .. (tools and tools.prefill or ""), tools, list
 end
 
 function Server:responses_options(body)
@@ -767,6 +774,13 @@ function Server:responses_options(body)
         temperature = o.temperature, top_p = o.top_p,
         metadata = json.kind(body.metadata) == "object" and body.metadata or json.object() }
     return o
+end
+
+-- Adds the fleet's extra field to a response object: the documents whose
+-- cartridges the answer went behind, in composition order.
+local function with_documents(job, obj)
+    if job.documents then obj.documents = json.array({ unpack(job.documents) }) end
+    return obj
 end
 
 -- A Responses API response object in its current state.
@@ -794,7 +808,7 @@ function Server:response_object(job, status)
             output_tokens_details = { reasoning_tokens = 0 }, total_tokens = #job.prompt + #job.out_ids } }
     for k, v in pairs(job.opts.echo) do obj[k] = v end
     if job.tools then obj.tool_choice, obj.parallel_tool_calls = job.opts.echo_tool_choice, job.tools.parallel end
-    return obj, item, calls and output or nil
+    return with_documents(job, obj), item, calls and output or nil
 end
 
 -- Opens a streamed response's message item (once), before its first text.
@@ -834,7 +848,7 @@ function Server:make_job(id, req)
     local route = req.route or req.path
     local body = parse_json(req)
     local cart, name = self:pick(body)
-    local kind, text, tools
+    local kind, text, tools, list
     local o
     if route == "/v1/messages" then o = self:messages_options(body)
     elseif route == "/v1/responses" then o = self:responses_options(body)
@@ -855,14 +869,15 @@ function Server:make_job(id, req)
     end
     if route == "/v1/messages" then
         kind = "messages"
-        text = self:parse_messages(body)
+        text, list = self:parse_messages(body)
     elseif route == "/v1/responses" then
         kind = "responses"
-        text, tools = self:parse_responses(body)
+        text, tools, list = self:parse_responses(body)
     elseif route == "/v1/chat/completions" then
         kind = "chat"
         tools = self:chat_tools(body)
-        local ok, rendered = pcall(chat.render, self.template, self:parse_chat(body), { tools = tools and tools.list })
+        list = self:parse_chat(body)
+        local ok, rendered = pcall(chat.render, self.template, list, { tools = tools and tools.list })
         if not ok then
             if server.is_request_error(rendered) then error(rendered, 0) end
             reject(400, (tostring(rendered):gsub("^chat%.render: ", "")), "messages")
@@ -877,6 +892,18 @@ function Server:make_job(id, req)
         end
         check_utf8(prompt, "prompt")
         text = prompt
+        list = { { role = "user", content = prompt } }
+    end
+    local documents
+    if cart and cart == self.fleet then
+        -- the fleet's cartridges for this conversation, retrieved over its user messages
+        local users = {}
+        for _, msg in ipairs(list) do
+            if msg.role == "user" then users[#users + 1] = msg.content end
+        end
+        if #users == 0 then reject(400, "a request to a fleet needs a user message to retrieve by", "messages") end
+        cart = self.fleet:select(users)
+        documents = cart.names
     end
     local ids = self.tok:encode(text, { special = kind ~= "text", add_special = cart == nil })
     local what = kind == "text" and "prompt" or kind == "responses" and "input" or "messages"
@@ -891,6 +918,7 @@ function Server:make_job(id, req)
     local g = tools and tools.grammar or format and format.grammar
     return {
         id = id, kind = kind, name = name, cart = cart, prompt = ids, opts = o, tools = tools, grammar = g,
+        documents = documents,
         call_close = tools and tools.grammar and "\n" .. self.template.call_close or nil,
         out_ids = {}, text = tools and tools.prefill or "", sent = 0, finish = nil, cached = 0,
         completion_id = (kind == "chat" and "chatcmpl-" or kind == "messages" and "msg_" or
@@ -1005,6 +1033,10 @@ function Server:sample(job, logits)
 end
 
 function Server:release(job)
+    if job.held then
+        job.held = false
+        job.cart:release()
+    end
     if job.slot and not job.counted then
         job.counted = true
         self.metrics:finished(job, now())
@@ -1068,17 +1100,17 @@ function Server:chunk(job, delta, finish)
             choices = json.array({ { index = 0, text = delta.content or "", finish_reason = finish or json.null,
                 logprobs = json.null } }) }
     end
-    self.http:stream_write(job.id, "data: " .. json.encode(obj) .. "\n\n")
+    self.http:stream_write(job.id, "data: " .. json.encode(with_documents(job, obj)) .. "\n\n")
 end
 
 function Server:start_stream(job)
     self.http:stream_begin(job.id, 200, "text/event-stream", { ["Cache-Control"] = "no-cache" })
     job.streaming = true
     if job.kind == "messages" then
-        self:event(job, "message_start", { type = "message_start", message = { id = job.completion_id, type = "message",
-            role = "assistant", model = job.name, content = json.array(), stop_reason = json.null,
+        self:event(job, "message_start", { type = "message_start", message = with_documents(job, { id = job.completion_id,
+            type = "message", role = "assistant", model = job.name, content = json.array(), stop_reason = json.null,
             stop_sequence = json.null, usage = { input_tokens = #job.prompt - job.cached, output_tokens = 0,
-                cache_read_input_tokens = job.cached, cache_creation_input_tokens = 0 } } })
+                cache_read_input_tokens = job.cached, cache_creation_input_tokens = 0 } }) })
         self:event(job, "content_block_start", { type = "content_block_start", index = 0,
             content_block = { type = "text", text = "" } })
         self:event(job, "ping", { type = "ping" })
@@ -1137,16 +1169,16 @@ function Server:finish_job(job)
             self.http:respond(id, 200, "application/json", json.encode(obj))
         end
     elseif job.kind == "messages" then
-        self.http:respond(id, 200, "application/json", json.encode({ id = job.completion_id, type = "message",
-            role = "assistant", model = job.name, content = json.array({ { type = "text", text = job.text } }),
-            stop_reason = STOP_REASON[reason], stop_sequence = job.stop_hit or json.null, usage = anthropic_usage(job) }))
+        self.http:respond(id, 200, "application/json", json.encode(with_documents(job, { id = job.completion_id,
+            type = "message", role = "assistant", model = job.name, content = json.array({ { type = "text", text = job.text } }),
+            stop_reason = STOP_REASON[reason], stop_sequence = job.stop_hit or json.null, usage = anthropic_usage(job) })))
     elseif job.opts.stream then
         if job.kind == "chat" then self:chunk(job, json.object(), self:job_calls(job) and "tool_calls" or job.finish)
         else self:chunk(job, { content = "" }, job.finish) end
         if job.opts.include_usage then
             local obj = { id = job.completion_id, object = job.kind == "chat" and "chat.completion.chunk" or "text_completion",
                 created = self.created, model = job.name, choices = json.array(), usage = usage(job) }
-            self.http:stream_write(id, "data: " .. json.encode(obj) .. "\n\n")
+            self.http:stream_write(id, "data: " .. json.encode(with_documents(job, obj)) .. "\n\n")
         end
         self.http:stream_write(id, "data: [DONE]\n\n")
         self.http:stream_end(id)
@@ -1164,9 +1196,10 @@ function Server:finish_job(job)
                 choices = json.array({ { index = 0, text = job.text, finish_reason = job.finish, logprobs = json.null } }),
                 usage = usage(job) }
         end
-        self.http:respond(id, 200, "application/json", json.encode(obj))
+        self.http:respond(id, 200, "application/json", json.encode(with_documents(job, obj)))
     end
-    self.log(("%s %s %d+%d tokens (%d cached) %s %.2f s"):format(job.kind, job.name, #job.prompt, #job.out_ids,
+    self.log(("%s %s%s %d+%d tokens (%d cached) %s %.2f s"):format(job.kind, job.name,
+        job.documents and (" [" .. table.concat(job.documents, ", ") .. "]") or "", #job.prompt, #job.out_ids,
         job.cached, job.finish, now() - job.received))
     self:release(job)
 end
@@ -1292,6 +1325,11 @@ function Server:models_body()
         data[#data + 1] = { id = name, object = "model", created = self.created, owned_by = "cartridge",
             cartridge = { p = self.cartridges[name].p, base_model = self.model_name } }
     end
+    if self.fleet then
+        local f = self.fleet
+        data[#data + 1] = { id = f.name, object = "model", created = self.created, owned_by = "cartridge",
+            fleet = { documents = #f.man.docs, rag_docs = f.rag_docs, budget = f.budget, base_model = self.model_name } }
+    end
     return json.encode({ object = "list", data = json.array(data) })
 end
 
@@ -1387,6 +1425,11 @@ function Server:admit()
         local job = self.queue[1]
         local slot = self:choose_slot(job)
         if not slot then break end
+        if job.cart and job.cart.acquire and not job.held then
+            -- a fleet's cartridges are mapped within its budget: wait while others hold it
+            if not job.cart:acquire() then break end
+            job.held = true
+        end
         table.remove(self.queue, 1)
         if self:guarded(job, function()
                 self:bind(job, slot)

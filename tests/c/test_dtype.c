@@ -1293,6 +1293,27 @@ static void test_byte_counts_reject_negative_partial_and_overflowing_sizes(void)
     CHECK_ERR(cart_dtype_nbytes(&out, 12345, 1), CART_E_ARG);
 }
 
+/* Every NaN (quiet, signalling, either sign, any payload) and both
+ * infinities are found at their index, at any alignment; the largest finite
+ * values and subnormals are not. */
+static void test_the_first_nonfinite_f32_is_found_by_its_bits(void) {
+    const uint32_t bad[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu,
+                            0x7fbfffffu};
+    const uint32_t good[] = {0x7f7fffffu, 0xff7fffffu, 0x00000001u, 0x80000000u, 0x3f800000u};
+    unsigned char buf[4 * 16 + 3];
+    for (int shift = 0; shift < 4; shift++) {
+        unsigned char *at = buf + shift;
+        for (int k = 0; k < 5; k++) memcpy(at + 4 * k, &good[k], 4);
+        CHECK(cart_f32_first_nonfinite(at, 5) == -1);
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+            memcpy(at + 4 * 3, &bad[b], 4);
+            CHECK_MSG(cart_f32_first_nonfinite(at, 5) == 3, "0x%08x at offset %d", bad[b], shift);
+            CHECK(cart_f32_first_nonfinite(at, 3) == -1);
+        }
+    }
+    CHECK(cart_f32_first_nonfinite(buf, 0) == -1);
+}
+
 int main(void) {
     RUN(test_f16_conversion_handles_hand_picked_values);
     RUN(test_every_f16_value_round_trips_through_f32);
@@ -1337,5 +1358,6 @@ int main(void) {
     RUN(test_types_without_a_converter_are_unsupported_and_named);
     RUN(test_the_table_agrees_with_ggml_and_with_the_converters);
     RUN(test_byte_counts_reject_negative_partial_and_overflowing_sizes);
+    RUN(test_the_first_nonfinite_f32_is_found_by_its_bits);
     return check_finish("dtype");
 }

@@ -15,6 +15,7 @@
 #include "dtype.h"
 #include "internal.h"
 #include "model.h"
+#include "model_internal.h"
 #include "sampler.h"
 
 static int shared_present(void) {
@@ -210,6 +211,63 @@ static void test_a_stream_gets_the_same_bits_in_any_group(void) {
     cart_model_free(m);
 }
 
+/* The final hidden states are what the output head turns into the logits:
+ * hidden . W_out[v] (in double) gives logit v, for every row of a prompt;
+ * a row's hidden state is the same bits alone and beside another stream. */
+static void test_final_hidden_states_give_the_logits_through_the_head(void) {
+    cart_model *m = NULL;
+    CHECK_OK(cart_model_load(&m, CART_SHARED_DIR "/models/stories260K.gguf", NULL));
+    if (!m) return;
+    const cart_model_config *c = cart_model_get_config(m);
+    int64_t V = c->n_vocab, E = c->n_embd, n = 9;
+    cart_kv *a = NULL, *b = NULL;
+    CHECK_OK(cart_model_new_kv(&a, m, 32, CART_F32));
+    CHECK_OK(cart_model_new_kv(&b, m, 32, CART_F32));
+    int64_t rows[9];
+    for (int64_t j = 0; j < n; j++) rows[j] = j;
+    float *hidden = malloc(sizeof(float) * (size_t)(n * E)), *logits = malloc(sizeof(float) * (size_t)(n * V));
+    CHECK_OK(cart_model_forward_hidden(m, &a, 1, story, &n, rows, n, hidden));
+    CHECK(cart_kv_len(a) == n);
+    CHECK_OK(cart_model_forward(m, &b, 1, story, &n, rows, n, logits));
+    const cart_weight *w = &m->output;
+    float *wrow = malloc(sizeof(float) * (size_t)E);
+    double worst = 0, scale = 0;
+    for (int64_t v = 0; v < V; v++) {
+        cart_to_f32(wrow, w->dtype, (const uint8_t *)w->data + (size_t)v * w->row_bytes, E);
+        for (int64_t j = 0; j < n; j++) {
+            double dot = 0;
+            for (int64_t e = 0; e < E; e++) dot += (double)hidden[j * E + e] * wrow[e];
+            worst = fmax(worst, fabs(dot - logits[j * V + v]));
+            scale = fmax(scale, fabs(dot));
+        }
+    }
+    printf("  %lld rows x %lld logits, |logit| up to %.3g\n", (long long)n, (long long)V, scale);
+    CHECK_MAXDIFF("hidden . W_out vs the forward's logits", worst, 1e-4);
+    /* beside another stream, in one pass: the same bits */
+    cart_kv *kvs[2] = {NULL, NULL};
+    CHECK_OK(cart_model_new_kv(&kvs[0], m, 32, CART_F32));
+    CHECK_OK(cart_model_new_kv(&kvs[1], m, 32, CART_F32));
+    int32_t both[9 + 4];
+    memcpy(both, story + 3, 4 * sizeof(int32_t));
+    memcpy(both + 4, story, (size_t)n * sizeof(int32_t));
+    int64_t counts[2] = {4, n}, last[2] = {3, 4 + n - 1};
+    float pair[2 * 512];
+    CHECK(E <= 512);
+    CHECK_OK(cart_model_forward_hidden(m, kvs, 2, both, counts, last, 2, pair));
+    CHECK(memcmp(pair + E, hidden + (n - 1) * E, sizeof(float) * (size_t)E) == 0);
+    int64_t beyond = n; /* a row past the pass's tokens: refused before the cache changes */
+    CHECK_ERR(cart_model_forward_hidden(m, &a, 1, story, &n, &beyond, 1, hidden), CART_E_ARG);
+    CHECK(cart_kv_len(a) == n);
+    free(wrow);
+    free(hidden);
+    free(logits);
+    cart_kv_free(a);
+    cart_kv_free(b);
+    cart_kv_free(kvs[0]);
+    cart_kv_free(kvs[1]);
+    cart_model_free(m);
+}
+
 static void test_bad_forward_input_fails_and_leaves_caches_alone(void) {
     cart_model *m = NULL;
     CHECK_OK(cart_model_load(&m, CART_SHARED_DIR "/models/stories260K.gguf", NULL));
@@ -327,6 +385,7 @@ int main(void) {
     RUN(test_lockstep_streams_match_running_them_alone);
     RUN(test_a_stream_gets_the_same_bits_in_any_group);
     RUN(test_short_spans_match_one_token_steps_bit_for_bit);
+    RUN(test_final_hidden_states_give_the_logits_through_the_head);
     RUN(test_bad_forward_input_fails_and_leaves_caches_alone);
     RUN(test_loading_names_the_tensor_or_key_that_is_wrong);
     RUN(test_kv_cache_rows_round_trip_and_copy);

@@ -319,6 +319,129 @@ static void test_a_captured_cartridge_continues_like_the_full_sequence(void) {
     cart_model_free(m);
 }
 
+/* A capture of 10 tokens split into parts of 4 and 6 rows (positions kept)
+ * and composed again scores the next tokens bitwise like the whole capture,
+ * through the cache and through the training path; the composition writes
+ * into a cache the same rows as its parts appended one after the other. */
+static void test_a_split_capture_composes_back_bitwise(void) {
+    cart_model *m = NULL;
+    CHECK_OK(cart_model_load(&m, QWEN_PATH, NULL));
+    if (!m) return;
+    cart_trainer *t = NULL;
+    CHECK_OK(cart_trainer_new(&t, m, NULL));
+    int32_t toks[14] = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 31};
+    cart_cartridge *whole = NULL, *a = NULL, *b = NULL, *ab = NULL;
+    CHECK_OK(cart_cartridge_new_for(&whole, m, 10, 1));
+    CHECK_OK(cart_cartridge_capture(whole, m, toks, 10, CART_F32));
+    CHECK_OK(cart_cartridge_new_for(&a, m, 4, 1));
+    CHECK_OK(cart_cartridge_new_for(&b, m, 6, 1));
+    CHECK_OK(cart_cartridge_copy_rows(a, 0, whole, 0, 4));
+    CHECK_OK(cart_cartridge_copy_rows(b, 0, whole, 4, 6));
+    const cart_cartridge *parts[2] = {a, b};
+    CHECK_OK(cart_cartridge_compose(&ab, parts, 2));
+    CHECK(cart_cartridge_p(ab) == 10 && cart_cartridge_frozen(ab) == 1);
+    int32_t V = cart_model_get_config(m)->n_vocab;
+    int64_t n_tail = 4, rows_tail[4] = {0, 1, 2, 3};
+    float ref[4 * 64], got[4 * 64];
+    CHECK_OK(cart_trainer_logits(t, whole, toks + 10, 4, &n_tail, 1, rows_tail, 4, ref));
+    CHECK_OK(cart_trainer_logits(t, ab, toks + 10, 4, &n_tail, 1, rows_tail, 4, got));
+    double worst = 0;
+    for (int i = 0; i < 4 * V; i++) worst = fmax(worst, fabs(ref[i] - got[i]));
+    CHECK_MAXDIFF("composed parts vs the whole capture (training path)", worst, 0.0);
+    cart_kv *k1 = NULL, *k2 = NULL;
+    CHECK_OK(cart_model_new_kv(&k1, m, 16, CART_F16));
+    CHECK_OK(cart_model_new_kv(&k2, m, 16, CART_F16));
+    CHECK_OK(cart_cartridge_append_to_kv(ab, k1));
+    CHECK_OK(cart_cartridge_append_to_kv(a, k2));
+    CHECK_OK(cart_cartridge_append_to_kv(b, k2));
+    CHECK(cart_kv_len(k1) == 10 && cart_kv_len(k2) == 10);
+    float inf1[4 * 64], inf2[4 * 64];
+    CHECK_OK(cart_model_forward(m, &k1, 1, toks + 10, &n_tail, rows_tail, 4, inf1));
+    CHECK_OK(cart_model_forward(m, &k2, 1, toks + 10, &n_tail, rows_tail, 4, inf2));
+    CHECK(memcmp(inf1, inf2, sizeof(float) * (size_t)(4 * V)) == 0);
+    cart_kv_free(k1);
+    cart_kv_free(k2);
+    /* a part of another geometry is refused, naming both */
+    cart_cartridge *odd = NULL;
+    CHECK_OK(cart_cartridge_new(&odd, 3, 2, 16, 4, 1));
+    const cart_cartridge *bad[2] = {a, odd};
+    CHECK_ERR(cart_cartridge_compose(&ab, bad, 2), CART_E_ARG);
+    CHECK_ERROR_MENTIONS("part 1 is 3 layers (layer 0: 2 KV heads x 16), part 0 is 2 layers (layer 0: 2 x 16)");
+    CHECK(ab == NULL);
+    CHECK_ERR(cart_cartridge_copy_rows(a, 0, whole, 8, 4), CART_E_ARG);
+    cart_cartridge_free(odd);
+    cart_cartridge_free(a);
+    cart_cartridge_free(b);
+    cart_cartridge_free(whole);
+    cart_trainer_free(t);
+    cart_model_free(m);
+}
+
+/* Training through a composition of two random parts reaches both: the
+ * gradient composed back into each part matches central differences of the
+ * composed loss in that part's rows, and each part's sink rows get none. */
+static void test_gradients_through_a_composition_reach_every_part(void) {
+    problem pb;
+    const int64_t lens[2] = {6, 5};
+    make_problem(&pb, QWEN_PATH, lens, 2, 5, 1, 0, 31);
+    if (!pb.m) return;
+    cart_cartridge *second = NULL, *comp = NULL;
+    CHECK_OK(cart_cartridge_new_for(&second, pb.m, 4, 2));
+    cart_cartridge_init_random(second, 32, 0.7f);
+    cart_cartridge *parts[2] = {pb.c, second};
+    CHECK_OK(cart_cartridge_compose(&comp, (const cart_cartridge *const *)parts, 2));
+    cart_cartridge_zero_grad(comp);
+    cart_cartridge_zero_grad(pb.c);
+    cart_cartridge_zero_grad(second);
+    double loss = 0;
+    CHECK_OK(cart_trainer_distill(pb.t, comp, pb.tokens, pb.n, pb.seg, pb.n_seg, &pb.tg, 1, 1.0f, 1, &loss));
+    CHECK_OK(cart_cartridge_compose_grad(comp, parts, 2));
+    cart_cartridge_free(comp);
+    int64_t row = (int64_t)cart_cartridge_kv_heads(pb.c) * cart_cartridge_head_dim(pb.c);
+    double worst = 0, reach[2] = {0, 0};
+    cart_rng r;
+    cart_rng_seed(&r, 77);
+    for (int part = 0; part < 2; part++) {
+        cart_cartridge *c = parts[part];
+        int64_t frozen = cart_cartridge_frozen(c), p = cart_cartridge_p(c);
+        for (int32_t l = 0; l < cart_cartridge_n_layer(c); l++)
+            for (int32_t which = 0; which < 2; which++) {
+                float *x = cart_cartridge_rows(c, l, which);
+                const float *g = cart_cartridge_grad(c, l, which);
+                for (int64_t i = 0; i < frozen * row; i++) CHECK(g[i] == 0.0f);
+                for (int k = 0; k < 6; k++) {
+                    int64_t i = frozen * row + (int64_t)cart_rng_below(&r, (uint64_t)((p - frozen) * row));
+                    float keep = x[i], h = 1e-2f;
+                    double lo, hi;
+                    x[i] = keep + h;
+                    CHECK_OK(cart_cartridge_compose(&comp, (const cart_cartridge *const *)parts, 2));
+                    CHECK_OK(cart_trainer_distill(pb.t, comp, pb.tokens, pb.n, pb.seg, pb.n_seg, &pb.tg, 1, 1.0f, 0,
+                                                  &hi));
+                    cart_cartridge_free(comp);
+                    x[i] = keep - h;
+                    CHECK_OK(cart_cartridge_compose(&comp, (const cart_cartridge *const *)parts, 2));
+                    CHECK_OK(cart_trainer_distill(pb.t, comp, pb.tokens, pb.n, pb.seg, pb.n_seg, &pb.tg, 1, 1.0f, 0,
+                                                  &lo));
+                    cart_cartridge_free(comp);
+                    x[i] = keep;
+                    double fd = (hi - lo) / (2 * h);
+                    worst = fmax(worst, fabs(g[i] - fd) / fmax(fabs(fd), 1e-2));
+                    reach[part] = fmax(reach[part], fabs(g[i]));
+                }
+            }
+    }
+    printf("  composed p = 5 + 4 (frozen 1 and 2): |grad| up to %.3g in part 0, %.3g in part 1\n", reach[0],
+           reach[1]);
+    CHECK_MSG(reach[0] > 1e-4 && reach[1] > 1e-4, "a part of the composition got no gradient");
+    CHECK_MAXDIFF("gradient through a composition vs finite differences (relative)", worst, 3e-2);
+    cart_cartridge *wrong[1] = {second};
+    CHECK_OK(cart_cartridge_compose(&comp, (const cart_cartridge *const *)parts, 2));
+    CHECK_ERR(cart_cartridge_compose_grad(comp, wrong, 1), CART_E_ARG);
+    cart_cartridge_free(comp);
+    cart_cartridge_free(second);
+    free_problem(&pb);
+}
+
 static void test_adam_follows_torch_and_lowers_the_loss(void) {
     /* two hand-computed steps of torch.optim.Adam(lr=0.1) on p = [1, -2] */
     cart_adam_params ap;
@@ -464,6 +587,8 @@ int main(void) {
     RUN(test_gradient_exports_in_the_optimizer_order_and_imports_back);
     RUN(test_recompute_gives_bitwise_equal_loss_and_gradients);
     RUN(test_a_captured_cartridge_continues_like_the_full_sequence);
+    RUN(test_a_split_capture_composes_back_bitwise);
+    RUN(test_gradients_through_a_composition_reach_every_part);
     RUN(test_adam_follows_torch_and_lowers_the_loss);
     RUN(test_topk_targets_keep_entries_up_to_the_mass);
     RUN(test_target_lists_append_shift_and_view);

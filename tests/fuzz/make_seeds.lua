@@ -488,6 +488,34 @@ do
     end
     m:free()
 end
+-- A fleet's manifest and retrieval index (fuzz_fleet): byte 0 even, then a
+-- manifest's text; byte 0 = 3 (two documents), then an index file, saved with
+-- and without its checksum.
+do
+    local fleet = require("cartridge.fleet")
+    local retrieval = require("cartridge.retrieval")
+    local corpus = require("cartridge.corpus")
+    local m = model.load(util.model_path())
+    local tok = m:tokenizer()
+    local docs = {
+        { name = "a.md", corpus = corpus.document("a.md", ("Cartridges are trained KV prefixes. "):rep(6), tok) },
+        { name = "b.md", corpus = corpus.document("b.md", ("The server maps fleets from disk. "):rep(6), tok) },
+    }
+    local man = fleet.new_manifest(m, docs, { p = 16, frozen = 1, settings = { lr = 0.002 } })
+    man.rounds, man.docs[1].steps, man.docs[1].entered, man.docs[1].resident = 3, 2, 1, true
+    put("fuzz_fleet", "manifest.json", "\0" .. json.encode(man))
+    man.docs[2] = nil
+    put("fuzz_fleet", "manifest_one.json", "\2" .. json.encode(man))
+    put("fuzz_fleet", "manifest_bad.json", "\0" .. '{"format":"cartridge-fleet","version":1,"docs":[{}]}')
+    local index = retrieval.build(m, docs, 32)
+    local path = scratch("index.safetensors")
+    index:save(path, m)
+    put("fuzz_fleet", "index.safetensors", "\3" .. slurp(path))
+    index:save(path, m, { checksum = false })
+    put("fuzz_fleet", "plain_index.safetensors", "\3" .. slurp(path))
+    m:free()
+end
+
 -- Grammars: byte 0 control (bit 0 lenient, bit 1 json_object, bits 2-4 mask
 -- check interval, bits 5-7 walk seed), a schema, NUL, a document.
 local GRAMMARS = {

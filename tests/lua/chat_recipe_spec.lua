@@ -32,6 +32,22 @@ describe("chat.lua", function()
         assert.truthy(err:find("no model named 'no-such-model'", 1, true), err)
     end)
 
+    it("gives a reply what the cache has left and refuses a prompt that leaves no room", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local model = helper.q(helper.root .. "/models/default.gguf")
+        local rc, out, err = helper.run(chat_cmd("printf 'Hello\\n'", "--model " .. model .. " --n 100 --ctx 40"))
+        assert.are.equal(0, rc, err)
+        local room = tonumber(err:match("%(the cache has room for (%d+) more tokens"))
+        assert.truthy(room and room < 100, err)
+        assert.truthy(out:find("model> ", 1, true), out)
+        print(("  --ctx 40: the reply got %d of --n 100 tokens"):format(room))
+        local long = string.rep("word ", 60)
+        rc, out, err = helper.run(chat_cmd(("printf '%s\\n'"):format(long), "--model " .. model .. " --n 8 --ctx 40"))
+        assert.are.equal(0, rc, err)
+        assert.truthy(err:find("but the cache has 40; /reset or raise --ctx", 1, true), err)
+        assert.falsy(out:find("model> ", 1, true), out)
+    end)
+
     it("stops a reply on Ctrl-C, keeps what was written, and goes on", function()
         if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
         local out, errf, saved = tmp .. "/c.out", tmp .. "/c.err", tmp .. "/c.json"

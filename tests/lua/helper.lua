@@ -177,4 +177,24 @@ function helper.fake_http()
     return h
 end
 
+-- The strings of the lists, one after the other, unpacked: a recipe's
+-- fixed tiny flags followed by a test's own.
+function helper.args(...)
+    local out = {}
+    for _, list in ipairs({ ... }) do
+        for _, a in ipairs(list) do out[#out + 1] = a end
+    end
+    return unpack(out)
+end
+
+-- Asserts that the Lua patterns match in `out` one after the other.
+function helper.assert_in_order(out, patterns)
+    local at = 1
+    for _, pattern in ipairs(patterns) do
+        local s, e = out:find(pattern, at)
+        assert(s, "missing or out of order: " .. pattern .. "\n" .. out)
+        at = e
+    end
+end
+
 return helper

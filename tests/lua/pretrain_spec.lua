@@ -46,6 +46,23 @@ describe("the reading task", function()
         assert.is_true(chance > 0 and chance < 0.1)
     end)
 
+    it("draws a document's facts from as many relations as asked, and refuses a bad count", function()
+        for _, k in ipairs({ 1, 3, 8 }) do
+            local d = facts.document(1005, 20, { relations = k })
+            local rels, n = {}, 0
+            for _, f in ipairs(d.facts) do
+                if not rels[f.relation] then rels[f.relation], n = true, n + 1 end
+            end
+            assert.are.equal(k, n)
+        end
+        assert.are.equal(facts.document(1001, 40).text, facts.document(1001, 40, { relations = 8 }).text)
+        for _, bad in ipairs({ 0, 9, 2.5, "3" }) do
+            local ok, err = pcall(facts.document, 1001, 4, { relations = bad })
+            assert.is_false(ok)
+            assert.truthy(tostring(err):find("relations must be an integer in 1..8", 1, true), err)
+        end
+    end)
+
     it("counts a reply whose first line contains the answer, case-insensitive and trimmed", function()
         assert.is_true(facts.correct("  Kristail.\nmore", "kristail"))
         assert.is_true(facts.correct("It is 5154", "5154"))
@@ -104,6 +121,29 @@ describe("pretrain.lua", function()
         rc, _, err = run("recipes/pretrain.lua")
         assert.are_not.equal(0, rc)
         assert.truthy(err:find("pass --preset reader", 1, true), err)
+    end)
+
+    it("trains on keyed lists first with --lookup-steps, the same bits across a resume", function()
+        local a, b = tmp .. "/la.gguf", tmp .. "/lb.gguf"
+        local flags = { "recipes/pretrain.lua", "--preset", "tiny", "--steps", "10", "--lookup-steps", "6",
+            "--lookup-mix", "0.5", "--threads", "1", "--eval", "0" }
+        local function with(...)
+            local t = { unpack(flags) }
+            for _, x in ipairs({ ... }) do t[#t + 1] = x end
+            return run(unpack(t))
+        end
+        local rc, out, err = with("--out", a, "--save-every", "0")
+        if rc == nil then return pending("build/cartridge not built") end
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("step    10/10: loss", 1, true), out)
+        rc, _, err = with("--out", b, "--save-every", "4", "--stop-after", "4")
+        assert.are.equal(0, rc, err)
+        rc, _, err = with("--out", b, "--resume")
+        assert.are.equal(0, rc, err)
+        local same = helper.read_file(a) == helper.read_file(b)
+        print(("  6 lookup steps then documents with half keyed lists, resumed at step 4: the GGUFs are %s")
+            :format(same and "identical" or "different"))
+        assert.is_true(same)
     end)
 
     it("trains the same bits at every ISA level this CPU has, and with 1 or 2 threads", function()

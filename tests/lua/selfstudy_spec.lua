@@ -20,12 +20,7 @@ end
 local TINY = { "--corpus", "README.md", "--p", "64", "--accum", "2", "--chunk-min", "32", "--chunk-max", "64",
     "--max-q", "12", "--max-a", "16" }
 
-local function args(extra)
-    local out = {}
-    for _, a in ipairs(TINY) do out[#out + 1] = a end
-    for _, a in ipairs(extra) do out[#out + 1] = a end
-    return unpack(out)
-end
+local function args(extra) return helper.args(TINY, extra) end
 
 local function step_losses(out)
     local losses = {}
@@ -45,12 +40,7 @@ describe("selfstudy.lua", function()
             "\nheld%-out question: ", "\nheld%-out distill loss before training: %d", "\nstep   1/3: distill loss %d+%.%d+ %(%d+ answer tokens so far, %d+%.%d s%)",
             "\nstep   3/3: ", "\nself%-study: 6 conversations, %d+ supervised answer tokens, %d+%.%d min %(%d+%.%d s/conversation%)",
             "\nheld%-out distill loss after training: %d+%.%d+ %(before %d+%.%d+%)", "\ncartridge saved to " .. save:gsub("%p", "%%%0") }
-        local at = 1
-        for _, pattern in ipairs(order) do
-            local s, e = out:find(pattern, at)
-            assert.truthy(s, "missing or out of order: " .. pattern .. "\n" .. out)
-            at = e
-        end
+        helper.assert_in_order(out, order)
         assert.are.equal(3, #step_losses(out))
         -- the artifact loads against the model, the metrics file has a line per step
         local m = cartridge.model.load(model)

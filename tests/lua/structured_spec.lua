@@ -332,14 +332,77 @@ describe("serve.lua structured output over HTTP", function()
         helper.rmdir(tmp)
     end)
 
+    -- serve.lua on the embedded model, started once; returns the model's name
+    local function server()
+        if s then return s.name end
+        local log = tmp .. "/serve.log"
+        local p = io.popen(("%s run recipes/serve.lua %s --port 0 --parallel 4 --threads 1 --quiet >%s 2>&1 & echo $!")
+            :format(helper.q(helper.bin), helper.q(MODEL), log))
+        s = { pid = tonumber(p:read("*l")) }
+        p:close()
+        for _ = 1, 100 do
+            local text = helper.exists(log) and helper.read_file(log) or ""
+            s.name, s.port = text:match("serving (%S+) .- on http://127%.0%.0%.1:(%d+)")
+            if s.port then break end
+            os.execute("sleep 0.05")
+        end
+        assert(s.port, "the server did not start: " .. helper.read_file(log))
+        return s.name
+    end
+
+    -- why the node clients cannot run, or nil
+    local function no_clients()
+        if not helper.exists(helper.bin) then return "build/cartridge not built" end
+        if not have("node") or not helper.exists(helper.root .. "/tests/node/node_modules/ajv/package.json")
+            or not helper.exists(helper.root .. "/tests/node/node_modules/openai/package.json") then
+            return "the openai and ajv npm packages are not installed: npm install --prefix tests/node "
+                .. "(scripts/setup.sh does it)"
+        end
+    end
+
+    it("runs a tool-using conversation with the official openai client: a forced call, streamed, the result "
+        .. "sent back, the SDK's runTools loop, and Responses function_call items", function()
+        local why = no_clients()
+        if why then return pending(why) end
+        local name = server()
+        local rc, out, err = helper.run(("CARTRIDGE_URL=http://127.0.0.1:%s/v1 CARTRIDGE_MODEL=%s node %s"):format(s.port,
+            helper.q(name), helper.q(helper.root .. "/tests/node/openai_tools.mjs")))
+        assert.are.equal(0, rc, err)
+        local r = json.decode(out:match("([^\n]+)%s*$"))
+        -- 1. the call as the client sees it, its arguments valid under the tool's parameters
+        assert.are.equal("tool_calls", r.plain.finish)
+        assert.are.equal(json.null, r.plain.content)
+        assert.are.equal(1, r.plain.calls)
+        assert.are.equal("function", r.plain.type)
+        assert.are.equal("get_weather", r.plain.name)
+        assert.truthy(r.plain.id:find("^call_"), r.plain.id)
+        assert.is_nil(r.plain.check.error, r.plain.check.error)
+        -- 2. streamed and assembled by the SDK: the same call
+        assert.are.equal("tool_calls", r.streamed.finish)
+        assert.are.equal(r.plain.arguments, r.streamed.arguments)
+        assert.truthy(r.streamed.argument_deltas >= 1)
+        assert.are.same({ "get_weather" }, r.streamed.done_events)
+        -- 3. the result went back in the template: a longer prompt, a plain answer
+        assert.are.equal("string", r.follow_up.content_type)
+        assert.truthy(r.follow_up.prompt_tokens > r.follow_up.first_prompt_tokens, json.encode(r.follow_up))
+        -- 4. runTools called the JavaScript function with valid arguments
+        assert.are.equal(1, r.run_tools.called)
+        assert.is_true(r.run_tools.args_valid)
+        -- 5. Responses
+        assert.are.equal("completed", r.responses.status)
+        assert.are.equal("function_call", r.responses.item_type)
+        assert.are.equal("get_weather", r.responses.name)
+        assert.is_nil(r.responses.check.error, r.responses.check.error)
+        assert.are.same({ "message" }, r.responses.follow_up_types)
+        print(("  openai client tools: call %s(%s), streamed the same; result sent back (%d -> %d prompt tokens), "
+            .. "runTools called the function once; Responses function_call %s"):format(r.plain.name, r.plain.arguments,
+            r.follow_up.first_prompt_tokens, r.follow_up.prompt_tokens, r.responses.name))
+    end)
+
     it("passes the openai client's parse helpers, 50 random completions per schema case under ajv, and bad input",
         function()
-            if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
-            if not have("node") or not helper.exists(helper.root .. "/tests/node/node_modules/ajv/package.json")
-                or not helper.exists(helper.root .. "/tests/node/node_modules/openai/package.json") then
-                return pending("the openai and ajv npm packages are not installed: npm install --prefix tests/node "
-                    .. "(scripts/setup.sh does it)")
-            end
+            local why = no_clients()
+            if why then return pending(why) end
             local cases = {}
             for i, c in ipairs(CASES) do
                 local bound = grammar.schema(c.schema):max_bytes()
@@ -348,19 +411,7 @@ describe("serve.lua structured output over HTTP", function()
             end
             helper.write_file(tmp .. "/cases.json", json.encode({ runs = 50, parallel = 4, cases = cases, tools = TOOLS,
                 tool_max_tokens = 800, object_runs = 10, object_max_tokens = 300 }, { ordered = true }))
-            local log = tmp .. "/serve.log"
-            local p = io.popen(("%s run recipes/serve.lua %s --port 0 --parallel 4 --threads 1 --quiet >%s 2>&1 & echo $!")
-                :format(helper.q(helper.bin), helper.q(MODEL), log))
-            s = { pid = tonumber(p:read("*l")) }
-            p:close()
-            local name
-            for _ = 1, 100 do
-                local text = helper.exists(log) and helper.read_file(log) or ""
-                name, s.port = text:match("serving (%S+) .- on http://127%.0%.0%.1:(%d+)")
-                if s.port then break end
-                os.execute("sleep 0.05")
-            end
-            assert(s.port, "the server did not start: " .. helper.read_file(log))
+            local name = server()
             local rc, out, err = helper.run(("CARTRIDGE_URL=http://127.0.0.1:%s/v1 CARTRIDGE_MODEL=%s CARTRIDGE_CASES=%s "
                 .. "node %s"):format(s.port, helper.q(name), helper.q(tmp .. "/cases.json"),
                 helper.q(helper.root .. "/tests/node/structured.mjs")))
