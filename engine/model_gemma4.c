@@ -188,6 +188,9 @@ int gemma4_read_config(model_loader *ld, cart_model *m) {
     if (!rc) rc = model_get_dim_opt(ld, "attention.value_length", &v_full);
     if (!rc) rc = model_get_dim(ld, "attention.key_length_swa", &hd_swa, 1);
     if (!rc) rc = model_get_dim(ld, "attention.value_length_swa", &v_swa, 1);
+    if (!rc && hd_full < 1)
+        rc = cart_fail(CART_E_FORMAT, "%s: the full layers' head size is %d (n_embd %d over %d heads, and no "
+                       "attention.key_length)", ld->path, hd_full, c->n_embd, n_head[0]);
     if (!rc && (v_full != hd_full || v_swa != hd_swa))
         rc = cart_fail(CART_E_FORMAT, "%s: gemma4 needs value_length = key_length on both layer kinds "
                        "(full %d vs %d, sliding %d vs %d)", ld->path, v_full, hd_full, v_swa, hd_swa);

@@ -108,10 +108,15 @@ local function vocabulary()
     return tokens, scores, types
 end
 
--- Which layers slide: a list of booleans, or "N:1" (N sliding, then a full one).
+-- Which layers slide: a list of booleans (repeated over more layers, cut
+-- for fewer), or "N:1" (N sliding, then a full one).
 local function pattern_of(shape)
     local p = shape.pattern
-    if type(p) == "table" then return p end
+    if type(p) == "table" then
+        local out = {}
+        for l = 1, shape.layers do out[l] = p[(l - 1) % #p + 1] end
+        return out
+    end
     local n = tonumber(p:match("^(%d+):1$"))
     if not n then error("make_model: gemma4 pattern '" .. tostring(p) .. "' is not a list or 'N:1'", 0) end
     local out = {}
@@ -124,6 +129,20 @@ function randgemma.write(opts)
     local preset = randgemma.PRESETS[opts.preset or "tiny-dense"]
     if not preset then
         error("make_model: unknown gemma4 preset '" .. tostring(opts.preset) .. "' (tiny-dense, tiny-moe, 26b-a4b)", 0)
+    end
+    -- make_model's qwen3/llama flags that mean nothing here are refused, not ignored
+    local foreign = { kv_heads = "--kv-heads", head_dim = "--head-dim", rope_theta = "--rope-theta",
+        tokenizer_from = "--tokenizer-from", tokenizer = "a learned tokenizer" }
+    for k, flag in pairs(foreign) do
+        if opts[k] ~= nil then
+            error(("make_model: %s does not apply to --arch gemma4: its presets set each layer kind's heads, "
+                .. "head sizes and RoPE, and its own vocabulary"):format(flag), 0)
+        end
+    end
+    for k, default in pairs({ eps = 1e-6, std_scale = 1.0, out_scale = 4.0, tied = true }) do
+        if opts[k] ~= nil and opts[k] ~= default then
+            error(("make_model: --%s does not apply to --arch gemma4"):format((k:gsub("_", "-"))), 0)
+        end
     end
     local shape = {}
     for k, v in pairs(preset) do shape[k] = v end
@@ -142,9 +161,6 @@ function randgemma.write(opts)
             "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K q3_K q4_K q5_K q6_K", 0)
     end
     local pattern = pattern_of(shape)
-    if #pattern ~= shape.layers then
-        error(("make_model: the gemma4 pattern has %d entries for %d layers"):format(#pattern, shape.layers), 0)
-    end
 
     local w = gguf.writer()
     local tokens, scores, types = vocabulary()

@@ -150,14 +150,14 @@ gguf_seed("tok_qwen2.gguf", function(w) bpe_vocab(w, "qwen2") end)
 gguf_seed("tok_llama3.gguf", function(w) bpe_vocab(w, "llama-bpe") end)
 gguf_seed("tok_gpt2.gguf", function(w) bpe_vocab(w, "gpt-2") end)
 
--- Whole small models for the model loader (fuzz_gguf loads every input as a
--- model too): a qwen3 with its tokenizer, a gemma4 with both attention
--- kinds, per-layer inputs and output scales, and a gemma4 MoE; each under
--- the target's 16 KiB.
+-- Whole small models for the model loader (fuzz_model): a qwen3 with its
+-- tokenizer, a gemma4 with both attention kinds, per-layer inputs and
+-- output scales, and a gemma4 MoE with merged gate and up experts; each
+-- under the target's 16 KiB.
 local function model_seed(name, write)
     local path = scratch(name)
     write(path)
-    put("fuzz_gguf", name, slurp(path))
+    put("fuzz_model", name, slurp(path))
 end
 
 model_seed("model_qwen3.gguf", function(path)
@@ -172,7 +172,8 @@ end)
 model_seed("model_gemma4_moe.gguf", function(path)
     require("cartridge.randgemma").write({ out = path, preset = "tiny-moe", layers = 2, pattern = { true, false },
         embd = 16, heads = 2, ff = 8, kv_swa = 1, kv_full = 1, hd_swa = 8, hd_full = 8, rot_full_pairs = 2,
-        experts = 3, experts_used = 2, ff_exp = 8, vocab = 16, no_tokenizer = true, dtype = "f16", quiet = true })
+        experts = 3, experts_used = 2, ff_exp = 8, vocab = 16, merged_experts = true, no_tokenizer = true,
+        dtype = "f16", quiet = true })
 end)
 
 -- A SentencePiece vocabulary with byte fallback.

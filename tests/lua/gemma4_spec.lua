@@ -172,5 +172,25 @@ describe("the gemma4 models", function()
         m:free()
         require("helper").rmdir(dir)
     end)
+
+    it("come from make_model --arch gemma4, which refuses the qwen3 flags that mean nothing to it", function()
+        local out = os.tmpname()
+        local rc, _, err = helper.cartridge("run", helper.root .. "/recipes/make_model.lua", "--arch", "gemma4",
+            "--preset", "tiny-moe", "--head-dim", "32", "--out", out)
+        assert.are.equal(1, rc)
+        assert.matches("--head-dim does not apply to --arch gemma4", err, 1, true)
+        rc, _, err = helper.cartridge("run", helper.root .. "/recipes/make_model.lua", "--preset", "tiny-moe",
+            "--arch", "llama", "--out", out)
+        assert.are.equal(1, rc)
+        assert.matches("preset 'tiny-moe' is a gemma4 shape, not llama", err, 1, true)
+        rc = helper.cartridge("run", helper.root .. "/recipes/make_model.lua", "--preset", "tiny-moe", "--dtype",
+            "q8_0", "--layers", "2", "--out", out)
+        assert.are.equal(0, rc)
+        local m = cartridge.model.load(out)
+        assert.are.equal("gemma4", m.config.arch)
+        assert.are.equal(2, m.config.n_layer)
+        m:free()
+        os.remove(out)
+    end)
 end)
 
