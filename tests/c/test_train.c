@@ -365,6 +365,7 @@ static void test_a_split_capture_composes_back_bitwise(void) {
     cart_cartridge *odd = NULL;
     CHECK_OK(cart_cartridge_new(&odd, 3, 2, 16, 4, 1));
     const cart_cartridge *bad[2] = {a, odd};
+    cart_cartridge_free(ab);
     CHECK_ERR(cart_cartridge_compose(&ab, bad, 2), CART_E_ARG);
     CHECK_ERROR_MENTIONS("part 1 is 3 layers (layer 0: 2 KV heads x 16), part 0 is 2 layers (layer 0: 2 x 16)");
     CHECK(ab == NULL);
