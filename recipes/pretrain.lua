@@ -84,6 +84,8 @@ local peak_lr = opts.lr or preset.lr
 local out = opts.out or (opts.from and error("pretrain: --from needs --out", 0)) or preset.out
 if steps < 1 or batch < 1 then fail("--steps and --batch must be at least 1") end
 if opts.min_facts < 1 or opts.min_facts > opts.max_facts then fail("need 1 <= --min-facts <= --max-facts") end
+if opts.lookup_steps < 0 then fail("--lookup-steps must be at least 0") end
+if opts.lookup_mix < 0 or opts.lookup_mix > 1 then fail("--lookup-mix is a fraction: give a number in 0..1") end
 local state_path = out:gsub("%.gguf$", "") .. ".state.safetensors"
 local metrics_path = out:gsub("%.gguf$", "") .. ".metrics.jsonl"
 cartridge.set_threads(opts.threads)
