@@ -42,7 +42,8 @@ local C = cartridge.C
 local PRESETS = {
     -- the reader: a small synthetic-task model that learns to answer from its context
     reader = { layers = 3, embd = 128, ff = 384, heads = 4, kv_heads = 4, head_dim = 32, ctx = 4096, merges = 1500,
-        steps = 5000, batch = 8, lr = 3e-3, out = "models/reader.gguf", dtype = "f16" },
+        steps = 4500, lookup_steps = 3000, lookup_mix = 0.1, min_facts = 1, curriculum = 0.5, batch = 16, lr = 3e-3,
+        out = "models/reader.gguf", dtype = "f16" },
     -- a few steps of a tiny one, for the tests
     tiny = { layers = 2, embd = 64, ff = 128, heads = 4, kv_heads = 2, head_dim = 16, ctx = 2048, merges = 200,
         steps = 20, batch = 2, lr = 3e-3, out = "out/tiny-reader.gguf", dtype = "f32" },
@@ -58,11 +59,11 @@ local opts = options.parse(arg, {
         { "batch", type = "int", help = "conversations per step (default: the preset's)" },
         { "lr", type = "number", help = "peak learning rate (default: the preset's)" },
         { "warmup", type = "int", default = 100, help = "linear warm-up steps" },
-        { "min-facts", type = "int", default = 4, help = "fewest facts in a training document" },
+        { "min-facts", type = "int", help = "fewest facts in a training document (default: the preset's, else 4)" },
         { "max-facts", type = "int", default = 40, help = "most facts in a training document" },
-        { "curriculum", type = "number", default = 0.4, help = "the fraction of the steps over which the most facts grow from --min-facts + 4 to --max-facts (0: from the start)" },
-        { "lookup-steps", type = "int", default = 0, help = "first train this many steps on short keyed lists (key, filler, value), the lookup that reading needs, before the documents" },
-        { "lookup-mix", type = "number", default = 0, help = "after --lookup-steps, this fraction of the conversations stays keyed lists" },
+        { "curriculum", type = "number", help = "the fraction of the document steps (those after --lookup-steps) over which the most facts grow from --min-facts + 4 to --max-facts (0: from the start; default: the preset's, else 0.4)" },
+        { "lookup-steps", type = "int", help = "first train this many steps on keyed lists (key, filler, value), the lookup that reading needs, before the documents (default: the preset's, else 0)" },
+        { "lookup-mix", type = "number", help = "after --lookup-steps, this fraction of the conversations stays keyed lists (default: the preset's, else 0)" },
         { "seed", type = "int", default = 1, help = "initialization and data" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
         { "save-every", type = "int", default = 100, help = "write the training state every N steps (0: never)" },
@@ -82,6 +83,15 @@ local steps = opts.steps or preset.steps
 local batch = opts.batch or preset.batch
 local peak_lr = opts.lr or preset.lr
 local out = opts.out or (opts.from and error("pretrain: --from needs --out", 0)) or preset.out
+-- the schedule's flags: what is passed, else the preset's (a new model), else the plain default
+local function schedule(name, plain)
+    if opts[name] ~= nil then return end
+    if opts.preset and preset[name] ~= nil then opts[name] = preset[name] else opts[name] = plain end
+end
+schedule("min_facts", 4)
+schedule("curriculum", 0.4)
+schedule("lookup_steps", 0)
+schedule("lookup_mix", 0)
 if steps < 1 or batch < 1 then fail("--steps and --batch must be at least 1") end
 if opts.min_facts < 1 or opts.min_facts > opts.max_facts then fail("need 1 <= --min-facts <= --max-facts") end
 if opts.lookup_steps < 0 then fail("--lookup-steps must be at least 0") end
@@ -156,25 +166,27 @@ end
 -- The most facts a document has at a step: short documents first, where a
 -- lookup has few distractors, growing to --max-facts.
 local function facts_at(step)
-    local span = opts.curriculum * steps
-    if span <= 0 or step >= span then return opts.max_facts end
+    local span = opts.curriculum * math.max(0, steps - opts.lookup_steps)
+    local t = step - opts.lookup_steps -- documents start after the lookup steps
+    if span <= 0 or t >= span then return opts.max_facts end
     local lo = math.min(opts.min_facts + 4, opts.max_facts)
-    return math.floor(lo + (opts.max_facts - lo) * step / span + 0.5)
+    return math.floor(lo + (opts.max_facts - lo) * math.max(0, t) / span + 0.5)
 end
 
 -- The lookup warm-up: a list of pairs, each a key (a person's name), a
 -- filler of 0 to 4 tokens (a relation's words: one to three fillers per
--- list, each pair with one of them) and a value (any word), then the pairs
+-- list, each pair with one of them) and a value (any word, later with one
+-- or two word pieces after it, as an invented name is), then the pairs
 -- again in a fresh order, where every token after a key is supervised.
 -- Predicting a value needs the key some tokens back and the place in the
 -- list where that key stands, by the key and not by the filler alone: the
 -- circuit that answering from a document needs, learnt where nothing else is
 -- in the way. Lists grow to 40 pairs, so the lookups reach as far back as
 -- a document's do.
-local lookup_keys, lookup_words
+local lookup_keys, lookup_words, lookup_pieces
 local function lookup_pools()
     if lookup_keys then return end
-    lookup_keys, lookup_words = {}, {}
+    lookup_keys, lookup_words, lookup_pieces = {}, {}, {}
     local is_key = {}
     for i, name in ipairs(facts.NAMES) do -- a name's tokens (one each in the reader's vocabulary)
         lookup_keys[i] = tok:encode(" " .. name, { add_special = false })
@@ -183,6 +195,7 @@ local function lookup_pools()
     for id = 0, m.n_vocab - 1 do -- whole words with their space, three letters or more
         local text = tok:decode({ id })
         if not is_key[id] and text and text:match("^ %a%a%a+$") then lookup_words[#lookup_words + 1] = id end
+        if text and text:match("^%l%l+$") then lookup_pieces[#lookup_pieces + 1] = id end
     end
     if #lookup_words < 50 then -- a small vocabulary: any letters with their space
         lookup_words = {}
@@ -192,6 +205,7 @@ local function lookup_pools()
         end
     end
     if #lookup_words < 2 then fail("--lookup-steps: the vocabulary has no word tokens (' word') to use as values") end
+    print(("keyed lists: %d keys, %d value words, %d word pieces"):format(#lookup_keys, #lookup_words, #lookup_pieces))
 end
 
 local function lookup_list(g, step)
@@ -199,16 +213,17 @@ local function lookup_list(g, step)
     local function word() return lookup_words[g:below(#lookup_words) + 1] end
     local seq, spans = ids.new(), {}
     if tok.bos then seq:push(tok.bos) end
-    -- the first 40% of --lookup-steps: 2..8 pairs and one filler of 0..2
-    -- tokens, where the lookup forms; then lists grow to 40 pairs with one to
-    -- three fillers of 0..4 tokens by 85%, and stay so (--lookup-mix too)
+    -- the first half of --lookup-steps: 2..8 pairs, one filler of 0..2
+    -- tokens and one-token values, where the lookup forms; then lists grow
+    -- to 40 pairs with one to three fillers of 0..4 tokens and values of one
+    -- to three tokens by 85%, and stay so (--lookup-mix too)
     local t = opts.lookup_steps > 0 and step / opts.lookup_steps or 1
-    local n, fillers = 8, {}
-    if t < 0.4 then
+    local n, fillers, long_values = 8, {}, t >= 0.5 and #lookup_pieces > 0
+    if t < 0.5 then
         fillers[1] = {}
         for i = 1, g:int(0, 2) do fillers[1][i] = word() end
     else
-        n = math.floor(8 + 32 * math.min(1, (t - 0.4) / 0.45) + 0.5)
+        n = math.floor(8 + 32 * math.min(1, (t - 0.5) / 0.35) + 0.5)
         for k = 1, g:int(1, 3) do
             fillers[k] = {}
             for i = 1, g:int(0, 4) do fillers[k][i] = word() end
@@ -217,13 +232,19 @@ local function lookup_list(g, step)
     n = g:int(2, n)
     local keys = g:shuffle({ unpack(lookup_keys) })
     local list = {}
-    for i = 1, n do list[i] = { key = keys[i], filler = fillers[g:below(#fillers) + 1], value = word() } end
+    for i = 1, n do
+        local value = { word() }
+        if long_values then
+            for k = 2, ({ 1, 1, 2, 2, 3 })[g:int(1, 5)] do value[k] = lookup_pieces[g:below(#lookup_pieces) + 1] end
+        end
+        list[i] = { key = keys[i], filler = fillers[g:below(#fillers) + 1], value = value }
+    end
     local stop = tok:encode(".", { add_special = false })[1]
     local function put(pair, supervised)
         for _, id in ipairs(pair.key) do seq:push(id) end
         local from = #seq
         for _, f in ipairs(pair.filler) do seq:push(f) end
-        seq:push(pair.value)
+        for _, v in ipairs(pair.value) do seq:push(v) end
         seq:push(stop)
         if supervised then spans[#spans + 1] = { from, #seq } end
     end
@@ -308,8 +329,9 @@ for step = first_step, steps do
         local now = C.cart_now_seconds()
         local rate = window_tokens / math.max(now - window_t, 1e-9)
         bar:clear()
-        print(("step %5d/%d: loss %.4f (%d reply tokens), grad norm %.2f, lr %.2e, up to %d facts, %.0f tokens/s")
-            :format(step, steps, loss, supervised, norm, lr_at(step), facts_at(step), rate))
+        local data = step <= opts.lookup_steps and "keyed lists" or ("up to %d facts"):format(facts_at(step))
+        print(("step %5d/%d: loss %.4f (%d reply tokens), grad norm %.2f, lr %.2e, %s, %.0f tokens/s")
+            :format(step, steps, loss, supervised, norm, lr_at(step), data, rate))
         io.stdout:flush()
         window_tokens, window_t = 0, now
     end
