@@ -54,8 +54,12 @@ enum {
     ATTR_BYTE = 32
 };
 
-/* Pre-tokenizers of the gpt2 model (llama.cpp's LLAMA_VOCAB_PRE_TYPE_*). */
-enum { PRE_DEFAULT = 0, PRE_GPT2 = 1, PRE_LLAMA3 = 2, PRE_QWEN2 = 3 };
+/* Pre-tokenizers of the BPE models (llama.cpp's LLAMA_VOCAB_PRE_TYPE_*).
+ * PRE_GEMMA4 is SentencePiece-style BPE: spaces become U+2581, the text is
+ * split only into runs of newlines and runs of the rest, merges work on the
+ * raw UTF-8 characters (no GPT-2 byte symbols) and unmatched bytes fall back
+ * to <0xNN> tokens. */
+enum { PRE_DEFAULT = 0, PRE_GPT2 = 1, PRE_LLAMA3 = 2, PRE_QWEN2 = 3, PRE_GEMMA4 = 4 };
 
 /* One slot of the text -> id table: `tag` is the high half of the text's hash;
  * the text is pool[off .. off + len). id1 is the id + 1, 0 in an empty slot
@@ -87,6 +91,7 @@ typedef struct text_merge {
 struct cart_tokenizer {
     int32_t kind; /* CART_TOKENIZER_BPE or CART_TOKENIZER_SPM */
     int32_t pre;  /* PRE_* (BPE only) */
+    int32_t raw;  /* PRE_GEMMA4: symbols are raw UTF-8, spaces are U+2581, bytes <0xNN> */
     int64_t n_vocab;
     char *pool;    /* (pool_size) every token text, each followed by a NUL */
     uint32_t *off; /* (n_vocab + 1) token i is pool[off[i] .. off[i + 1] - 1) */
@@ -825,11 +830,15 @@ static int parse_pre(cart_tokenizer *t, const cart_gguf *g, const char *path) {
     } else if (str_eq(s, "qwen2") || str_eq(s, "deepseek-r1-qwen")) {
         t->pre = PRE_QWEN2;
         t->clean_spaces = 0;
+    } else if (str_eq(s, "gemma4") || str_eq(s, "granite-embed-multi-311m")) {
+        t->pre = PRE_GEMMA4;
+        t->raw = 1;
     } else {
         return cart_fail(CART_E_UNSUPPORTED,
                          "%s: tokenizer.ggml.pre '%.*s' is not supported; supported: 'qwen2' "
                          "(also 'deepseek-r1-qwen'), 'llama-bpe' (also 'llama3', 'llama-v3'), "
-                         "'gpt-2', 'default' or absent",
+                         "'gemma4' (also 'granite-embed-multi-311m'), 'gpt-2', 'default' or "
+                         "absent",
                          path, (int)(s.len > 64 ? 64 : s.len), s.data);
     }
     return CART_OK;
@@ -855,11 +864,25 @@ static int load_kind(cart_tokenizer *t, const cart_gguf *g, const char *path) {
         t->bos = 1;
         t->eos = 2;
         t->unk = 0;
+    } else if (str_eq(model->as.str, "gemma4")) {
+        /* llama.cpp: BPE with no default special ids and the gemma4
+         * pre-tokenizer whatever tokenizer.ggml.pre says. */
+        t->kind = CART_TOKENIZER_BPE;
+        t->bos = t->eos = t->unk = -1;
+        const cart_gguf_value *pre = cart_gguf_find(g, "tokenizer.ggml.pre");
+        if (pre && pre->type != CART_GGUF_STRING)
+            return cart_fail(CART_E_FORMAT, "%s: tokenizer.ggml.pre: expected a string, found %s",
+                             path, type_label(pre));
+        t->pre = PRE_GEMMA4;
+        t->raw = 1;
+        t->clean_spaces = 1;
+        return CART_OK;
     } else {
         cart_str s = model->as.str;
         return cart_fail(CART_E_UNSUPPORTED,
                          "%s: tokenizer.ggml.model '%.*s' is not supported; supported: 'gpt2' "
-                         "(byte-level BPE) and 'llama' (SentencePiece)",
+                         "(byte-level BPE), 'gemma4' (gemma 4's BPE over U+2581-escaped text) and "
+                         "'llama' (SentencePiece)",
                          path, (int)(s.len > 64 ? 64 : s.len), s.data);
     }
 
@@ -1009,6 +1032,16 @@ static int load_special(cart_tokenizer *t, const cart_gguf *g, const char *path)
         (rc = read_bool(g, path, "tokenizer.ggml.add_bos_token", &t->add_bos)) ||
         (rc = read_bool(g, path, "tokenizer.ggml.add_eos_token", &t->add_eos)))
         return rc;
+    /* llama.cpp turns add_bos on for the gemma4 pre-tokenizer, whatever the
+     * metadata says. */
+    if (t->pre == PRE_GEMMA4) {
+        t->add_bos = 1;
+        if (t->bos < 0)
+            return cart_fail(CART_E_FORMAT,
+                             "%s: a gemma4 tokenizer always adds a BOS token (as llama.cpp does), "
+                             "but there is none: set tokenizer.ggml.bos_token_id",
+                             path);
+    }
     if (t->add_bos && t->bos < 0)
         return cart_fail(CART_E_FORMAT,
                          "%s: tokenizer.ggml.add_bos_token is true, but there is no bos token "
@@ -1034,17 +1067,19 @@ static int load_special(cart_tokenizer *t, const cart_gguf *g, const char *path)
     return CART_OK;
 }
 
-/* The id of each byte: its GPT-2 symbol (BPE), or its <0xNN> piece, else
- * the byte itself as a piece (SentencePiece). */
+/* The id of each byte: its GPT-2 symbol (BPE), its <0xNN> piece (gemma4's
+ * BPE), or its <0xNN> piece, else the byte itself as a piece (SentencePiece). */
 static void load_byte_ids(cart_tokenizer *t) {
+    static const char hex[] = "0123456789ABCDEF";
     for (int b = 0; b < 256; b++) {
-        if (t->kind == CART_TOKENIZER_BPE) {
+        char name[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
+        if (t->raw) {
+            t->byte_id[b] = lookup(t, name, 6);
+        } else if (t->kind == CART_TOKENIZER_BPE) {
             uint8_t sym[4];
             int len = utf8_encode(byte_symbol((uint8_t)b), sym);
             t->byte_id[b] = lookup(t, sym, (size_t)len);
         } else {
-            static const char hex[] = "0123456789ABCDEF";
-            char name[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
             char one = (char)b;
             t->byte_id[b] = lookup(t, name, 6);
             if (t->byte_id[b] < 0) t->byte_id[b] = lookup(t, &one, 1);
@@ -1219,9 +1254,12 @@ typedef struct work {
     int64_t sym_cap;
     merge_pair *heap; /* (heap_cap) the merge queue, a binary heap */
     int64_t heap_n, heap_cap;
+    uint8_t *esc; /* (esc_cap) gemma4: the fragment with its spaces as U+2581 */
+    int64_t esc_cap;
 } work;
 
 static void work_free(work *w) {
+    free(w->esc);
     free(w->word);
     free(w->enc);
     free(w->enc_off);
@@ -1289,6 +1327,12 @@ static int bpe_try_pair(work *w, int64_t n, int32_t left, int32_t right) {
     int32_t rank, result;
     if (sym[left].id >= 0 && sym[right].id >= 0) {
         if (!merge_find(t, sym[left].id, sym[right].id, &rank, &result)) return CART_OK;
+    } else if (t->raw) {
+        /* gemma4: the symbols' texts are the word's own bytes */
+        const bpe_sym *l = &sym[left], *r = &sym[right];
+        if (!tmerge_find(t, (const char *)w->word + l->start, (size_t)l->n,
+                         (const char *)w->word + r->start, (size_t)r->n, &rank, &result))
+            return CART_OK;
     } else {
         if (!t->tmerge) return CART_OK;
         int rc = bpe_encode_word(w, n);
@@ -1305,8 +1349,14 @@ static int bpe_try_pair(work *w, int64_t n, int32_t left, int32_t right) {
 }
 
 /* A symbol that is no token: llama.cpp emits the tokens of the single bytes
- * of its symbol text that are tokens, and drops the rest. */
+ * of its symbol text that are tokens (gemma4: the <0xNN> token of each byte
+ * of the symbol), and drops the rest. */
 static int bpe_fallback(work *w, int64_t n, const bpe_sym *s) {
+    if (w->t->raw) {
+        for (int32_t k = s->start; k < s->start + s->n; k++)
+            if (w->t->byte_id[w->word[k]] >= 0) push(w->out, w->t->byte_id[w->word[k]]);
+        return CART_OK;
+    }
     int rc = bpe_encode_word(w, n);
     if (rc) return rc;
     for (int32_t k = w->enc_off[s->start]; k < w->enc_off[s->start + s->n]; k++) {
@@ -1332,17 +1382,32 @@ static int bpe_merge_word(work *w, int64_t n) {
             return CART_OK;
         }
     }
+    if (t->raw) {
+        /* gemma4: a word of newlines only that is a token stays whole */
+        int64_t k = 0;
+        while (k < n && w->word[k] == '\n') k++;
+        int32_t id = k == n ? lookup(t, w->word, (size_t)n) : -1;
+        if (id >= 0) {
+            push(w->out, id);
+            return CART_OK;
+        }
+    }
     if ((rc = grow(&w->sym, &w->sym_cap, n, sizeof(bpe_sym), "BPE symbols"))) return rc;
     bpe_sym *sym = w->sym;
-    for (int32_t i = 0; i < (int32_t)n; i++) {
-        sym[i].prev = i - 1;
-        sym[i].next = i + 1 < n ? i + 1 : -1;
-        sym[i].start = i;
-        sym[i].n = 1;
-        sym[i].id = t->byte_id[w->word[i]];
+    /* One symbol per byte (GPT-2 symbols), or per UTF-8 character (gemma4) */
+    int32_t count = 0;
+    for (int32_t i = 0; i < (int32_t)n; count++) {
+        int32_t len = t->raw ? lead_len(w->word[i]) : 1;
+        if (len > (int32_t)n - i) len = (int32_t)n - i;
+        sym[count].prev = count - 1;
+        sym[count].start = i;
+        sym[count].n = len;
+        sym[count].id = t->raw ? lookup(t, w->word + i, (size_t)len) : t->byte_id[w->word[i]];
+        i += len;
+        sym[count].next = i < n ? count + 1 : -1;
     }
     w->heap_n = 0;
-    for (int32_t i = 1; i < (int32_t)n; i++)
+    for (int32_t i = 1; i < count; i++)
         if ((rc = bpe_try_pair(w, n, i - 1, i))) return rc;
     while (w->heap_n > 0) {
         merge_pair p = heap_pop(w);
@@ -1652,8 +1717,38 @@ static int default_stage2(void *ctx, const uint8_t *s, int64_t b, int64_t e) {
     return split_gpt2(s, b, e, default_stage3, ctx);
 }
 
+/* gemma4: spaces become U+2581 (llama_escape_whitespace), then each run of
+ * newlines and each run of other text is one word (the "[^\n]+|[\n]+"
+ * split; an invalid byte never hides a newline, since '\n' continues no
+ * sequence). */
+static int gemma4_fragment(work *w, const uint8_t *s, int64_t n) {
+    int64_t spaces = 0;
+    for (int64_t i = 0; i < n; i++) spaces += s[i] == ' ';
+    int rc = grow((void **)&w->esc, &w->esc_cap, n + 2 * spaces, 1, "gemma4 text");
+    if (rc) return rc;
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            memcpy(w->esc + m, "\xe2\x96\x81", 3);
+            m += 3;
+        } else {
+            w->esc[m++] = s[i];
+        }
+    }
+    for (int64_t b = 0; b < m && rc == CART_OK;) {
+        int newline = w->esc[b] == '\n';
+        int64_t e = b;
+        while (e < m && (w->esc[e] == '\n') == newline) e++;
+        rc = bpe_word(w, w->esc, b, e);
+        b = e;
+    }
+    return rc;
+}
+
 static int bpe_fragment(work *w, const uint8_t *s, int64_t n) {
     switch (w->t->pre) {
+    case PRE_GEMMA4:
+        return gemma4_fragment(w, s, n);
     case PRE_QWEN2:
         return split_llama3(s, 0, n, 1, bpe_word, w);
     case PRE_LLAMA3:
@@ -1941,7 +2036,7 @@ static int piece_append(const cart_tokenizer *t, int32_t id, int special, int ls
     if (a & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED)) {
         rc = buf_put(b, text_of(t, id), text_len(t, id));
     } else if (a & ATTR_NORMAL) {
-        if (t->kind == CART_TOKENIZER_BPE) {
+        if (t->kind == CART_TOKENIZER_BPE && !t->raw) {
             rc = bpe_decode_text(t, id, b);
         } else {
             const char *s = text_of(t, id);

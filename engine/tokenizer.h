@@ -6,7 +6,12 @@
  *           the pre-tokenizer named by tokenizer.ggml.pre: "qwen2" (Qwen2 and
  *           Qwen3), "llama-bpe" (Llama 3) and "default"/absent (GPT-2's);
  *   "llama" SentencePiece (tokens / scores / token_type) with byte fallback
- *           (<0xNN> tokens) and the add_space_prefix rule.
+ *           (<0xNN> tokens) and the add_space_prefix rule;
+ *   "gemma4" gemma 4's BPE (tokens / merges / token_type): spaces become
+ *           U+2581, the text splits only at newline runs, merges work on
+ *           UTF-8 characters, unmatched bytes fall back to <0xNN> tokens, and
+ *           BOS is always added (also "gpt2" with tokenizer.ggml.pre
+ *           "gemma4"). Its kind is CART_TOKENIZER_BPE, as in llama.cpp.
  * Anything else is CART_E_UNSUPPORTED naming the model and the supported ones.
  *
  * Behaviour matches llama.cpp's llama_tokenize / llama_detokenize /
@@ -32,7 +37,7 @@ extern "C" {
 #endif
 
 typedef enum cart_tokenizer_kind {
-    CART_TOKENIZER_BPE = 1, /* gpt2 byte-level BPE */
+    CART_TOKENIZER_BPE = 1, /* gpt2 byte-level BPE, and gemma4's BPE */
     CART_TOKENIZER_SPM = 2  /* llama SentencePiece */
 } cart_tokenizer_kind;
 

@@ -4,6 +4,7 @@
 --   cartridge run recipes/make_model.lua --preset qwen3-0.6b --dtype f16 --out q06.gguf \
 --       --tokenizer-from ../shared/reference/qwen3-tiny-realvocab-f16.gguf
 --   cartridge run recipes/make_model.lua --arch gemma4 --preset tiny-moe --dtype q8_0 --out g.gguf
+--   cartridge run recipes/make_model.lua --arch gemma4 --tokenizer-model gemma4 --dtype f32 --out g.gguf
 --
 -- The same flags and seed give the same bytes. Weights are normal with std
 -- 1/sqrt(fan_in) (embeddings too, since they double as the tied head), norm
@@ -41,6 +42,8 @@ local opts = options.parse(arg, {
         { "std-scale", type = "number", default = 1.0, help = "multiplies every weight std" },
         { "out-scale", type = "number", default = 4.0, help = "scale of the final norm (sharper logits)" },
         { "tokenizer-from", help = "copy tokenizer.* metadata (and vocab size) from this GGUF" },
+        { "tokenizer-model", choices = { "llama", "gemma4" },
+          help = "gemma4 only: the built-in vocabulary's kind, SentencePiece (llama, the default) or gemma 4's own BPE (gemma4)" },
         { "name", help = "general.name (default: derived from the shape)" },
     },
 })

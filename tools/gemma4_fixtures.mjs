@@ -17,9 +17,9 @@
 // reported logits of every step: self_envelope with the prompt fed one token
 // per call, flash_envelope with its flash-attention kernel (test_gemma4.c
 // explains how the test uses them).
-import { createHash } from 'node:crypto';
-import { readFileSync, writeFileSync, mkdirSync, statSync } from 'node:fs';
-import { basename, join } from 'node:path';
+import { writeFileSync, mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileEntry, fixtureHead, peerInfo } from './peer_fixture.mjs';
 
 const args = process.argv.slice(2);
 const opt = (name, def) => { const i = args.indexOf(name); return i >= 0 ? args[i + 1] : def; };
@@ -30,8 +30,7 @@ const steps = parseInt(opt('--steps', '32'), 10);
 const only = opt('--only', null); // one model name, e.g. tiny-moe-q8_0
 
 const { getLlama, LlamaLogLevel } = await import(join(peer, 'node_modules/node-llama-cpp/dist/index.js'));
-const pkg = JSON.parse(readFileSync(join(peer, 'node_modules/node-llama-cpp/package.json'), 'utf8'));
-const release = JSON.parse(readFileSync(join(peer, 'node_modules/node-llama-cpp/llama/binariesGithubRelease.json'), 'utf8'));
+const info = peerInfo(peer);
 
 const PROMPTS = [
   { prompt: 'Once upon a time the little dog went to the park with Tom and Lily. They were very happy, and the dog ' +
@@ -61,7 +60,6 @@ mkdirSync(outDir, { recursive: true });
 for (const name of MODELS) {
   if (only && name !== only) continue;
   const file = join(modelsDir, `${name}.gguf`);
-  const bytes = readFileSync(file);
   const model = await llama.loadModel({ modelPath: file, gpuLayers: 0 });
   const context = await model.createContext({
     contextSize: 512, batchSize: 512, threads: { ideal: 2, min: 2 }, flashAttention: false,
@@ -115,14 +113,8 @@ for (const name of MODELS) {
                    self_envelope: f32(self), flash_envelope: f32(fa), steps: out });
   }
   const fixture = {
-    format: 'cartridge-reference/greedy-v1',
-    engine: `llama.cpp (via node-llama-cpp ${pkg.version} prebuilt)`,
-    node_llama_cpp_version: pkg.version,
-    llama_cpp_release: release.release,
-    system_info: llama.systemInfo.trim(),
-    generator: 'tools/gemma4_fixtures.mjs',
-    model: { file: basename(file), sha256: createHash('sha256').update(bytes).digest('hex'),
-             size_bytes: statSync(file).size, architecture: 'gemma4',
+    ...fixtureHead('cartridge-reference/greedy-v1', 'tools/gemma4_fixtures.mjs', info, llama),
+    model: { ...fileEntry(file), architecture: 'gemma4',
              bos_id: model.tokens.bos, made_by: `recipes/make_model.lua --arch gemma4 --preset ${name.replace(/-(f32|f16|q8_0)$/, '')} --dtype ${name.match(/(f32|f16|q8_0)$/)[1]}` },
     settings: { threads: 2, kv_cache_type: 'f32', flash_attention: false, swa_full_cache: true,
                 sampling: 'greedy (temperature 0): argmax of the raw logits, ties to the lowest id',

@@ -52,20 +52,12 @@ local function words(text, counts)
     end
 end
 
-function bpe.train(texts, n_merges)
-    local sym = bpe.byte_symbols()
-    local counts = {}
-    for _, t in ipairs(texts) do words(t, counts) end
-    -- each distinct word as a list of symbols, with its count
-    local list = {}
-    for w, c in pairs(counts) do
-        local s = {}
-        for k = 1, #w do s[k] = sym[w:byte(k) + 1] end
-        list[#list + 1] = { s = s, c = c, w = w }
-    end
-    table.sort(list, function(a, b) return a.w < b.w end)
-    local tokens, merges, have = {}, {}, {}
-    for b = 1, 256 do tokens[b], have[sym[b]] = sym[b], true end
+-- Merges the most frequent adjacent pair of symbols of `list` ({ s = the
+-- symbols of a distinct word, c = its count }, changed in place) n_merges
+-- times, or until no pair occurs min_count times; ties go to the pair that
+-- sorts first. Returns the merges, "left right", in order.
+function bpe.learn(list, n_merges, min_count)
+    local merges = {}
     for _ = 1, n_merges do
         local pairs_count = {}
         for _, item in ipairs(list) do
@@ -75,7 +67,7 @@ function bpe.train(texts, n_merges)
                 pairs_count[key] = (pairs_count[key] or 0) + item.c
             end
         end
-        local best, best_n = nil, 1
+        local best, best_n = nil, min_count - 1
         for key, c in pairs(pairs_count) do
             if c > best_n or (c == best_n and best and key < best) then best, best_n = key, c end
         end
@@ -83,9 +75,6 @@ function bpe.train(texts, n_merges)
         local left, right = best:match("^(.-) (.*)$")
         local joined = left .. right
         merges[#merges + 1] = best
-        if not have[joined] then -- two splits of one string make one token
-            tokens[#tokens + 1], have[joined] = joined, true
-        end
         for _, item in ipairs(list) do
             local s, out, k = item.s, {}, 1
             local changed = false
@@ -100,6 +89,30 @@ function bpe.train(texts, n_merges)
                 end
             end
             if changed then item.s = out end
+        end
+    end
+    return merges
+end
+
+function bpe.train(texts, n_merges)
+    local sym = bpe.byte_symbols()
+    local counts = {}
+    for _, t in ipairs(texts) do words(t, counts) end
+    -- each distinct word as a list of symbols, with its count
+    local list = {}
+    for w, c in pairs(counts) do
+        local s = {}
+        for k = 1, #w do s[k] = sym[w:byte(k) + 1] end
+        list[#list + 1] = { s = s, c = c, w = w }
+    end
+    table.sort(list, function(a, b) return a.w < b.w end)
+    local tokens, have = {}, {}
+    for b = 1, 256 do tokens[b], have[sym[b]] = sym[b], true end
+    local merges = bpe.learn(list, n_merges, 2)
+    for _, m in ipairs(merges) do
+        local joined = m:gsub(" ", "", 1)
+        if not have[joined] then -- two splits of one string make one token
+            tokens[#tokens + 1], have[joined] = joined, true
         end
     end
     return { tokens = tokens, merges = merges }

@@ -22,11 +22,17 @@
 -- and so does the router), seed (1), name, quiet, any preset key (layers,
 -- embd, heads, ff, pattern, kv_swa, hd_full, experts, ...), and
 -- no_tokenizer (the model alone, for the fuzz seeds; vocab then sets the
--- embedding rows). The vocabulary is a small SentencePiece ("llama")
--- one: <pad> <eos> <bos> <unk>, gemma's chat markers <|turn> <turn|>
--- <|channel> <channel|>, the 256 byte tokens, then single characters and
--- common English words with every prefix, so that ordinary text splits into
--- a few tokens per word. The chat template is gemma's turn format.
+-- embedding rows), tokenizer_model ("llama", the default, or "gemma4").
+-- The "llama" vocabulary is a small SentencePiece one: <pad> <eos> <bos>
+-- <unk>, gemma's chat markers <|turn> <turn|> <|channel> <channel|>, the 256
+-- byte tokens, then single characters and common English words with every
+-- prefix, so that ordinary text splits into a few tokens per word. The
+-- "gemma4" vocabulary is the kind real gemma 4 GGUFs carry
+-- (tokenizer.ggml.model "gemma4", as llama.cpp's converter writes it): BPE
+-- merges over text whose spaces are U+2581, <0xNN> byte fallback, the same
+-- specials plus gemma 4's tool markers, newline-run tokens, and merges
+-- learned from a small built-in text (bpe_vocabulary). The chat template is
+-- gemma's turn format.
 
 local core = require("cartridge.core")
 local gguf = require("cartridge.gguf")
@@ -108,6 +114,83 @@ local function vocabulary()
     return tokens, scores, types
 end
 
+-- The text the "gemma4" vocabulary's merges are learned from: prose, digits,
+-- indentation, a few accented letters and CJK characters.
+local BPE_TEXT = {
+    "Once upon a time there was a little dog called Tom. The dog went to the park with Lily.",
+    "They were very happy, and the dog ran after the ball all day long until the sun went down.",
+    "What is a cartridge? A cartridge is a small trained prefix that a model reads in place of a long corpus,",
+    "so that it can answer each question about the corpus without reading it all again.",
+    "The model has 2024 words and 1000 questions; the answer is 42 or 365 or 12.5 percent.",
+    "def answer(question):    return model.read(corpus)  # one two three",
+    "    if the answer is not there, we find it in the corpus and then we use it.",
+    "The caf\xc3\xa9 is na\xc3\xafve, the \xc3\xbcber fa\xc3\xa7ade is long, and the ni\xc3\xb1o said no.",
+    "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xe6\x97\xa5\xe6\x9c\xac \xe6\x9c\xac",
+}
+
+-- Learns `count` BPE merges from BPE_TEXT (spaces as U+2581; a word is a run
+-- of spaces and the characters after it), the most frequent pair first, ties
+-- to the smaller "left right" string, so the result is deterministic; it
+-- stops early once every word is one token.
+local function learn_merges(count)
+    local SP = "\xe2\x96\x81"
+    local freq = {}
+    for _, line in ipairs(BPE_TEXT) do
+        for word in line:gmatch(" *[^ ]*") do
+            if #word > 0 then freq[word] = (freq[word] or 0) + 1 end
+        end
+    end
+    local words = {}
+    for word, n in pairs(freq) do
+        local syms = {}
+        for ch in word:gmatch("[%z\1-\127\194-\244][\128-\191]*") do syms[#syms + 1] = ch == " " and SP or ch end
+        words[#words + 1] = { s = syms, c = n, key = word }
+    end
+    table.sort(words, function(a, b) return a.key < b.key end)
+    return require("cartridge.bpe").learn(words, count, 1)
+end
+
+-- The "gemma4" vocabulary: tokens, scores, types and merges, laid out as
+-- llama.cpp's converter writes a gemma 4 tokenizer (the visible tool markers
+-- USER_DEFINED, the byte tokens BYTE).
+local function bpe_vocabulary()
+    local tokens, scores, types = {}, {}, {}
+    local seen = {}
+    local function add(text, kind)
+        if seen[text] then return end
+        seen[text] = true
+        tokens[#tokens + 1], types[#types + 1] = text, kind
+        scores[#scores + 1] = kind == 1 and -#tokens or 0
+    end
+    add("<pad>", 3)
+    add("<eos>", 3)
+    add("<bos>", 3)
+    add("<unk>", 2)
+    add("<mask>", 3)
+    add("<|turn>", 3)
+    add("<turn|>", 3)
+    for _, m in ipairs({ "<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+        "<tool_response|>", "<|\"|>" }) do
+        add(m, 4)
+    end
+    add("<unused0>", 3)
+    for b = 0, 255 do add(("<0x%02X>"):format(b), 6) end
+    for n = 1, 4 do add(("\n"):rep(n), 1) end
+    add("\t", 1)
+    add("\xe2\x96\x81", 1)
+    for c = 0x21, 0x7e do add(string.char(c), 1) end
+    for _, line in ipairs(BPE_TEXT) do
+        for ch in line:gmatch("[\194-\244][\128-\191]*") do add(ch, 1) end
+    end
+    local merges = learn_merges(400)
+    merges[#merges + 1] = "\n \n"
+    for _, m in ipairs(merges) do
+        local a, b = m:match("^(.-) (.*)$")
+        add(a .. b, 1)
+    end
+    return tokens, scores, types, merges
+end
+
 -- Which layers slide: a list of booleans (repeated over more layers, cut
 -- for fewer), or "N:1" (N sliding, then a full one).
 local function pattern_of(shape)
@@ -163,7 +246,17 @@ function randgemma.write(opts)
     local pattern = pattern_of(shape)
 
     local w = gguf.writer()
-    local tokens, scores, types = vocabulary()
+    local model = opts.tokenizer_model or "llama"
+    if model ~= "llama" and model ~= "gemma4" then
+        error(("make_model: --tokenizer-model '%s' is not 'llama' (SentencePiece) or 'gemma4' (gemma 4's BPE)")
+            :format(tostring(model)), 0)
+    end
+    local tokens, scores, types, merges
+    if model == "gemma4" then
+        tokens, scores, types, merges = bpe_vocabulary()
+    else
+        tokens, scores, types = vocabulary()
+    end
     local n_tok = opts.no_tokenizer and 1 or #tokens
     shape.vocab = shape.vocab or n_tok
     if shape.vocab < n_tok then
@@ -205,19 +298,22 @@ function randgemma.write(opts)
         w:set(A .. "expert_used_count", shape.experts_used, "uint32")
         w:set(A .. "expert_feed_forward_length", shape.ff_exp, "uint32")
     end
-    if not opts.no_tokenizer then randgemma.tokenizer(w, tokens, scores, types) end
+    if not opts.no_tokenizer then randgemma.tokenizer(w, tokens, scores, types, merges) end
 
     -- tensors: name, row-major shape, kind; matrices take the dtype
     return randgemma.tensors(w, opts, shape, pattern, kv, dtype, dtype_name, seed)
 end
 
--- The SentencePiece vocabulary and gemma's template as tokenizer.* metadata.
-function randgemma.tokenizer(w, tokens, scores, types)
-    w:set("tokenizer.ggml.model", "llama")
-    w:set("tokenizer.ggml.pre", "default")
+-- The vocabulary and gemma's template as tokenizer.* metadata: SentencePiece
+-- ("llama"), or with merges gemma 4's BPE ("gemma4", no pre-tokenizer key,
+-- as the converter writes it).
+function randgemma.tokenizer(w, tokens, scores, types, merges)
+    w:set("tokenizer.ggml.model", merges and "gemma4" or "llama")
+    if not merges then w:set("tokenizer.ggml.pre", "default") end
     w:set("tokenizer.ggml.tokens", tokens, "array", "string")
     w:set("tokenizer.ggml.scores", scores, "array", "float32")
     w:set("tokenizer.ggml.token_type", types, "array", "int32")
+    if merges then w:set("tokenizer.ggml.merges", merges, "array", "string") end
     w:set("tokenizer.ggml.bos_token_id", 2, "uint32")
     w:set("tokenizer.ggml.eos_token_id", 1, "uint32")
     w:set("tokenizer.ggml.unknown_token_id", 3, "uint32")

@@ -7,7 +7,8 @@
 -- "llama-tiny"; with arch "gemma4" the presets of cartridge.randgemma), arch, layers, embd, ff, heads, kv_heads, head_dim, vocab,
 -- ctx, rope_theta, eps (1e-6), dtype ("f16"), tied (true), seed (1),
 -- std_scale (1), out_scale (4), tokenizer_from (a GGUF path), tokenizer (a
--- learned vocabulary, cartridge.bpe), name, quiet.
+-- learned vocabulary, cartridge.bpe), tokenizer_model (gemma4 only: see
+-- cartridge.randgemma), name, quiet.
 -- The same fields give the same bytes. Weights are normal with std
 -- 1/sqrt(fan_in) (embeddings too, since they double as the tied head), norm
 -- weights 1 + N(0, 0.1) and the final norm scaled by out_scale, so a random
@@ -47,6 +48,9 @@ function randmodel.write(opts)
         for k, v in pairs(opts) do g[k] = v end
         if g.preset == nil or g.preset == "default" then g.preset = "tiny-dense" end
         return randgemma.write(g)
+    end
+    if opts.tokenizer_model then
+        error("make_model: --tokenizer-model applies to --arch gemma4 only (qwen3 and llama take --tokenizer-from)", 0)
     end
     opts.eps = opts.eps or 1e-6
     opts.dtype = opts.dtype or "f16"

@@ -1,7 +1,9 @@
 /*
  * test_tokenizer.c - the tokenizer against llama.cpp: every string and raw
  * case of ../shared/reference/{stories260K,qwen3-tiny-realvocab-f16}.tokenize.json
- * (ids, detokenized bytes, pieces), the synthetic 300-token vocabulary, the
+ * and of tests/fixtures/gemma4/tiny-dense-gemma4vocab-f32.tokenize.json (gemma
+ * 4's tokenizer kind, on the vocabulary the build writes into models/gemma4)
+ * (ids, detokenized bytes, pieces), gemma 4's rules on a vocabulary built here, the synthetic 300-token vocabulary, the
  * BOS/EOS policy, special and end-of-generation tokens, the output buffer
  * protocol, small vocabularies built here for each pre-tokenizer, and
  * malformed tokenizer metadata.
@@ -251,12 +253,14 @@ static void check_raw_case(const cart_tokenizer *t, const cJSON *item, ref_count
     free(text);
 }
 
-static void check_reference_file(const char *json_name, const char *model) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/reference/%s", CART_SHARED_DIR, json_name);
+/* Checks every case of the tokenize-v1 fixture at `path` against the
+ * tokenizer of GGUF `model`; returns the tokenizer for more checks (NULL if
+ * it did not load). */
+static cart_tokenizer *check_reference_path(const char *path, const char *model) {
+    const char *json_name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     char *text = slurp(path, NULL);
     CHECK_MSG(text != NULL, "cannot read %s", path);
-    if (!text) return;
+    if (!text) return NULL;
     cJSON *root = cJSON_Parse(text);
     free(text);
     CHECK_MSG(root != NULL, "%s is not JSON", path);
@@ -264,7 +268,7 @@ static void check_reference_file(const char *json_name, const char *model) {
     if (!root || !t) {
         cJSON_Delete(root);
         cart_tokenizer_free(t);
-        return;
+        return NULL;
     }
     ref_counts c = {0};
     const cJSON *item;
@@ -277,8 +281,18 @@ static void check_reference_file(const char *json_name, const char *model) {
            json_name, c.cases, c.raw_cases, c.aborted_cases, c.mismatches);
     CHECK(c.cases == n_cases && c.raw_cases + c.aborted_cases == n_raw);
     CHECK(c.mismatches == 0);
+    const cJSON *m = cJSON_GetObjectItem(root, "model");
+    const cJSON *bos = cJSON_GetObjectItem(m, "bos_id"), *eos = cJSON_GetObjectItem(m, "eos_id");
+    if (cJSON_IsNumber(bos)) CHECK(cart_tokenizer_bos(t) == bos->valueint);
+    if (cJSON_IsNumber(eos)) CHECK(cart_tokenizer_eos(t) == eos->valueint);
     cJSON_Delete(root);
-    cart_tokenizer_free(t);
+    return t;
+}
+
+static void check_reference_file(const char *json_name, const char *model) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/reference/%s", CART_SHARED_DIR, json_name);
+    cart_tokenizer_free(check_reference_path(path, model));
 }
 
 static void test_matches_llama_cpp_on_every_stories260K_case(void) {
@@ -659,6 +673,7 @@ static void test_rejects_malformed_tokenizer_metadata(void) {
     path = write_vocab("unknown.gguf", "wordpiece", NULL, NULL, 0, merges, 1);
     load_expect(path, CART_E_UNSUPPORTED, "'wordpiece'");
     CHECK_ERROR_MENTIONS("'gpt2'");
+    CHECK_ERROR_MENTIONS("'gemma4'");
     CHECK_ERROR_MENTIONS("'llama'");
 
     path = write_vocab("unknownpre.gguf", "gpt2", "klingon", NULL, 0, merges, 1);
@@ -847,10 +862,113 @@ static void test_survives_hostile_text(void) {
     cart_tokenizer_free(t);
 }
 
+/* ---- gemma 4's tokenizer kind ------------------------------------------ */
+
+/* A small gemma4 vocabulary: 0 <bos>, 1 <eos> (CONTROL), 2..257 the <0xNN>
+ * byte tokens, then 258 "\u2581", 259 "a", 260 "b", 261 "\u2581a",
+ * 262 "\n", 263 "\n\n", 264 "ab", 265 "\u2581ab"; merges (by rank) "\u2581 a",
+ * "a b", "\u2581a b" and "\n \n". `model` "gemma4" or "gpt2" (then with pre
+ * "gemma4"); has_bos: write bos_token_id 0. add_bos_token is written false. */
+static const char *write_gemma4_vocab(const char *model, int has_bos) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/gemma4.gguf", tmp_dir);
+    enum { N = 266 };
+    char *tokens[N];
+    int32_t types[N];
+    tokens[0] = strdup("<bos>");
+    tokens[1] = strdup("<eos>");
+    types[0] = types[1] = CART_TOKEN_CONTROL;
+    for (int b = 0; b < 256; b++) {
+        tokens[2 + b] = malloc(7);
+        snprintf(tokens[2 + b], 7, "<0x%02X>", b);
+        types[2 + b] = CART_TOKEN_BYTE;
+    }
+    static const char *const extra[] = {"\xe2\x96\x81", "a",  "b", "\xe2\x96\x81"
+                                                             "a",
+                                        "\n",           "\n\n", "ab", "\xe2\x96\x81"
+                                                                      "ab"};
+    for (int i = 0; i < 8; i++) {
+        tokens[258 + i] = strdup(extra[i]);
+        types[258 + i] = CART_TOKEN_NORMAL;
+    }
+    static const char *const merges[] = {"\xe2\x96\x81 a", "a b",
+                                         "\xe2\x96\x81"
+                                         "a b",
+                                         "\n \n"};
+    cart_gguf_writer *w = NULL;
+    CHECK_OK(cart_gguf_writer_new(&w));
+    CHECK_OK(cart_gguf_writer_set_str(w, "tokenizer.ggml.model", model));
+    if (strcmp(model, "gpt2") == 0)
+        CHECK_OK(cart_gguf_writer_set_str(w, "tokenizer.ggml.pre", "gemma4"));
+    CHECK_OK(cart_gguf_writer_set_str_array(w, "tokenizer.ggml.tokens", (const char *const *)tokens,
+                                            N));
+    CHECK_OK(cart_gguf_writer_set_array(w, "tokenizer.ggml.token_type", CART_GGUF_INT32, types, N));
+    CHECK_OK(cart_gguf_writer_set_str_array(w, "tokenizer.ggml.merges", merges, 4));
+    if (has_bos) CHECK_OK(cart_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0));
+    CHECK_OK(cart_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 1));
+    CHECK_OK(cart_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", 0));
+    CHECK_OK(cart_gguf_writer_write(w, path));
+    cart_gguf_writer_free(w);
+    for (int i = 0; i < N; i++) free(tokens[i]);
+    return path;
+}
+
+static void test_gemma4_escapes_spaces_merges_characters_and_falls_back_to_bytes(void) {
+    const char *models[] = {"gemma4", "gpt2"};
+    for (int k = 0; k < 2; k++) {
+        cart_tokenizer *t = load_expect(write_gemma4_vocab(models[k], 1), CART_OK, NULL);
+        if (!t) continue;
+        printf("  tokenizer.ggml.model %s%s\n", models[k], k ? " with pre gemma4" : "");
+        CHECK(cart_tokenizer_kind_of(t) == CART_TOKENIZER_BPE);
+        CHECK(cart_tokenizer_adds_bos(t) == 1 && cart_tokenizer_bos(t) == 0); /* forced on */
+        int32_t sp_ab[] = {265}, ab[] = {264}, a_b[] = {261, 258, 258, 260};
+        int32_t nl2[] = {263}, nl3[] = {263, 262};
+        expect_ids(t, " ab", sp_ab, 1);  /* "\u2581 a" ranks before "a b", then "\u2581a b" */
+        expect_ids(t, "ab", ab, 1);
+        expect_ids(t, " a  b", a_b, 4); /* no merge "\u2581 \u2581" nor "\u2581 b" */
+        expect_ids(t, "\n\n", nl2, 1);  /* a newline word that is a token */
+        expect_ids(t, "\n\n\n", nl3, 2); /* not a token: merged "\n \n" */
+        int32_t c[] = {2 + 'c'}, e_acute[] = {2 + 0xC3, 2 + 0xA9}, bad[] = {2 + 0xEF, 2 + 0xBF, 2 + 0xBD};
+        expect_ids(t, "c", c, 1);            /* no token: its <0xNN> */
+        expect_ids(t, "\xc3\xa9", e_acute, 2); /* each byte of the character */
+        expect_ids(t, "\xff", bad, 3);        /* invalid: U+FFFD's bytes */
+        int32_t nl_word[] = {259, 263, 262, 259}; /* "\n\n\n" is a word of its own */
+        expect_ids(t, "a\n\n\na", nl_word, 4);
+        int32_t ids[] = {258, 264, 2 + 'c', 2 + 0xC3, 2 + 0xA9, 0};
+        int64_t n;
+        char *d = decode(t, ids, 6, 0, &n);
+        CHECK_MSG(d && strcmp(d, " abc\xc3\xa9") == 0, "decode: got '%s'", d ? d : "(null)");
+        free(d);
+        d = decode(t, ids, 6, CART_TOKENIZE_UNPARSE_SPECIAL, &n);
+        CHECK_MSG(d && strcmp(d, " abc\xc3\xa9<bos>") == 0, "decode: got '%s'", d ? d : "(null)");
+        free(d);
+        cart_tokenizer_free(t);
+    }
+    /* gemma4 always adds BOS: without a bos token the vocabulary is refused */
+    load_expect(write_gemma4_vocab("gemma4", 0), CART_E_FORMAT, "bos_token_id");
+    CHECK_ERROR_MENTIONS("always adds a BOS");
+}
+
+static const char *GEMMA4_MODEL = CART_SOURCE_DIR "/models/gemma4/tiny-dense-gemma4vocab-f32.gguf";
+static const char *GEMMA4_FIXTURE =
+    CART_SOURCE_DIR "/tests/fixtures/gemma4/tiny-dense-gemma4vocab-f32.tokenize.json";
+
+static void test_matches_llama_cpp_on_the_gemma4_vocabulary(void) {
+    cart_tokenizer *t = check_reference_path(GEMMA4_FIXTURE, GEMMA4_MODEL);
+    if (!t) return;
+    CHECK(cart_tokenizer_adds_bos(t) == 1 && cart_tokenizer_adds_eos(t) == 0);
+    const char *eog[] = {"<eos>", "<turn|>", "<|tool_response>"};
+    for (int i = 0; i < 3; i++) {
+        int32_t id = cart_tokenizer_find(t, eog[i], (int64_t)strlen(eog[i]));
+        CHECK_MSG(id >= 0 && cart_tokenizer_is_eog(t, id), "%s ends generation", eog[i]);
+    }
+    cart_tokenizer_free(t);
+}
+
 static void remove_tmp_dir(void) {
     const char *names[] = {"digits.gguf",     "clean.gguf",    "nomodel.gguf",   "unknown.gguf",
                            "unknownpre.gguf", "nomerges.gguf", "intmerges.gguf", "hostile.gguf",
-                           "spm_span.gguf",   "spm_words.gguf"};
+                           "spm_span.gguf",   "spm_words.gguf", "gemma4.gguf"};
     char path[512];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", tmp_dir, names[i]);
@@ -870,7 +988,12 @@ int main(void) {
     RUN(test_rejects_malformed_tokenizer_metadata);
     RUN(test_merges_sentencepiece_across_spaces_when_the_vocabulary_allows);
     RUN(test_survives_hostile_text);
+    RUN(test_gemma4_escapes_spaces_merges_characters_and_falls_back_to_bytes);
     remove_tmp_dir();
+    if (file_exists(GEMMA4_MODEL))
+        RUN(test_matches_llama_cpp_on_the_gemma4_vocabulary);
+    else
+        printf("skipped: %s is absent (the build writes it)\n", GEMMA4_MODEL);
 
     int shared = file_exists(STORIES) && file_exists(QWEN_REAL) && file_exists(QWEN_TINY);
     if (!shared) {

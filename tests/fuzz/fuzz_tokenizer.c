@@ -1,19 +1,22 @@
 /*
  * fuzz_tokenizer.c - libFuzzer target for tokenizer encode/decode
- * (engine/tokenizer.h) on two real vocabularies:
+ * (engine/tokenizer.h) on three vocabularies:
  *
  *   SentencePiece  stories260K ($CART_FUZZ_SPM_MODEL, default
  *                  <source>/../shared/models/stories260K.gguf)
  *   byte-level BPE the real Qwen3 tokenizer ($CART_FUZZ_MODEL, default
  *                  <source>/../shared/reference/qwen3-tiny-realvocab-f16.gguf)
+ *   gemma 4's BPE  tokenizer.ggml.model "gemma4" ($CART_FUZZ_GEMMA4_MODEL,
+ *                  default <source>/models/gemma4/tiny-dense-gemma4vocab-f32.gguf,
+ *                  which the main build writes)
  *
- * A vocabulary whose file is absent is left out with a message; when both
+ * A vocabulary whose file is absent is left out with a message; when all
  * are absent the target says so and exits 0 (nothing to fuzz).
  *
- * Input: byte 0 picks the tokenizer (bit 0) and the encode flags (bit 1
- * PARSE_SPECIAL, bit 2 ADD_SPECIAL); bit 7 asks for the short-buffer check;
- * bits 3-4 are the decode flags of the id sequence below. The rest is the
- * text. Per input:
+ * Input: byte 0 picks the tokenizer (bit 0, plus 2 for bit 5, modulo the
+ * vocabularies found) and the encode flags (bit 1 PARSE_SPECIAL, bit 2
+ * ADD_SPECIAL); bit 7 asks for the short-buffer check; bits 3-4 are the
+ * decode flags of the id sequence below. The rest is the text. Per input:
  *   - encode, and check every id is in the vocabulary (with bit 7: that a
  *     buffer of half the size gets the same count and a prefix of the ids);
  *   - the round trip decode(encode(s)) where the rules below say it must
@@ -40,6 +43,12 @@
  *        an empty s), which is checked as such. Ill-formed UTF-8 is not
  *        kept: a broken lead byte swallows the start of a following "▁",
  *        whose bytes then come back raw.
+ *   gemma4 s is well-formed UTF-8, holds no U+2581 (the escaped space, which
+ *        decodes to ' ') and no ' ' before one of ?!.,' (the clean_spaces
+ *        passes of detokenize would drop it), and the vocabulary has a byte
+ *        token for every byte. Spaces become U+2581 and come back; BOS added
+ *        by ADD_SPECIAL is taken off by REMOVE_SPECIAL; no space is put in
+ *        front.
  */
 #include <string.h>
 
@@ -56,14 +65,26 @@ typedef struct vocab {
     cart_tokenizer *t;
     int64_t n_vocab;
     int spm_round_trip_ok; /* SPM: "▁" and every byte token exist */
+    int gemma4;            /* gemma 4's BPE */
+    int bytes_ok;          /* gemma4: every <0xNN> token exists */
 } vocab;
 
-static vocab vocabs[2];
+static vocab vocabs[3];
 static int n_vocabs;
 static int32_t ids[MAX_IDS], ids2[MAX_IDS];
 static char text[MAX_TEXT];
 
-static void load_vocab(const char *env, const char *fallback, const char *what) {
+/* Whether t has the <0xNN> token of every byte. */
+static int has_byte_tokens(const cart_tokenizer *t) {
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        if (cart_tokenizer_find(t, name, 6) < 0) return 0;
+    }
+    return 1;
+}
+
+static void load_vocab(const char *env, const char *fallback, const char *what, int gemma4) {
     const char *path = fuzz_env_or(env, fallback);
     cart_gguf *g = NULL;
     if (cart_gguf_open(&g, path) != CART_OK) {
@@ -77,13 +98,14 @@ static void load_vocab(const char *env, const char *fallback, const char *what) 
     FUZZ_CHECK(rc == CART_OK, "%s: %s", path, cart_last_error());
     v->name = what;
     v->n_vocab = cart_tokenizer_vocab_size(v->t);
-    if (cart_tokenizer_kind_of(v->t) == CART_TOKENIZER_SPM) {
-        int ok = cart_tokenizer_find(v->t, "\xe2\x96\x81", 3) >= 0;
-        for (int b = 0; b < 256 && ok; b++) {
-            char name[8];
-            snprintf(name, sizeof name, "<0x%02X>", b);
-            ok = cart_tokenizer_find(v->t, name, 6) >= 0;
-        }
+    v->gemma4 = gemma4;
+    if (gemma4) {
+        v->bytes_ok = has_byte_tokens(v->t);
+        if (!v->bytes_ok)
+            fprintf(stderr, "fuzz_tokenizer: %s lacks a byte token; its round trip is not checked\n",
+                    path);
+    } else if (cart_tokenizer_kind_of(v->t) == CART_TOKENIZER_SPM) {
+        int ok = cart_tokenizer_find(v->t, "\xe2\x96\x81", 3) >= 0 && has_byte_tokens(v->t);
         v->spm_round_trip_ok = ok;
         if (!ok)
             fprintf(stderr, "fuzz_tokenizer: %s lacks '\xe2\x96\x81' or a byte token; its round "
@@ -98,13 +120,16 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     load_vocab("CART_FUZZ_SPM_MODEL", CART_SOURCE_DIR "/../shared/models/stories260K.gguf",
-               "SentencePiece (stories260K)");
+               "SentencePiece (stories260K)", 0);
     load_vocab("CART_FUZZ_MODEL",
                CART_SOURCE_DIR "/../shared/reference/qwen3-tiny-realvocab-f16.gguf",
-               "byte-level BPE (Qwen3)");
+               "byte-level BPE (Qwen3)", 0);
+    load_vocab("CART_FUZZ_GEMMA4_MODEL",
+               CART_SOURCE_DIR "/models/gemma4/tiny-dense-gemma4vocab-f32.gguf",
+               "gemma 4's BPE (tiny-dense-gemma4vocab)", 1);
     if (n_vocabs == 0) {
-        fprintf(stderr, "fuzz_tokenizer: SKIP: no vocabulary file found (set CART_FUZZ_MODEL "
-                        "and/or CART_FUZZ_SPM_MODEL); nothing to fuzz\n");
+        fprintf(stderr, "fuzz_tokenizer: SKIP: no vocabulary file found (set CART_FUZZ_MODEL, "
+                        "CART_FUZZ_SPM_MODEL and/or CART_FUZZ_GEMMA4_MODEL); nothing to fuzz\n");
         exit(0);
     }
     return 0;
@@ -124,6 +149,12 @@ static int expected_round_trip(const vocab *v, const char *s, int64_t len, int32
     if (cart_utf8_invalid_offset(s, len) >= 0) return 0;
     *want = s;
     *want_len = len;
+    if (v->gemma4) {
+        if (!v->bytes_ok || memmem(s, (size_t)len, "\xe2\x96\x81", 3)) return 0;
+        for (int64_t i = 0; i + 1 < len; i++)
+            if (s[i] == ' ' && strchr("?!.,'", s[i + 1]) && s[i + 1] != '\0') return 0;
+        return 1;
+    }
     if (cart_tokenizer_kind_of(t) == CART_TOKENIZER_BPE) return 1;
     if (!v->spm_round_trip_ok || (flags & CART_TOKENIZE_PARSE_SPECIAL)) return 0;
     if (memmem(s, (size_t)len, "\xe2\x96\x81", 3) || has_user_defined(t, p, n)) return 0;
@@ -194,7 +225,7 @@ static void check_decode_ids(const vocab *v, const uint8_t *p, size_t len, int32
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
-    const vocab *v = &vocabs[(data[0] & 1) % n_vocabs];
+    const vocab *v = &vocabs[((data[0] & 1) | ((data[0] >> 4) & 2)) % n_vocabs];
     int32_t flags = (data[0] >> 1) & (CART_TOKENIZE_PARSE_SPECIAL | CART_TOKENIZE_ADD_SPECIAL);
     const char *s = (const char *)data + 1;
     int64_t len = (int64_t)size - 1;

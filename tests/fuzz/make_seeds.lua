@@ -147,6 +147,30 @@ local function bpe_vocab(w, pre)
 end
 
 gguf_seed("tok_qwen2.gguf", function(w) bpe_vocab(w, "qwen2") end)
+
+-- gemma 4's BPE (tokenizer.ggml.model "gemma4"): <0xNN> byte tokens,
+-- U+2581 for spaces, newline runs, merges by text, gemma's markers.
+gguf_seed("tok_gemma4.gguf", function(w)
+    local SP = "\xe2\x96\x81"
+    local tokens, types = { "<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>", "<|channel>" },
+        { 3, 3, 3, 2, 3, 3, 4 }
+    for b = 0, 255 do
+        tokens[#tokens + 1], types[#types + 1] = ("<0x%02X>"):format(b), 6
+    end
+    for _, t in ipairs({ SP, "\n", "\n\n", "h", "e", "l", "o", "he", "ll", "hell", "hello", SP .. "hello",
+        "1", "2", "12", "\xc3\xa9" }) do
+        tokens[#tokens + 1], types[#types + 1] = t, 1
+    end
+    w:set("tokenizer.ggml.model", "gemma4")
+    w:set("tokenizer.ggml.tokens", tokens, "array", "string")
+    w:set("tokenizer.ggml.token_type", types, "array", "int32")
+    w:set("tokenizer.ggml.merges", { "h e", "l l", "he ll", "hell o", SP .. " hello", "1 2", "\n \n" },
+        "array", "string")
+    w:set("tokenizer.ggml.bos_token_id", 2, "uint32")
+    w:set("tokenizer.ggml.eos_token_id", 1, "uint32")
+    w:set("tokenizer.ggml.add_bos_token", true)
+    w:set("tokenizer.ggml.add_space_prefix", false)
+end)
 gguf_seed("tok_llama3.gguf", function(w) bpe_vocab(w, "llama-bpe") end)
 gguf_seed("tok_gpt2.gguf", function(w) bpe_vocab(w, "gpt-2") end)
 
@@ -288,8 +312,9 @@ do
 end
 
 -- ---------------------------------------------------------------------------
--- Tokenizer texts. Byte 0: bit 0 the vocabulary (0 SentencePiece, 1 BPE),
--- bit 1 PARSE_SPECIAL, bit 2 ADD_SPECIAL, bit 7 the short-buffer check.
+-- Tokenizer texts. Byte 0: bit 0 the vocabulary (0 SentencePiece, 1 BPE;
+-- bit 5 set: 2 gemma 4's BPE), bit 1 PARSE_SPECIAL, bit 2 ADD_SPECIAL, bit 7
+-- the short-buffer check.
 
 local TEXTS = {
     "Hello world",
@@ -311,9 +336,10 @@ local TEXTS = {
     "def f(x):\n    return x ** 2  # square\n",
     "HeLLo WoRLD!!! ???... ,,,",
     "",
+    "<|turn>user\nhi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>",
 }
 for i, text in ipairs(TEXTS) do
-    for _, sel in ipairs({ 0, 1, 3, 4, 5 + 128 }) do
+    for _, sel in ipairs({ 0, 1, 3, 4, 5 + 128, 32, 32 + 2, 32 + 4 + 128 }) do
         put("fuzz_tokenizer", ("text%02d_%d"):format(i, sel), string.char(sel) .. text)
     end
 end

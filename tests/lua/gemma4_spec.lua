@@ -1,6 +1,8 @@
 -- gemma4_spec.lua: the gemma4 models the build writes (models/gemma4), their
 -- SentencePiece vocabulary and chat template, against the llama.cpp
--- fixtures in tests/fixtures/gemma4 (test_gemma4.c checks the logits).
+-- fixtures in tests/fixtures/gemma4 (test_gemma4.c checks the logits), and
+-- the one carrying gemma 4's own tokenizer kind against its tokenizer
+-- fixture (test_tokenizer.c checks the raw byte cases too).
 
 local helper = require("helper")
 local cartridge = require("cartridge")
@@ -194,3 +196,61 @@ describe("the gemma4 models", function()
     end)
 end)
 
+describe("the gemma4 model with gemma 4's own tokenizer kind", function()
+    local NAME = "tiny-dense-gemma4vocab-f32"
+
+    local function tokenize_fixture()
+        local f = assert(io.open(FIXTURES .. NAME .. ".tokenize.json", "rb"))
+        local d = json.decode(f:read("*a"))
+        f:close()
+        return d
+    end
+
+    it("is the bytes its llama.cpp tokenizer fixture was made from, and reads as gemma4 BPE", function()
+        local path = built(NAME)
+        if not path then return end
+        local fx = tokenize_fixture()
+        assert.are.equal(fx.model.sha256, sha256(path),
+            NAME .. ": make_model.lua changed; run tools/gemma4_tokenize_fixtures.mjs again")
+        assert.are.equal("gemma4", fx.model.tokenizer_model)
+        local g = cartridge.gguf.open(path)
+        assert.are.equal("gemma4", g:get("tokenizer.ggml.model"))
+        assert.is_nil(g:get("tokenizer.ggml.pre")) -- llama.cpp's converter writes none
+        assert.are.equal(fx.model.n_merges, #g:get("tokenizer.ggml.merges"))
+        g:close()
+    end)
+
+    it("tokenizes and detokenizes every string case as llama.cpp does, through the Lua tokenizer", function()
+        local path = built(NAME)
+        if not path then return end
+        local m = cartridge.model.load(path)
+        local tok = m:tokenizer()
+        assert.are.equal("bpe", tok.kind)
+        local fx = tokenize_fixture()
+        local n = 0
+        for _, c in ipairs(fx.cases) do
+            assert.are.same(c.ids, tok:encode(c.text, { special = c.parse_special }), c.text)
+            assert.are.equal(c.detok, tok:decode(c.ids))
+            assert.are.equal(c.detok_special, tok:decode(c.ids, { special = true }))
+            n = n + 1
+        end
+        print(("  %d string cases of %s.tokenize.json: ids, detok and detok_special identical"):format(n, NAME))
+        assert.are.equal(fx.n_cases, n)
+        -- BOS first with add_special: gemma4 always adds it
+        assert.are.equal(fx.model.bos_id, tok:encode("hi", { add_special = true })[1])
+        m:free()
+    end)
+
+    it("comes from make_model --tokenizer-model gemma4, which other architectures refuse", function()
+        local out = os.tmpname()
+        local rc, _, err = helper.cartridge("run", helper.root .. "/recipes/make_model.lua", "--preset", "qwen3-tiny",
+            "--tokenizer-model", "gemma4", "--out", out)
+        assert.are.equal(1, rc)
+        assert.matches("--tokenizer-model applies to --arch gemma4 only", err, 1, true)
+        rc, _, err = helper.cartridge("run", helper.root .. "/recipes/make_model.lua", "--arch", "gemma4",
+            "--tokenizer-model", "wordpiece", "--out", out)
+        assert.are.equal(1, rc)
+        assert.matches("wordpiece", err, 1, true)
+        os.remove(out)
+    end)
+end)
