@@ -27,6 +27,13 @@
  *    no validation) are merged pair by pair, highest token score first (ties:
  *    leftmost first), as long as the merged text is a token; what is left
  *    unmatched falls back to <0xNN> byte tokens.
+ *  - gemma4 (tokenizer.ggml.model "gemma4", or gpt2 with pre "gemma4"): each
+ *    space becomes U+2581, the fragment splits into runs of newlines and runs
+ *    of the rest, each run is decoded to code points and re-encoded as gpt2's
+ *    are, a newline run that is a token is taken whole, the rest merges pair
+ *    by pair over its UTF-8 characters (merges looked up by text, lowest rank
+ *    first), and a symbol that is no token gives the <0xNN> token of each of
+ *    its bytes. No default special ids; add_bos is forced on.
  *  - Pieces and detokenize (token_to_piece, detokenize) including the
  *    leading-space strip of add_space_prefix models and the clean_spaces passes
  *    of gpt2 models other than qwen2.
