@@ -424,8 +424,17 @@ function Manager:rotate()
     return evicted, loaded
 end
 
+-- Frees the residents' memory. Unlike an eviction it leaves the manifest's
+-- resident flags alone: they say which documents a resumed fleet brings
+-- back (Manager:restore), and a manifest written after this (the index's)
+-- must still name the residents of the last checkpoint.
 function Manager:free()
-    for _, i in ipairs(self:residents()) do self:evict(i, false) end
+    for _, i in ipairs(self:residents()) do
+        local r = self.resident[i]
+        r.cart:free()
+        r.opt:free()
+        self.resident[i] = nil
+    end
 end
 
 -- ---------------------------------------------------------------------------

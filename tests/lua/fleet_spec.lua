@@ -158,10 +158,14 @@ local function stories()
 end
 
 -- Three small documents of different lengths (paragraphs of a README kept
--- in tests/fixtures/fleet, so that editing the docs changes no test's data).
-local function write_docs(where)
+-- in tests/fixtures/fleet, so that editing the docs changes no test's data):
+-- readme-head.md's by default, or those of `fixture` there.
+-- readme-1609e47.md (the README's first 130 lines at commit 1609e47) is
+-- data on which two checks once failed: a resumed fleet forgot its
+-- residents, and retrieval picks a single document for doc3's question.
+local function write_docs(where, fixture)
     os.execute("mkdir -p " .. helper.q(where))
-    local readme = helper.read_file("tests/fixtures/fleet/readme-head.md")
+    local readme = helper.read_file("tests/fixtures/fleet/" .. (fixture or "readme-head.md"))
     local lines = {}
     for l in (readme .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
     local spans = { { 1, 40 }, { 41, 100 }, { 101, 130 } }
@@ -184,14 +188,14 @@ local function snapshot(dir)
     return out
 end
 
--- Trains a small fleet of write_docs' documents on stories260K into
--- tmp/<name> with an index of 64-token chunks: dir, the documents' folder
--- and the run's output; nil and why when it cannot run.
-local function small_fleet(name, rounds)
+-- Trains a small fleet of write_docs' documents (of `fixture`) on
+-- stories260K into tmp/<name> with an index of 64-token chunks: dir, the
+-- documents' folder and the run's output; nil and why when it cannot run.
+local function small_fleet(name, rounds, fixture)
     local model, why = stories()
     if not model then return nil, why end
     if not helper.exists(helper.bin) then return nil, "build/cartridge not built" end
-    local where, dir = write_docs(tmp .. "/" .. name .. "-docs"), tmp .. "/" .. name
+    local where, dir = write_docs(tmp .. "/" .. name .. "-docs", fixture), tmp .. "/" .. name
     local rc, out, err = recipe("fleet.lua", fleet_args({ "--model", model, "--corpus", where, "--fleet", dir,
         "--rounds", tostring(rounds), "--embed-chunk", "64" }))
     assert(rc == 0, err)
@@ -381,6 +385,33 @@ describe("the budget manager", function()
         mgr:free()
     end)
 
+    it("frees its memory without forgetting the residents, so a resumed fleet brings the same ones back", function()
+        local dir = tmp .. "/keep-residents"
+        local man = init_fleet(dir, 16)
+        local mgr = fleet.manager(m, dir, man, { budget = 2, lr = 0.01, warmup = 8, rotate_every = 1,
+            evict_frac = 0.5 })
+        assert.are.same({ 1, 2 }, mgr:restore())
+        man.docs[1].steps, man.docs[2].steps, man.docs[3].steps = 3, 5, 0
+        man.rounds = 1
+        mgr:rotate() -- doc 2 (most-stepped) leaves, doc 3 comes in at 0 steps
+        man.docs[1].steps, man.docs[3].steps = 6, 1 -- two rounds on: now doc 2 has fewer steps than doc 1
+        mgr:checkpoint()
+        mgr:free()
+        -- what recipes/fleet.lua does after training: the index, then the manifest
+        fleet.write_manifest(dir, man)
+        local back = fleet.read_manifest(dir)
+        assert.are.same({ true, false, true }, { back.docs[1].resident, back.docs[2].resident, back.docs[3].resident })
+        local again = fleet.manager(m, dir, back, { budget = 2, lr = 0.01, warmup = 8, rotate_every = 1,
+            evict_frac = 0.5 })
+        again:restore()
+        -- by steps alone the least-stepped would come back (3 and 2), and a
+        -- fresh entry would restart the warm-up
+        assert.are.same({ 1, 3 }, again:residents())
+        assert.are.same({ 0, 0 }, { back.docs[1].entered, back.docs[3].entered })
+        assert.are.same({ mgr:lr(1), mgr:lr(3) }, { again:lr(1), again:lr(3) })
+        again:free()
+    end)
+
     it("plans rounds from (seed, round): targets by tokens, isolated with p_iso, distinct distractors", function()
         local fake = { resident = {} }
         local tokens = { 100, 300, 600, 0 }
@@ -414,44 +445,67 @@ describe("the budget manager", function()
 end)
 
 describe("recipes/fleet.lua training", function()
-    it("trains a fleet, and a resumed fleet ends with the bits of an uninterrupted one", function()
+    -- Trains the documents of `fixture` (write_docs) 4 rounds in one run into
+    -- tmp/<name>-whole and 2 + 2 with --resume into tmp/<name>-halves, a
+    -- rotation after every round, and checks that both end with the same
+    -- bytes. Returns the three runs' outputs, or nil and why.
+    local function whole_and_halves(name, fixture)
         local model, why = stories()
-        if not model then return pending(why) end
-        local where = write_docs(tmp .. "/docs")
+        if not model then return nil, why end
+        if not helper.exists(helper.bin) then return nil, "build/cartridge not built" end
+        local where = write_docs(tmp .. "/" .. name .. "-docs", fixture)
         local common = { "--model", model, "--corpus", where, "--budget", "2", "--rotate-every", "1", "--p-iso", "0.4" }
         local function run(dir, rounds, resume)
             local args = { "--fleet", dir, "--rounds", tostring(rounds) }
             for _, a in ipairs(common) do args[#args + 1] = a end
             if resume then args[#args + 1] = "--resume" end
-            return recipe("fleet.lua", fleet_args(args))
+            local rc, out, err = recipe("fleet.lua", fleet_args(args))
+            assert.are.equal(0, rc, err)
+            return out
         end
-        local rc, out, err = run(tmp .. "/whole", 4)
-        if not rc then return pending("build/cartridge not built") end
-        assert.are.equal(0, rc, err)
+        local whole, halves = tmp .. "/" .. name .. "-whole", tmp .. "/" .. name .. "-halves"
+        local outs = { run(whole, 4), run(halves, 2), run(halves, 2, true) }
+        assert.truthy(outs[3]:find("fleet resumed from " .. halves .. ": 3 documents, p = 48, 2 rounds so far", 1, true),
+            outs[3])
+        local a, b = snapshot(whole), snapshot(halves)
+        local n = 0
+        for file, bytes in pairs(a) do
+            assert.truthy(b[file] == bytes, file .. " differs between the whole run and the resumed one")
+            n = n + 1
+        end
+        print(("  %s: 4 rounds vs 2 + 2 resumed (a rotation after every round): %d files byte-identical"):format(
+            fixture or "readme-head.md", n))
+        assert.are.equal(8, n) -- 3 cartridges, 3 moment files, the manifest, the index
+        return outs, whole
+    end
+
+    it("trains a fleet, and a resumed fleet ends with the bits of an uninterrupted one", function()
+        local outs, whole = whole_and_halves("train")
+        if not outs then return pending(whole) end
         local order = { "^model: ", "\ndocuments: 3, %d+ tokens", "\nfleet initialized in ", "\nresident: doc1.md, doc2.md %(budget 2%)",
             "\nheld%-out distill loss %(doc1.md, isolated%) before: %d", "\nround 1/4: target doc %d %(doc%d.md%), [%w %-x]+, distill loss %d",
             "\nrotation after round 1: evicted ", "\nround 4/4: ", "\nfleet: 4 rounds, 8 conversations, ",
             "\nheld%-out distill loss %(doc1.md, isolated%) after: ", "\nsteps per document: %d+/%d+/%d+ %(fleet round 4%)",
             "\nfleet saved to " }
-        helper.assert_in_order(out, order)
-        assert.truthy(out:find("co%-loaded x2"), out) -- p_iso 0.4: some rounds have a distractor
-        rc, out, err = run(tmp .. "/halves", 2)
-        assert.are.equal(0, rc, err)
-        rc, out, err = run(tmp .. "/halves", 2, true)
-        assert.are.equal(0, rc, err)
-        assert.truthy(out:find("fleet resumed from " .. tmp .. "/halves: 3 documents, p = 48, 2 rounds so far", 1, true), out)
-        local a, b = snapshot(tmp .. "/whole"), snapshot(tmp .. "/halves")
-        local n = 0
-        for name, bytes in pairs(a) do
-            assert.truthy(b[name] == bytes, name .. " differs between the whole run and the resumed one")
-            n = n + 1
-        end
-        print(("  4 rounds vs 2 + 2 resumed (a rotation after every round): %d files byte-identical"):format(n))
-        assert.are.equal(8, n) -- 3 cartridges, 3 moment files, the manifest, the index
+        helper.assert_in_order(outs[1], order)
+        assert.truthy(outs[1]:find("co%-loaded x2"), outs[1]) -- p_iso 0.4: some rounds have a distractor
         -- a second start without --resume is refused
-        rc, _, err = run(tmp .. "/whole", 1)
+        local rc, _, err = recipe("fleet.lua", fleet_args({ "--model", stories(), "--corpus", tmp .. "/train-docs",
+            "--fleet", whole, "--rounds", "1" }))
         assert.are_not.equal(0, rc)
         assert.truthy(err:find("already holds a fleet; pass --resume", 1, true), err)
+    end)
+
+    it("resumes with the residents of the last rotation, not the least-stepped documents", function()
+        -- on this data the rotation after round 2 leaves doc1 and doc3
+        -- resident with all three documents at 1 step: a resume that forgot
+        -- its residents brought back the least-stepped by index (doc1 and
+        -- doc2) with a fresh warm-up, and the cartridges and moments differed
+        local outs, why = whole_and_halves("resume", "readme-1609e47.md")
+        if not outs then return pending(why) end
+        assert.truthy(outs[2]:find("\nrotation after round 2: evicted doc2.md; loaded doc1.md\n", 1, true), outs[2])
+        assert.truthy(outs[2]:find("\nsteps per document: 1/1/1 (fleet round 2)\n", 1, true), outs[2])
+        assert.truthy(outs[3]:find("\nresident: doc1.md, doc3.md (budget 2)\n", 1, true), outs[3])
     end)
 
     it("refuses a corrupt cartridge or manifest, and documents that do not match", function()
@@ -749,30 +803,48 @@ describe("serve.lua --fleet", function()
     local servers = helper.servers(tmp)
     teardown(function() servers:stop_all() end)
 
-    it("retrieves per conversation, composes, reuses the cache behind the prefix and names the documents", function()
-        if not helper.have("curl") then return pending("curl is not installed") end
-        local dir, where = small_fleet("served", 1)
-        if not dir then return pending(where) end
-        local model, rc, err = stories()
-        local question = helper.read_file(where .. "/doc3.md"):match("\n([^\n]+)\n")
-        -- what the CLI retrieves and answers
-        local out
-        rc, out, err = recipe("fleet.lua", "--model", model, "--fleet", dir, "--ask", question, "--max-a", "12")
+    -- What the CLI retrieves for a question and answers in 12 tokens behind
+    -- them: the documents' names and the answer's text. Retrieval composes
+    -- at most --rag-docs (2) documents, fewer when the best chunks hold
+    -- fewer, and the count printed must be the documents retrieved.
+    local function cli_answer(model, dir, question)
+        local rc, out, err = recipe("fleet.lua", "--model", model, "--fleet", dir, "--ask", question, "--max-a", "12")
         assert.are.equal(0, rc, err)
-        local cli_docs = {}
-        for name in out:match("\nretrieved: ([^\n]+)"):gmatch("(doc%d%.md) %(") do cli_docs[#cli_docs + 1] = name end
-        local cli_text = out:match("%[2 composed cartridge%(s%), %d+ KV rows%] [^\n]*\n(.-)\n%[bare model")
+        local docs = {}
+        for name in out:match("\nretrieved: ([^\n]+)"):gmatch("(doc%d%.md) %(") do docs[#docs + 1] = name end
+        local k, text = out:match("\n%[(%d+) composed cartridge%(s%), %d+ KV rows%] [^\n]*\n(.-)\n%[bare model")
+        assert.truthy(k, out)
+        assert.are.equal(#docs, tonumber(k), out)
+        return docs, text
+    end
+
+    -- Starts the server on fleet dir as the model "docs": the server and a
+    -- function that posts a body to a path and returns the decoded 200 reply.
+    local function serve_fleet(model, dir)
         local s = servers:start(model, "--fleet", "docs=" .. dir, "--budget", "2", "--parallel", "2")
-        local function post(path, t)
+        return s, function(path, t)
             local status, body = servers:curl(s, "POST", path, json.encode(t))
             assert.are.equal(200, status, body)
             return json.decode(body)
         end
+    end
+
+    local function answer_text(r) return (r.choices[1].message.content:gsub("^%s+", ""):gsub("%s+$", "")) end
+
+    it("retrieves per conversation, composes, reuses the cache behind the prefix and names the documents", function()
+        if not helper.have("curl") then return pending("curl is not installed") end
+        local dir, where = small_fleet("served", 1)
+        if not dir then return pending(where) end
+        local model = stories()
+        local question = helper.read_file(where .. "/doc3.md"):match("\n([^\n]+)\n")
+        -- what the CLI retrieves and answers
+        local cli_docs, cli_text = cli_answer(model, dir, question)
+        local s, post = serve_fleet(model, dir)
         local first = { model = "docs", messages = { { role = "user", content = question } }, max_tokens = 12,
             temperature = 0 }
         local r1 = post("/v1/chat/completions", first)
         assert.are.same(cli_docs, r1.documents)
-        assert.are.equal(cli_text, (r1.choices[1].message.content:gsub("^%s+", ""):gsub("%s+$", "")))
+        assert.are.equal(cli_text, answer_text(r1))
         -- the follow-up: the same documents, the cached turn reused behind the composed prefix
         local follow = { model = "docs", temperature = 0, max_tokens = 6, messages = {
             { role = "user", content = question },
@@ -813,6 +885,39 @@ describe("serve.lua --fleet", function()
         assert.are.equal(3, listed[2].fleet.documents)
         servers:stop(s)
         assert.truthy(helper.read_file(s.log):find("chat docs [" .. table.concat(cli_docs, ", ") .. "]", 1, true))
+    end)
+
+    it("answers as the CLI does behind one retrieved document as behind two", function()
+        -- on this data doc3's question finds only doc2's chunks among its 8
+        -- best, so both compose one cartridge (the check above once read
+        -- the CLI's answer only after "[2 composed cartridge(s)")
+        if not helper.have("curl") then return pending("curl is not installed") end
+        local dir, where = small_fleet("served-one", 1, "readme-1609e47.md")
+        if not dir then return pending(where) end
+        local model = stories()
+        local s, post = serve_fleet(model, dir)
+        local counts = {}
+        for k = 1, 3 do
+            local question = helper.read_file(("%s/doc%d.md"):format(where, k)):match("\n([^\n]+)\n")
+            local cli_docs, cli_text = cli_answer(model, dir, question)
+            local r = post("/v1/chat/completions", { model = "docs", max_tokens = 12, temperature = 0,
+                messages = { { role = "user", content = question } } })
+            assert.are.same(cli_docs, r.documents)
+            assert.are.equal(cli_text, answer_text(r))
+            counts[k] = #cli_docs
+            if #cli_docs == 1 then
+                -- the cached turn is reused behind a single cartridge too
+                local r2 = post("/v1/chat/completions", { model = "docs", max_tokens = 4, temperature = 0, messages = {
+                    { role = "user", content = question }, { role = "assistant", content = r.choices[1].message.content },
+                    { role = "user", content = "Once upon a time" } } })
+                assert.are.same(cli_docs, r2.documents)
+                assert.truthy(r2.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens)
+            end
+        end
+        print(("  documents composed for doc1/doc2/doc3's questions: %d/%d/%d, the server's answers the CLI's")
+            :format(counts[1], counts[2], counts[3]))
+        assert.are.equal(1, counts[3], "doc3's question no longer retrieves one document: this test needs other data")
+        servers:stop(s)
     end)
 
     it("refuses a fleet beside --cartridge or --kv-cache-dir, and a budget below --rag-docs", function()
