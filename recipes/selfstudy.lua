@@ -51,6 +51,7 @@ local opts = options.parse(arg, {
         { "threads", type = "int", default = 0, help = "threads (0: every core this process may use; under mpirun, the rank's)" },
         { "load", help = "serve mode: a saved cartridge" },
         { "ask", help = "with --load: answer this from the cartridge; without: train, save, then answer it" },
+        { "expect", help = "with --ask: the expected answer; each arm is marked right or wrong (its first line holds it, case-insensitive)" },
         { "spec-serve", type = "boolean", help = "serve mode: corpus-drafted speculative decoding" },
         unpack(flags),
     },
@@ -66,6 +67,7 @@ local print = dist.print
 -- an error every rank meets at the same point (so it is printed once)
 local function fail(msg) dist.fail("selfstudy: " .. msg) end
 if opts.load and not opts.ask then fail("--load needs --ask \"question\"") end
+if opts.expect and not opts.ask then fail("--expect needs --ask \"question\"") end
 if opts.load and dist.size > 1 then
     fail(("serving (--load) runs in one process, and this one is rank %d of %d: run it without mpirun")
         :format(dist.rank, dist.size))
@@ -110,7 +112,8 @@ if opts.load then
         local speculative = require("cartridge.speculative")
         spec, label = speculative.for_serving(opts.load, corpus, m)
     end
-    serve.print_three({ model = m, cartridge = c, question = opts.ask, max_a = opts.max_a, corpus = corpus,
+    serve.print_three({ model = m, cartridge = c, question = opts.ask, expected = opts.expect, max_a = opts.max_a,
+        corpus = corpus,
         icl_max = opts.icl_max, speculative = spec, spec_label = label })
     return
 end
@@ -361,7 +364,8 @@ print("cartridge saved to " .. opts.save)
 metrics:close()
 if opts.ask then
     print(("cartridge: p = %d rows/layer x %d layers, %s"):format(c.p, c.n_layer, cartridge.fmt.bytes(c:bytes())))
-    serve.print_three({ model = m, cartridge = c, question = opts.ask, max_a = opts.max_a, corpus = corpus,
+    serve.print_three({ model = m, cartridge = c, question = opts.ask, expected = opts.expect, max_a = opts.max_a,
+        corpus = corpus,
         icl_max = opts.icl_max })
 end
 io.stderr:write(("(total %.1f s; metrics in %s)\n"):format(C.cart_now_seconds() - started, metrics_path))

@@ -108,12 +108,20 @@ end
 function serve.print_three(opts)
     local m, c = opts.model, opts.cartridge
     local tok = m:tokenizer()
+    -- with opts.expected, each label says whether the reply's first line
+    -- holds it (facts.correct: trimmed, case-insensitive)
+    local function verdict(r)
+        if not opts.expected then return "" end
+        return require("cartridge.facts").correct(r.text, opts.expected) and " -- right" or " -- wrong"
+    end
+    if opts.expected then print(("question: %s (expected: %s)"):format(opts.question, opts.expected)) end
     local r = serve.answer({ model = m, cartridge = c, question = opts.question, max_a = opts.max_a,
         speculative = opts.speculative, grammar = opts.grammar })
-    print(("[cartridge, %d KV rows%s] (%.2f s, ~%.1f tok/s)"):format(c.p, opts.spec_label or "", r.seconds, r.tok_s))
+    print(("[cartridge, %d KV rows%s] (%.2f s, ~%.1f tok/s)%s"):format(c.p, opts.spec_label or "", r.seconds, r.tok_s,
+        verdict(r)))
     print(r.text)
     local bare = serve.answer({ model = m, question = opts.question, max_a = opts.max_a, grammar = opts.grammar })
-    print("[bare model, no context]")
+    print("[bare model, no context]" .. verdict(bare))
     print(bare.text)
     local icl
     if opts.corpus then
@@ -121,10 +129,11 @@ function serve.print_three(opts)
         icl = serve.answer({ model = m, question = opts.question, max_a = opts.max_a, system = text,
             grammar = opts.grammar })
         if truncated then
-            print(("[ICL, %d KV rows — %.1fx the cartridge; corpus TRUNCATED from %d tokens]"):format(
-                icl.prompt_tokens, icl.prompt_tokens / c.p, opts.corpus.n_tokens))
+            print(("[ICL, %d KV rows — %.1fx the cartridge; corpus TRUNCATED from %d tokens]%s"):format(
+                icl.prompt_tokens, icl.prompt_tokens / c.p, opts.corpus.n_tokens, verdict(icl)))
         else
-            print(("[ICL, %d KV rows — %.1fx the cartridge]"):format(icl.prompt_tokens, icl.prompt_tokens / c.p))
+            print(("[ICL, %d KV rows — %.1fx the cartridge]%s"):format(icl.prompt_tokens, icl.prompt_tokens / c.p,
+                verdict(icl)))
         end
         print(icl.text)
     end
