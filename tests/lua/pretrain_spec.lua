@@ -191,3 +191,24 @@ describe("pretrain.lua", function()
         assert.truthy(err:find("line 1 is not", 1, true), err)
     end)
 end)
+
+describe("models/reader.gguf (committed, made by pretrain.lua --preset reader)", function()
+    it("answers held-out documents from its context, and not without them", function()
+        local path = helper.root .. "/models/reader.gguf"
+        if not helper.exists(path) then return pending("models/reader.gguf is not in this checkout") end
+        local m = cartridge.model.load(path)
+        local icl, bare, n, chance = 0, 0, 0, 0
+        for _, seed in ipairs({ 1001, 1007 }) do -- never trained on (training seeds are below 1000)
+            local d = facts.document(seed, 40)
+            local system = "\n\n# Document: heldout/doc" .. seed .. ".md\n\n" .. d.text
+            icl = icl + facts.accuracy(m, d.facts, { system = system, max_a = 16 })
+            bare = bare + facts.accuracy(m, d.facts, { max_a = 16 })
+            n, chance = n + #d.facts, chance + facts.chance(d) * #d.facts
+        end
+        m:free()
+        print(("  two held-out 40-fact documents: with the document %d/%d (goal >= 95%%), bare %d/%d "
+            .. "(chance %.1f%%, allowed up to twice that)"):format(icl, n, bare, n, 100 * chance / n))
+        assert.is_true(icl >= 0.95 * n, ("with the document: %d/%d"):format(icl, n))
+        assert.is_true(bare <= 2 * chance, ("bare: %d/%d against chance %.1f"):format(bare, n, chance))
+    end)
+end)
