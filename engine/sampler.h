@@ -4,7 +4,8 @@
  * Greedy (temperature <= 0) takes the argmax, ties to the lowest id, as
  * llama.cpp's greedy sampler does. Otherwise the steps run in llama.cpp's
  * default order:
- *   1. penalties over the last repeat_last_n accepted tokens, as llama.cpp's
+ *   1. penalties over the last repeat_last_n accepted tokens (prompt and
+ *      output; cart_sampler_accept), as llama.cpp's
  *      penalties sampler applies them: for each distinct id t seen there
  *      count(t) times, the repetition penalty (a positive logit divided by
  *      it, a non-positive one multiplied), then
@@ -64,7 +65,10 @@ int32_t cart_sampler_sample(cart_sampler *s, const float *logits, int64_t n_voca
  * -1 when the mask allows none. mask NULL: every token. */
 int32_t cart_sampler_sample_masked(cart_sampler *s, const float *logits, int64_t n_vocab, const uint32_t *mask);
 
-/* Records an emitted token for the repetition penalty. */
+/* Records an accepted token in the penalties' window (the last
+ * repeat_last_n). As llama.cpp's server and CLI do, a caller accepts every
+ * prompt token (those whose rows were reused from a cache too) before the
+ * first draw, then each emitted token, so the penalties see the prompt. */
 void cart_sampler_accept(cart_sampler *s, int32_t id);
 
 /* Forgets the history and reseeds. */

@@ -10,6 +10,7 @@
 --       stop = { "\n\n" },            -- optional stop strings (not included in the text)
 --       on_text = io.write,           -- optional: receives text as soon as it is final
 --       grammar = g,                  -- optional: a cartridge.grammar; the text is then a document of it
+--       history = ids,                -- optional: tokens already in kv that the penalties see too
 --   }
 --   r.ids, r.text, r.finish ("stop" | "length"), r.prompt_tokens, r.timings
 --
@@ -18,6 +19,9 @@
 -- With a grammar, every token is drawn from those that can continue its
 -- document (greedy included), and generation also stops ("stop") as soon as
 -- the document is complete and nothing can follow it.
+-- The penalties (sampling.repeat_penalty, frequency_penalty,
+-- presence_penalty) look at the last repeat_last_n tokens of history, prompt
+-- and output together, as llama.cpp's CLI and server count them.
 -- Streaming holds back text that may still turn into a stop string and bytes
 -- of an unfinished UTF-8 character.
 
@@ -63,6 +67,10 @@ function generate.run(opts)
             kv:len(), #prompt, max_tokens, kv:capacity()), 0)
     end
     local s = sampler_mod.new(opts.sampling)
+    -- the penalties see the prompt, as llama-cli's do: the history given
+    -- (tokens already in kv), then the prompt
+    s:accept_prompt(opts.history or {})
+    s:accept_prompt(prompt)
     local stream = tok:stream()
     local matcher = opts.grammar and grammar_mod.matcher(opts.grammar, grammar_mod.vocab(tok, m.n_vocab))
 

@@ -4,11 +4,17 @@
 --   local id = s:sample(logits, n_vocab)   -- logits: a float*
 --   local id = s:sample(logits, n_vocab, mask)  -- only tokens whose bit is set (cartridge.grammar); -1: none
 --   s:accept(id)                           -- feeds the repetition penalty
+--   s:accept_prompt(ids)                   -- the prompt's ids, before the first sample
 --
 -- Fields (defaults): temperature 0 (greedy), top_k 0 (off), top_p 1 (off),
 -- min_p 0 (off), repeat_penalty 1 (off), repeat_last_n 64, frequency_penalty
 -- and presence_penalty 0 (off), seed 0. The steps run in llama.cpp's order;
 -- see engine/sampler.h.
+--
+-- The penalties' window holds the last repeat_last_n accepted tokens. As in
+-- llama.cpp's server and CLI, the prompt counts: callers pass every prompt
+-- token (cached ones included) to accept_prompt before the first sample,
+-- then accept each generated token.
 
 local core = require("cartridge.core")
 local ffi = core.ffi
@@ -37,7 +43,8 @@ function sampler.new(params)
     for _, f in ipairs(FIELDS) do
         if params[f] ~= nil then p[f] = params[f] end
     end
-    return setmetatable({ handle = core.new("cart_sampler", C.cart_sampler_new, C.cart_sampler_free, "sampler.new", p), greedy = p.temperature <= 0 }, Sampler)
+    return setmetatable({ handle = core.new("cart_sampler", C.cart_sampler_new, C.cart_sampler_free, "sampler.new", p),
+        greedy = p.temperature <= 0, window = p.repeat_last_n }, Sampler)
 end
 
 function Sampler:sample(logits, n_vocab, mask)
@@ -47,6 +54,13 @@ end
 
 function Sampler:accept(id)
     C.cart_sampler_accept(self.handle, id)
+end
+
+-- Feeds a Lua list of prompt ids to the penalties' window, as llama.cpp
+-- does once the prompt is processed. Only the last repeat_last_n can stay
+-- in the window, so only those are passed to C.
+function Sampler:accept_prompt(ids)
+    for i = math.max(1, #ids - self.window + 1), #ids do C.cart_sampler_accept(self.handle, ids[i]) end
 end
 
 function Sampler:reset(seed)

@@ -257,8 +257,8 @@ function Server:common_options(body)
     o.top_k = integer_field(body, "top_k", 0, INT32_MAX, 0)
     o.min_p = number_field(body, "min_p", 0, 1, 0)
     -- penalties: OpenAI's two (in [-2, 2]) and llama.cpp's repetition
-    -- penalty, all over the last repeat_last_n generated tokens (-1: all of
-    -- them, up to the context)
+    -- penalty, all over the last repeat_last_n tokens of prompt and output
+    -- together, as llama.cpp's server counts them (-1: the whole context)
     o.frequency_penalty = number_field(body, "frequency_penalty", -2, 2, 0)
     o.presence_penalty = number_field(body, "presence_penalty", -2, 2, 0)
     o.repeat_penalty = number_field(body, "repeat_penalty", 0, 100, 1)
@@ -1014,6 +1014,9 @@ function Server:bind(job, slot)
         min_p = job.opts.min_p, frequency_penalty = job.opts.frequency_penalty,
         presence_penalty = job.opts.presence_penalty, repeat_penalty = job.opts.repeat_penalty,
         repeat_last_n = job.opts.repeat_last_n, seed = seed })
+    -- as llama.cpp's server, the penalties' window starts with the whole
+    -- prompt, its reused prefix included
+    job.sampler:accept_prompt(job.prompt)
     job.stream = self.tok:stream()
     if job.grammar then
         self.vocab = self.vocab or grammar.vocab(self.tok, self.m.n_vocab)

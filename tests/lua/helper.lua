@@ -197,4 +197,44 @@ function helper.assert_in_order(out, patterns)
     end
 end
 
+-- Greedy decoding of `prompt` (a Lua list of ids) under llama.cpp's
+-- penalties, computed here in float64 from the model's logits: for each
+-- distinct id seen c times in the last p.repeat_last_n (default 64) tokens
+-- of the history, a positive logit is divided by p.repeat_penalty (a
+-- non-positive one multiplied), then c * p.frequency_penalty +
+-- p.presence_penalty is subtracted; the argmax takes the lowest id on ties.
+-- The history is the prompt and the output when count_prompt is true (as
+-- llama.cpp's server and CLI count it), the output alone when false.
+-- Returns the ids before the first end-of-generation token, at most n.
+function helper.penalized_greedy(m, prompt, p, n, count_prompt)
+    local tok = m:tokenizer()
+    local kv = m:new_kv(#prompt + n + 1)
+    local logits = m:forward(kv, prompt)
+    local history, out = {}, {}
+    if count_prompt then
+        for i, t in ipairs(prompt) do history[i] = t end
+    end
+    local window, rp = p.repeat_last_n or 64, p.repeat_penalty or 1
+    for step = 1, n do
+        local count = {}
+        for i = math.max(1, #history - window + 1), #history do count[history[i]] = (count[history[i]] or 0) + 1 end
+        local best, best_l = -1, -math.huge
+        for id = 0, m.n_vocab - 1 do
+            local l = logits[id]
+            local c = count[id]
+            if c then
+                l = l <= 0 and l * rp or l / rp
+                l = l - c * (p.frequency_penalty or 0) - (p.presence_penalty or 0)
+            end
+            if l > best_l then best, best_l = id, l end
+        end
+        if tok:is_eog(best) then break end
+        out[#out + 1], history[#history + 1] = best, best
+        if step == n then break end
+        logits = m:forward(kv, { best })
+    end
+    kv:free()
+    return out
+end
+
 return helper

@@ -1,7 +1,10 @@
 -- The sampler's penalties (engine/sampler.c) against a float64 reference of
--- llama.cpp's penalties sampler: repetition, frequency and presence.
+-- llama.cpp's penalties sampler: repetition, frequency and presence, over a
+-- window that holds the prompt too (llama.cpp's server and CLI accept every
+-- prompt token before the first draw).
 
 local cartridge = require("cartridge")
+local helper = require("helper")
 local sampler = require("cartridge.sampler")
 local ffi = require("ffi")
 
@@ -41,6 +44,8 @@ local function pick(values, history, p)
     s:free()
     return id
 end
+
+local function json_of(t) return cartridge.json.encode(t) end
 
 local function argmax(t)
     local best = 0
@@ -95,6 +100,52 @@ describe("the sampler's penalties", function()
         -- a binomial frequency over 40000 draws has a standard deviation below 0.0025
         print(("  max |empirical - reference probability| %.4f (tolerance 0.01)"):format(worst))
         assert.is_true(worst < 0.01)
+    end)
+
+    it("counts the prompt in the window, which slides from the prompt into the output", function()
+        local values = { [3] = 3.0, [5] = 2.9, [7] = 2.8, [9] = 2.0 }
+        local prompt, generated = { 3, 3, 5, 9 }, { 5, 7 }
+        for n = 1, 7 do
+            local p = { frequency_penalty = 0.3, presence_penalty = 0.2, repeat_penalty = 1.1, repeat_last_n = n }
+            local history = {}
+            for _, t in ipairs(prompt) do history[#history + 1] = t end
+            for _, t in ipairs(generated) do history[#history + 1] = t end
+            local ref = reference(values, history, p)
+            local s = sampler.new(p)
+            s:accept_prompt(prompt)
+            for _, t in ipairs(generated) do s:accept(t) end
+            assert.are.equal(argmax(ref), s:sample(row(values), V), "repeat_last_n " .. n)
+            s:free()
+        end
+        -- the prompt alone decides the first draw: 3 is seen twice there
+        local s = sampler.new({ presence_penalty = 0.5 })
+        s:accept_prompt(prompt)
+        assert.are.equal(7, s:sample(row(values), V))
+        s:free()
+    end)
+
+    it("makes generate.run (the CLI's decode loop) count the prompt as llama-cli does", function()
+        local model = helper.fixture("models/stories260K.gguf")
+        if not model then return pending("../shared/models/stories260K.gguf absent") end
+        local generate = require("cartridge.generate")
+        local m = cartridge.model.load(model)
+        local tok = m:tokenizer()
+        -- a prompt whose own words the model would repeat next
+        local prompt = tok:encode("Once upon a time, there was a little girl named Lily. Once upon a time",
+            { add_special = true })
+        local n, checked = 16, 0
+        for _, p in ipairs({ { presence_penalty = 1 }, { repeat_penalty = 1.5 }, { frequency_penalty = 0.7,
+            repeat_last_n = 8 } }) do
+            local want = helper.penalized_greedy(m, prompt, p, n, true)
+            local output_only = helper.penalized_greedy(m, prompt, p, n, false)
+            local r = generate.run({ model = m, tokenizer = tok, prompt_ids = prompt, max_tokens = n, sampling = p })
+            assert.are.same(want, r.ids)
+            if table.concat(want, ",") ~= table.concat(output_only, ",") then checked = checked + 1 end
+            print(("  %s: %q (counting the output only: %q)"):format(json_of(p), tok:decode(r.ids), tok:decode(output_only)))
+        end
+        -- the prompt changed the answer in at least two of the three, so the test tells the rules apart
+        assert.is_true(checked >= 2, "the prompt changed " .. checked .. " of 3 answers")
+        m:free()
     end)
 
     it("refuses a penalty that is not finite", function()

@@ -146,6 +146,38 @@ describe("serve.lua", function()
         assert.are.equal(", there was a little girl named Lily", r.choices[1].text)
     end)
 
+    it("counts the prompt in the penalties' window, as llama-server does, reused prefix included", function()
+        local ok, why = ready()
+        if not ok then return pending(why) end
+        local text = "Once upon a time, there was a little girl named Lily. Once upon a time"
+        local m = cartridge.model.load(model)
+        local tok = m:tokenizer()
+        local ids = tok:encode(text, { add_special = true })
+        local function completion(extra)
+            local q = { prompt = text, max_tokens = 16, temperature = 0 }
+            for k, v in pairs(extra) do q[k] = v end
+            local status, body = curl(server(), "POST", "/v1/completions", chat_body(q))
+            assert.are.equal(200, status, body)
+            local r = json.decode(body)
+            return r.choices[1].text, r.usage.prompt_tokens_details.cached_tokens
+        end
+        local plain = completion({})
+        for _, p in ipairs({ { presence_penalty = 1 }, { repeat_penalty = 1.5 } }) do
+            local want = tok:decode(helper.penalized_greedy(m, ids, p, 16, true))
+            local output_only = tok:decode(helper.penalized_greedy(m, ids, p, 16, false))
+            assert.are_not.equal(want, output_only) -- the prompt matters for this prompt and penalty
+            -- the request before left this prompt's rows in a slot: they are
+            -- reused, and their tokens still count
+            local got, cached = completion(p)
+            print(("  %s: %q (%d of %d prompt tokens reused); none: %q"):format(json.encode(p), got, cached, #ids,
+                plain))
+            assert.are.equal(#ids - 1, cached)
+            assert.are.equal(want, got)
+            assert.are_not.equal(plain, got)
+        end
+        m:free()
+    end)
+
     it("answers every /v1 route without the prefix too, with the same bytes but the id", function()
         local ok, why = ready()
         if not ok then return pending(why) end

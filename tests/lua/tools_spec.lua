@@ -122,7 +122,7 @@ describe("the server's chat completions with tools", function()
         sampler_mod.new = function()
             local k = 0
             return { sample = function() k = k + 1; return ids[math.min(k, #ids)] end, accept = function() end,
-                free = function() end }
+                accept_prompt = function() end, free = function() end }
         end
         h:add(1, path or "/v1/chat/completions", type(body) == "string" and body or json.encode(body))
         local ok, err = pcall(function()
