@@ -385,6 +385,7 @@ end
 -- nested "function" object; the template is shown chat's shape either way.
 function Server:chat_tools(body, flat)
     local tools, choice = body.tools, body.tool_choice
+    boolean_field(body, "parallel_tool_calls") -- checked with or without tools
     local shape = flat and '{"type": "function", "name": ...}' or '{"type": "function", "function": {...}}'
     if tools == nil or tools == json.null then
         if choice ~= nil and choice ~= json.null and choice ~= "none" and choice ~= "auto" then
@@ -756,6 +757,34 @@ function Server:parse_responses(body)
     return text .. (tools and tools.prefill or ""), tools, list
 end
 
+-- A Responses request's metadata, as OpenAI's API takes it: an object of at
+-- most 16 pairs, keys of at most 64 characters, string values of at most 512
+-- (json.object() when absent or null). It is only echoed back.
+local function metadata_field(body)
+    local md = body.metadata
+    if md == nil or md == json.null then return json.object() end
+    if json.kind(md) ~= "object" then
+        reject(400, "metadata must be an object of string values; got " .. shown(md, body, "metadata"), "metadata")
+    end
+    local n = 0
+    for k, v in pairs(md) do
+        n = n + 1
+        if type(v) ~= "string" then
+            reject(400, ("metadata[%s] must be a string; got %s"):format(shown(k), shown(v, md, k)), "metadata")
+        end
+        local chars = C.cart_utf8_invalid_offset(k, #k) < 0 and select(2, k:gsub("[^\128-\191]", ""))
+        if not chars or chars > 64 then
+            reject(400, ("metadata key %s must be valid UTF-8 of at most 64 characters"):format(shown(k)), "metadata")
+        end
+        check_utf8(v, "metadata[" .. shown(k) .. "]")
+        if select(2, v:gsub("[^\128-\191]", "")) > 512 then
+            reject(400, ("metadata[%s] must be at most 512 characters; got %d bytes"):format(shown(k), #v), "metadata")
+        end
+    end
+    if n > 16 then reject(400, ("metadata holds at most 16 pairs; got %d"):format(n), "metadata") end
+    return md
+end
+
 function Server:responses_options(body)
     local o = {}
     o.max_tokens = integer_field(body, "max_output_tokens", 1, self.max_tokens_limit, self.default_max_tokens,
@@ -771,8 +800,7 @@ function Server:responses_options(body)
         and body.tool_choice or "auto"
     o.echo = { instructions = type(body.instructions) == "string" and body.instructions or json.null,
         max_output_tokens = body.max_output_tokens ~= nil and o.max_tokens or json.null,
-        temperature = o.temperature, top_p = o.top_p,
-        metadata = json.kind(body.metadata) == "object" and body.metadata or json.object() }
+        temperature = o.temperature, top_p = o.top_p, metadata = metadata_field(body) }
     return o
 end
 
@@ -854,7 +882,7 @@ function Server:make_job(id, req)
     elseif route == "/v1/responses" then o = self:responses_options(body)
     else o = self:common_options(body) end
     local format
-    if route == "/v1/chat/completions" then
+    if route == "/v1/chat/completions" or route == "/v1/completions" then
         format = self:response_format(body.response_format, "response_format", "response_format")
     elseif route == "/v1/responses" then
         local t = body.text

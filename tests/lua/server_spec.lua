@@ -558,6 +558,103 @@ describe("serve.lua", function()
         end
     end)
 
+    it("answers wrong types in Messages and Responses fields with a 400 in each API's shape, and keeps serving",
+        function()
+        local ok, why = ready()
+        if not ok then return pending(why) end
+        local msgs = { { role = "user", content = "hi" } }
+        local function messages(extra)
+            local b = { messages = msgs, max_tokens = 4 }
+            for k, v in pairs(extra) do b[k] = v end
+            return b
+        end
+        local function responses(extra)
+            local b = { input = "hi", max_output_tokens = 4 }
+            for k, v in pairs(extra) do b[k] = v end
+            return b
+        end
+        local many = {}
+        for i = 1, 17 do many["k" .. i] = "v" end
+        local cases = {
+            -- route, body, the message's words (and the param, when they do not start with it)
+            { "/v1/messages", messages({ system = 5 }), "system must be a string or an array of content parts; got 5" },
+            { "/v1/messages", messages({ system = { { type = "text", text = 1 } } }), "system[0].text must be a string" },
+            { "/v1/messages", messages({ top_k = "ten" }), 'top_k must be an integer in [0, 2147483647]; got "ten"' },
+            { "/v1/messages", messages({ top_k = 1.5 }), "top_k must be an integer" },
+            { "/v1/messages", messages({ top_p = "high" }), 'top_p must be a number in [0, 1]; got "high"' },
+            { "/v1/messages", messages({ top_p = 2 }), "top_p must be a number in [0, 1]; got 2" },
+            { "/v1/messages", messages({ stream = "yes" }), 'stream must be a boolean; got "yes"' },
+            { "/v1/messages", messages({ stream = 1 }), "stream must be a boolean; got 1" },
+            { "/v1/messages", messages({ stop_sequences = "STOP" }),
+                'stop_sequences must be an array of strings; got "STOP"' },
+            { "/v1/messages", messages({ stop_sequences = { stop = "x" } }), "stop_sequences must be an array of strings" },
+            { "/v1/responses", responses({ temperature = "warm" }), 'temperature must be a number in [0, 2]; got "warm"' },
+            { "/v1/responses", responses({ temperature = -1 }), "temperature must be a number in [0, 2]; got -1" },
+            { "/v1/responses", responses({ top_p = { 1 } }), "top_p must be a number in [0, 1]; got an array" },
+            { "/v1/responses", responses({ stream = "true" }), 'stream must be a boolean; got "true"' },
+            { "/v1/responses", responses({ metadata = 5 }), "metadata must be an object of string values; got 5" },
+            { "/v1/responses", responses({ metadata = { user = 7 } }), 'metadata["user"] must be a string; got 7' },
+            { "/v1/responses", responses({ metadata = many }), "metadata holds at most 16 pairs; got 17" },
+            { "/v1/responses", responses({ metadata = { k = ("x"):rep(513) } }), "must be at most 512 characters",
+                "metadata" },
+            { "/v1/responses", responses({ metadata = { [("k"):rep(65)] = "v" } }), "at most 64 characters", "metadata" },
+            { "/v1/responses", responses({ parallel_tool_calls = "no" }), 'parallel_tool_calls must be a boolean; got "no"' },
+            { "/v1/chat/completions", { messages = msgs, parallel_tool_calls = "no" },
+                'parallel_tool_calls must be a boolean; got "no"' },
+        }
+        for _, c in ipairs(cases) do
+            local status, body = curl(server(), "POST", c[1], chat_body(c[2]))
+            local where = c[1] .. " " .. chat_body(c[2]) .. " -> " .. body
+            assert.are.equal(400, status, where)
+            local e = json.decode(body)
+            if c[1] == "/v1/messages" then
+                -- Anthropic's shape
+                assert.are.equal("error", e.type, where)
+                assert.are.equal("invalid_request_error", e.error.type, where)
+                assert.is_nil(e.error.param, where)
+            else
+                -- OpenAI's shape, the field named in param
+                assert.are.equal("invalid_request_error", e.error.type, where)
+                assert.are.equal(c[4] or c[3]:match("^[%a_]+"), e.error.param, where)
+            end
+            assert.truthy(e.error.message:find(c[3], 1, true), where)
+            local hs, hb = curl(server(), "GET", "/health")
+            assert.are.equal(200, hs, hb)
+            assert.are.equal("ok", json.decode(hb).status)
+        end
+        print(("  %d wrong-typed fields answered 400, /health 200 after each"):format(#cases))
+        -- a well-formed metadata object is echoed
+        local status, body = curl(server(), "POST", "/v1/responses", '{"input": "hi", "max_output_tokens": 2, '
+            .. '"metadata": {"b": "2", "a": "é"}}')
+        assert.are.equal(200, status, body)
+        assert.are.same({ b = "2", a = "é" }, json.decode(body).metadata)
+    end)
+
+    it("answers /responses without the /v1 prefix, the same text as /v1/responses", function()
+        local ok, why = ready()
+        if not ok then return pending(why) end
+        local q = chat_body({ model = "a", input = "Lily", max_output_tokens = 8, temperature = 0 })
+        local s1, with = curl(server(), "POST", "/v1/responses", q)
+        local s2, without = curl(server(), "POST", "/responses", q)
+        assert.are.equal(200, s1, with)
+        assert.are.equal(200, s2, without)
+        local a, b = json.decode(with), json.decode(without)
+        assert.are.equal("response", b.object)
+        assert.are_not.equal(a.id, b.id)
+        assert.are.equal(a.output_text, b.output_text)
+        assert.truthy(#b.output_text > 0)
+        -- streamed as well, and its errors in OpenAI's shape
+        local st, stream = curl(server(), "POST", "/responses", chat_body({ model = "a", input = "Lily",
+            max_output_tokens = 8, temperature = 0, stream = true }))
+        assert.are.equal(200, st)
+        assert.truthy(stream:find("event: response.completed", 1, true) or stream:find("event: response.incomplete", 1,
+            true), stream)
+        local es, eb = curl(server(), "POST", "/responses", chat_body({ input = 5 }))
+        assert.are.equal(400, es)
+        assert.are.equal("input", json.decode(eb).error.param)
+        assert.are.equal(405, (curl(server(), "GET", "/responses")))
+    end)
+
     it("answers bad Messages requests with Anthropic's error shape", function()
         local ok, why = ready()
         if not ok then return pending(why) end

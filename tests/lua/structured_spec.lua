@@ -223,6 +223,33 @@ describe("the server's structured output", function()
 
     local question = { { role = "user", content = "A shape, as JSON" } }
 
+    -- The text and finish reason of a chat or text completion, streamed or not.
+    local function answer_text(body, streamed)
+        if not streamed then
+            local ch = json.decode(body).choices[1]
+            return ch.message and ch.message.content or ch.text, ch.finish_reason
+        end
+        local text, finish = "", nil
+        for line in body:gmatch("data: ([^\n]+)") do
+            if line ~= "[DONE]" then
+                local ch = json.decode(line).choices[1]
+                text = text .. (ch.delta and ch.delta.content or ch.text or "")
+                if ch.finish_reason ~= json.null then finish = ch.finish_reason end
+            end
+        end
+        return text, finish
+    end
+
+    -- A document of CASES[3] ("choices"): a short array or a shape object.
+    local function check_shape(text)
+        local doc = json.decode(text)
+        if json.kind(doc) == "array" then
+            assert.truthy(#doc <= 2, text)
+        else
+            assert.truthy(doc.kind == "circle" or doc.kind == "label", text)
+        end
+    end
+
     it("holds chat completions to a json_schema response_format, streamed and not", function()
         local c = CASES[3]
         local g = grammar.schema(c.schema)
@@ -234,27 +261,37 @@ describe("the server's structured output", function()
         end
         for i, a in ipairs(serve(bodies)) do
             assert.are.equal(200, a.status, a.body)
-            local text, finish = "", nil
-            if i > 3 then
-                for line in a.body:gmatch("data: ([^\n]+)") do
-                    if line ~= "[DONE]" then
-                        local ch = json.decode(line).choices[1]
-                        text = text .. (ch.delta.content or "")
-                        if ch.finish_reason ~= json.null then finish = ch.finish_reason end
-                    end
-                end
-            else
-                local ch = json.decode(a.body).choices[1]
-                text, finish = ch.message.content, ch.finish_reason
-            end
+            local text, finish = answer_text(a.body, i > 3)
             assert.are.equal("stop", finish)
-            local doc = json.decode(text)
-            if json.kind(doc) == "array" then
-                assert.truthy(#doc <= 2, text)
+            check_shape(text)
+        end
+    end)
+
+    it("holds text completions to a response_format too, as llama-server does", function()
+        local c = CASES[3]
+        local g = grammar.schema(c.schema)
+        local bodies = {}
+        for seed = 1, 6 do
+            bodies[seed] = { prompt = "A shape, as JSON:", temperature = 1, seed = seed, max_tokens = g:max_bytes() + 1,
+                stream = seed > 3, response_format = seed == 6 and { type = "json_object" } or { type = "json_schema",
+                    json_schema = { name = "shape", strict = true, schema = json.decode(c.schema) } } }
+        end
+        for i, a in ipairs(serve(bodies, "/v1/completions")) do
+            assert.are.equal(200, a.status, a.body)
+            local text, finish = answer_text(a.body, i > 3)
+            if i == 6 then
+                -- json_object: a finished document is an object, a cut one the prefix of one
+                assert.is_true(grammar.matcher(grammar.json_object(), grammar.vocab(m:tokenizer(), m.n_vocab)):try(text),
+                    text)
             else
-                assert.truthy(doc.kind == "circle" or doc.kind == "label", text)
+                assert.are.equal("stop", finish)
+                check_shape(text)
             end
         end
+        -- a bad format is a 400 on this route as well
+        local a = serve({ { prompt = "x", max_tokens = 4, response_format = { type = "yaml" } } }, "/v1/completions")
+        assert.are.equal(400, a[1].status, a[1].body)
+        assert.are.equal("response_format", json.decode(a[1].body).error.param)
     end)
 
     it("holds Responses to text.format and echoes the format", function()
