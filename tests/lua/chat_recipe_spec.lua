@@ -1,5 +1,6 @@
--- recipes/chat.lua driven through a pipe: commands, bare model names, and
--- Ctrl-C (SIGINT) stopping a reply while the session goes on.
+-- recipes/chat.lua driven through a pipe: commands, bare model names,
+-- Ctrl-C (SIGINT) stopping a reply while the session goes on, and
+-- --json-schema holding every reply to a schema.
 
 local helper = require("helper")
 local json = require("cartridge.json")
@@ -45,6 +46,40 @@ describe("chat.lua", function()
         rc, out, err = helper.run(chat_cmd(("printf '%s\\n'"):format(long), "--model " .. model .. " --n 8 --ctx 40"))
         assert.are.equal(0, rc, err)
         assert.truthy(err:find("but the cache has 40; /reset or raise --ctx", 1, true), err)
+        assert.falsy(out:find("model> ", 1, true), out)
+    end)
+
+    it("makes every reply a document of --json-schema, turn after turn, and refuses a bad schema", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local model = helper.q(helper.root .. "/models/default.gguf")
+        local schema, saved = tmp .. "/answer.json", tmp .. "/doc conv.json"
+        helper.write_file(schema, '{"type":"object","properties":{"answer":{"enum":["yes","no"]},"count":{"type":'
+            .. '"integer","minimum":0,"maximum":9}},"required":["answer","count"],"additionalProperties":false}')
+        -- the random-weight model, sampled: only the grammar makes its replies documents
+        local rc, out, err = helper.run(chat_cmd(("printf 'Is it raining?\\nAnd now?\\nOnce more\\n/save %s\\n/quit\\n'")
+            :format(saved:gsub("'", "'\\''")), ("--model %s --json-schema %s --n 300 --temp 1 --seed 3 --threads 1")
+            :format(model, helper.q(schema))))
+        assert.are.equal(0, rc, err)
+        local conv = json.decode(helper.read_file(saved))
+        assert.are.equal(6, #conv.messages, helper.read_file(saved))
+        for i = 2, 6, 2 do
+            local reply = conv.messages[i]
+            assert.are.equal("assistant", reply.role)
+            local doc = json.decode(reply.content)
+            assert.truthy(doc.answer == "yes" or doc.answer == "no", reply.content)
+            assert.truthy(doc.count >= 0 and doc.count <= 9 and doc.count == math.floor(doc.count), reply.content)
+            local keys = 0
+            for _ in pairs(doc) do keys = keys + 1 end
+            assert.are.equal(2, keys, reply.content)
+            -- what the terminal showed is the reply
+            assert.truthy(out:find(reply.content, 1, true), out)
+        end
+        print(("  three replies under the schema, the last %q"):format(conv.messages[6].content))
+        -- a schema the engine cannot enforce: refused before the model loads, naming the keyword
+        helper.write_file(schema, '{"type":"object","properties":{"x":{"type":"string","format":"email"}}}')
+        rc, out, err = helper.run(chat_cmd("printf 'Hi\\n'", ("--model %s --json-schema %s"):format(model, helper.q(schema))))
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("--json-schema " .. schema .. ": schema: #/properties/x: the keyword 'format'", 1, true), err)
         assert.falsy(out:find("model> ", 1, true), out)
     end)
 
