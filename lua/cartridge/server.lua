@@ -383,7 +383,9 @@ end
 -- flat: the Responses API's shape, {"type": "function", "name", ...} for a
 -- tool and {"type": "function", "name"} for a choice, instead of chat's
 -- nested "function" object; the template is shown chat's shape either way.
-function Server:chat_tools(body, flat)
+-- extra: per tool, { where = how errors name its schema, strict } for
+-- tools converted from another shape (Anthropic's, by anthropic_tools).
+function Server:chat_tools(body, flat, extra)
     local tools, choice = body.tools, body.tool_choice
     boolean_field(body, "parallel_tool_calls") -- checked with or without tools
     local shape = flat and '{"type": "function", "name": ...}' or '{"type": "function", "function": {...}}'
@@ -413,7 +415,8 @@ function Server:chat_tools(body, flat)
         if f.description ~= nil and type(f.description) ~= "string" then
             reject(400, ("%sdescription must be a string"):format(pre), "tools")
         end
-        names[f.name] = { f = f, index = k - 1, where = pre .. "parameters" }
+        names[f.name] = { f = f, index = k - 1, where = extra and extra[k].where or pre .. "parameters",
+            strict = extra and extra[k].strict or f.strict == true }
         functions[#functions + 1] = names[f.name]
         if flat then f.type = nil end -- chat's shape: the function's own fields, in the client's order
         local strict = f.strict
@@ -482,7 +485,7 @@ function Server:call_grammar(forced)
     for i, t in ipairs(forced) do
         local f = t.f
         local params = f.parameters
-        local strict = f.strict == true
+        local strict = t.strict
         if params ~= nil then
             local ok, g = pcall(grammar.schema, params, { lenient = not strict })
             if not ok then
@@ -563,14 +566,21 @@ function Server:response_format(f, where, param, flat)
         strict = strict == true, description = js.description } }
 end
 
--- The calls in a finished chat job's text, as OpenAI's tool_calls, and the
--- content before them; nil when it made none.
+-- The calls in a finished job's text (chat, Responses, Messages), as
+-- OpenAI's tool_calls, and the content before them; nil when it made none.
 function Server:job_calls(job)
     if not job.tools then return nil end
     if job.parsed then return job.parsed.calls, job.parsed.content end -- the text is final: parse it once
     job.parsed = {}
     local content, calls = toolcall.parse(job.text, self.template)
     if not calls then return nil end
+    if job.kind == "messages" then
+        -- Anthropic's input is an object in the reply, not a string: a call
+        -- whose arguments no JSON text re-encodes (1e999) leaves the text content
+        for _, c in ipairs(calls) do
+            if not pcall(json.encode, json.decode(c.arguments)) then return nil end
+        end
+    end
     if not job.tools.parallel then calls = { calls[1] } end
     local out = {}
     for k, c in ipairs(calls) do
@@ -616,17 +626,170 @@ local function blocks_text(content, where)
     return content_parts(content, where, where:match("^[%a_]+"), ANTHROPIC_TEXT, "text blocks")
 end
 
--- The prompt text of a Messages request: system, then the turns in the
--- model's template. A last assistant turn is a prefill: the reply continues
--- it (and holds only what follows it), as Anthropic's API does.
+local ANTHROPIC_CHOICE = '{"type": "auto"}, {"type": "any"}, {"type": "tool", "name"} or {"type": "none"}'
+
+-- A Messages request's tools, in Anthropic's shapes: tools as {"name",
+-- "description", "input_schema"} (type "custom" or none; server tools are
+-- refused), tool_choice {"type": "auto" | "any" | "tool" (with "name") |
+-- "none", "disable_parallel_tool_use"}. They are turned into chat's shapes,
+-- as llama-server converts them ({"type": "function", "function": {"name",
+-- "description", "parameters"}}, any = required), and read by chat_tools:
+-- the same template path, forced-call grammar and parsing as chat's.
+function Server:anthropic_tools(body)
+    local tools, choice = body.tools, body.tool_choice
+    local chat_body = {}
+    if choice ~= nil and choice ~= json.null then
+        local t = json.kind(choice) == "object" and choice.type
+        if t ~= "auto" and t ~= "any" and t ~= "tool" and t ~= "none" then
+            reject(400, ("tool_choice must be %s; got %s"):format(ANTHROPIC_CHOICE, shown(choice, body, "tool_choice")),
+                "tool_choice")
+        end
+        if t == "tool" and type(choice.name) ~= "string" then
+            reject(400, 'tool_choice {"type": "tool"} needs the name of one of the tools; got ' ..
+                shown(choice.name, choice, "name"), "tool_choice")
+        end
+        local disable = boolean_field(choice, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use")
+        chat_body.parallel_tool_calls = not disable
+        chat_body.tool_choice = t == "any" and "required" or t == "tool" and { type = "function",
+            ["function"] = { name = choice.name } } or t
+    end
+    if tools ~= nil and tools ~= json.null then
+        if json.kind(tools) ~= "array" then
+            reject(400, "tools must be an array; got " .. shown(tools, body, "tools"), "tools")
+        end
+        local converted, extra = json.array(), {}
+        for k, tool in ipairs(tools) do
+            local where = ("tools[%d]"):format(k - 1)
+            if json.kind(tool) ~= "object" then
+                reject(400, ('%s must be {"name", "description", "input_schema"}; got %s'):format(where,
+                    shown(tool, tools, k)), "tools")
+            end
+            if tool.type ~= nil and tool.type ~= json.null and tool.type ~= "custom" then
+                reject(400, ('%s: tools of type %s are not supported by this server (custom tools only: {"name", '
+                    .. '"description", "input_schema"})'):format(where, shown(tool.type, tool, "type")), "tools")
+            end
+            if type(tool.name) ~= "string" or #tool.name > 64 or not tool.name:find("^[%w_%-]+$") then
+                reject(400, ("%s.name must be 1 to 64 letters, digits, _ or -; got %s"):format(where,
+                    shown(tool.name, tool, "name")), "tools")
+            end
+            local d = tool.description
+            if d ~= nil and d ~= json.null and type(d) ~= "string" then
+                reject(400, ("%s.description must be a string; got %s"):format(where, shown(d, tool, "description")),
+                    "tools")
+            end
+            if json.kind(tool.input_schema) ~= "object" then
+                reject(400, ("%s.input_schema must be a JSON Schema object; got %s"):format(where,
+                    shown(tool.input_schema, tool, "input_schema")), "tools")
+            end
+            local strict = boolean_field(tool, "strict", where .. ".strict")
+            local ok, schema = pcall(json.encode, tool.input_schema, { ordered = true })
+            if not ok then
+                reject(400, ("%s.input_schema cannot be written into the prompt: %s"):format(where,
+                    (tostring(schema):gsub("^json%.encode: ", ""))), "tools")
+            end
+            -- decoded from text, so that the template sees the keys in this order
+            converted[k] = json.decode('{"type":"function","function":{"name":' .. json.encode(tool.name) ..
+                (type(d) == "string" and ',"description":' .. json.encode(d) or "") .. ',"parameters":' .. schema .. "}}")
+            extra[k] = { where = where .. ".input_schema", strict = strict }
+        end
+        chat_body.tools = converted
+        return self:chat_tools(chat_body, false, extra)
+    end
+    return self:chat_tools(chat_body)
+end
+
+-- One Messages turn's content blocks: its text, its tool_use blocks as
+-- calls (assistant turns) and its tool_result blocks as tool messages (user
+-- turns; a result with is_error true is shown to the model prefixed with
+-- "Error: "). Appends the turn's messages to list; `uses` holds the ids of
+-- the tool_use blocks so far, which results must name.
+local function message_blocks(msg, where, list, uses)
+    local content = msg.content
+    if type(content) == "string" then
+        check_utf8(content, where .. ".content")
+        list[#list + 1] = { role = msg.role, content = content }
+        return
+    end
+    if json.kind(content) ~= "array" then
+        reject(400, ("%s.content must be a string or an array of content blocks; got %s"):format(where,
+            shown(content, msg, "content")), "messages")
+    end
+    local assistant = msg.role == "assistant"
+    local wanted = assistant and "text and tool_use blocks" or "text and tool_result blocks"
+    local text, calls, results = {}, nil, 0
+    for j, block in ipairs(content) do
+        local at = ("%s.content[%d]"):format(where, j - 1)
+        local t = json.kind(block) == "object" and block.type
+        if t == "text" then
+            if type(block.text) ~= "string" then
+                reject(400, ("%s.text must be a string; got %s"):format(at, shown(block.text, block, "text")), "messages")
+            end
+            text[#text + 1] = block.text
+        elseif t == "tool_use" and assistant then
+            if type(block.id) ~= "string" or block.id == "" then
+                reject(400, ("%s.id must be a non-empty string; got %s"):format(at, shown(block.id, block, "id")),
+                    "messages")
+            end
+            if type(block.name) ~= "string" or not block.name:find(TOOL_NAME) then
+                reject(400, ("%s.name must be a tool's name; got %s"):format(at, shown(block.name, block, "name")),
+                    "messages")
+            end
+            if json.kind(block.input) ~= "object" then
+                reject(400, ("%s.input must be an object; got %s"):format(at, shown(block.input, block, "input")),
+                    "messages")
+            end
+            local ok, args = pcall(json.encode, block.input, { ordered = true })
+            if not ok then reject(400, ("%s.input cannot be written: %s"):format(at, args), "messages") end
+            check_utf8(args, at .. ".input")
+            calls = calls or {}
+            calls[#calls + 1] = { name = block.name, arguments = args }
+            uses[block.id] = true
+        elseif t == "tool_result" and not assistant then
+            if type(block.tool_use_id) ~= "string" or not uses[block.tool_use_id] then
+                reject(400, ("%s.tool_use_id must name a tool_use block of an earlier assistant turn; got %s")
+                    :format(at, shown(block.tool_use_id, block, "tool_use_id")), "messages")
+            end
+            local result = ""
+            if block.content ~= nil and block.content ~= json.null then
+                result = content_parts(block.content, at .. ".content", "messages", ANTHROPIC_TEXT, "text blocks")
+            end
+            check_utf8(result, at .. ".content")
+            if boolean_field(block, "is_error", at .. ".is_error") then result = "Error: " .. result end
+            if #text > 0 then -- text before a result stays before it
+                list[#list + 1] = { role = "user", content = table.concat(text) }
+                text = {}
+            end
+            list[#list + 1] = { role = "tool", content = result }
+            results = results + 1
+        else
+            local what = type(t) == "string" and ("parts of type " .. shown(t)) or ("parts like " .. shown(block, content, j))
+            reject(400, ("%s: %s are not supported by this server in %s turns (%s only)"):format(at, what, msg.role,
+                wanted), "messages")
+        end
+    end
+    local joined = table.concat(text)
+    check_utf8(joined, where .. ".content")
+    if assistant then
+        list[#list + 1] = { role = "assistant", content = joined, tool_calls = calls }
+    elseif joined ~= "" or results == 0 then
+        list[#list + 1] = { role = "user", content = joined }
+    end
+end
+
+-- The prompt text of a Messages request: system, the tools, then the turns
+-- in the model's template. A last assistant turn is a prefill: the reply
+-- continues it (and holds only what follows it), as Anthropic's API does.
+-- Returns the text, the tools (chat_tools' table, or nil) and the messages.
 function Server:parse_messages(body)
     local msgs = self:message_list(body)
+    local tools = self:anthropic_tools(body)
     local list = {}
     if body.system ~= nil and body.system ~= json.null then
         local text = blocks_text(body.system, "system")
         check_utf8(text, "system")
         if text ~= "" then list[1] = { role = "system", content = text } end
     end
+    local uses = {}
     for i, msg in ipairs(msgs) do
         local where = ("messages[%d]"):format(i - 1)
         if json.kind(msg) ~= "object" then reject(400, where .. " must be an object; got " .. shown(msg, msgs, i), "messages") end
@@ -634,18 +797,27 @@ function Server:parse_messages(body)
             reject(400, ("%s.role must be user or assistant (the system prompt goes in the top-level system field); "
                 .. "got %s"):format(where, shown(msg.role, msg, "role")), "messages")
         end
-        local text = blocks_text(msg.content, where .. ".content")
-        check_utf8(text, where .. ".content")
-        list[#list + 1] = { role = msg.role, content = text }
+        message_blocks(msg, where, list, uses)
     end
     local prefill = nil
     if list[#list].role == "assistant" then
-        prefill = table.remove(list).content
+        local last = table.remove(list)
+        if last.tool_calls then
+            reject(400, "messages: the final assistant turn is a prefill the reply continues; it can hold text only, "
+                .. "not tool_use blocks (send the tool's result in a user turn)", "messages")
+        end
+        if tools and tools.prefill then
+            reject(400, 'messages: a final assistant turn (a prefill) cannot go with tool_choice "any" or "tool", '
+                .. "which make the reply start with the call", "messages")
+        end
+        prefill = last.content
         if prefill:find("%s$") then
             reject(400, "messages: the final assistant content cannot end with trailing whitespace", "messages")
         end
     end
-    return chat.render(self.template, list) .. (prefill or ""), list
+    local ok, text = pcall(chat.render, self.template, list, { tools = tools and tools.list })
+    if not ok then reject(400, (tostring(text):gsub("^chat%.render: ", "")), "messages") end
+    return text .. (prefill or "") .. (tools and tools.prefill or ""), tools, list
 end
 
 function Server:messages_options(body)
@@ -857,7 +1029,57 @@ function Server:response_event(job, name, obj)
     self:event(job, name, obj)
 end
 
-local STOP_REASON = { stop = "end_turn", length = "max_tokens", stop_sequence = "stop_sequence" }
+local STOP_REASON = { stop = "end_turn", length = "max_tokens", stop_sequence = "stop_sequence", tool_use = "tool_use" }
+
+-- A Messages reply's tool_use blocks, one per call: {"type": "tool_use",
+-- "id", "name", "input": the arguments object}.
+local function tool_use_blocks(calls)
+    local out = {}
+    for k, c in ipairs(calls) do
+        out[k] = { type = "tool_use", id = "toolu_" .. c.id:sub(6), name = c["function"].name,
+            input = json.decode(c["function"].arguments) }
+    end
+    return out
+end
+
+-- A finished Messages job's content blocks: its text, or with tool calls
+-- the text before them (when there is some) and a tool_use block per call.
+function Server:message_content(job)
+    local calls, content = self:job_calls(job)
+    if not calls then return json.array({ { type = "text", text = job.text } }) end
+    local blocks = json.array()
+    if content then blocks[1] = { type = "text", text = content } end
+    for _, b in ipairs(tool_use_blocks(calls)) do blocks[#blocks + 1] = b end
+    return blocks
+end
+
+-- Opens a streamed Messages reply's text block (index 0), once.
+function Server:open_block(job)
+    if job.block_open then return end
+    job.block_open = true
+    self:event(job, "content_block_start", { type = "content_block_start", index = 0,
+        content_block = { type = "text", text = "" } })
+end
+
+-- Streams a Messages reply's calls: the text block (when open) closes, then
+-- each call is a tool_use block whose input comes as one input_json_delta.
+function Server:tool_use_events(job, calls)
+    local first = 0
+    if job.block_open then
+        self:event(job, "content_block_stop", { type = "content_block_stop", index = 0 })
+        first = 1
+    end
+    for k, b in ipairs(tool_use_blocks(calls)) do
+        local index = first + k - 1
+        local arguments = calls[k]["function"].arguments
+        b.input = json.object()
+        self:event(job, "content_block_start", { type = "content_block_start", index = index, content_block = b })
+        self:event(job, "content_block_delta", { type = "content_block_delta", index = index,
+            delta = { type = "input_json_delta", partial_json = arguments } })
+        self:event(job, "content_block_stop", { type = "content_block_stop", index = index })
+    end
+    job.calls_sent = true
+end
 
 local function anthropic_usage(job)
     return { input_tokens = #job.prompt - job.cached, output_tokens = #job.out_ids,
@@ -897,7 +1119,7 @@ function Server:make_job(id, req)
     end
     if route == "/v1/messages" then
         kind = "messages"
-        text, list = self:parse_messages(body)
+        text, tools, list = self:parse_messages(body)
     elseif route == "/v1/responses" then
         kind = "responses"
         text, tools, list = self:parse_responses(body)
@@ -1112,9 +1334,11 @@ function Server:chunk(job, delta, finish)
     local obj
     if job.kind == "messages" then
         if delta.content and delta.content ~= "" then
+            self:open_block(job)
             self:event(job, "content_block_delta", { type = "content_block_delta", index = 0,
                 delta = { type = "text_delta", text = delta.content } })
         end
+        if delta.tool_calls then self:tool_use_events(job, delta.tool_calls) end
         return
     elseif job.kind == "responses" then
         if delta.content and delta.content ~= "" then
@@ -1142,8 +1366,8 @@ function Server:start_stream(job)
             type = "message", role = "assistant", model = job.name, content = json.array(), stop_reason = json.null,
             stop_sequence = json.null, usage = { input_tokens = #job.prompt - job.cached, output_tokens = 0,
                 cache_read_input_tokens = job.cached, cache_creation_input_tokens = 0 } }) })
-        self:event(job, "content_block_start", { type = "content_block_start", index = 0,
-            content_block = { type = "text", text = "" } })
+        -- with tools, the text block opens at its first text (a reply may be tool_use blocks only)
+        if not job.tools then self:open_block(job) end
         self:event(job, "ping", { type = "ping" })
     elseif job.kind == "responses" then
         local obj = self:response_object(job, "in_progress")
@@ -1159,8 +1383,12 @@ end
 function Server:finish_job(job)
     local id = job.id
     local reason = job.finish == "stop" and job.stop_hit and "stop_sequence" or job.finish
+    if job.kind == "messages" and self:job_calls(job) then reason = "tool_use" end
     if job.kind == "messages" and job.opts.stream then
-        self:event(job, "content_block_stop", { type = "content_block_stop", index = 0 })
+        if not job.calls_sent then
+            self:open_block(job) -- a reply with no text still has its (empty) text block
+            self:event(job, "content_block_stop", { type = "content_block_stop", index = 0 })
+        end
         self:event(job, "message_delta", { type = "message_delta",
             delta = { stop_reason = STOP_REASON[reason], stop_sequence = job.stop_hit or json.null },
             usage = { output_tokens = #job.out_ids } })
@@ -1200,9 +1428,11 @@ function Server:finish_job(job)
             self.http:respond(id, 200, "application/json", json.encode(obj))
         end
     elseif job.kind == "messages" then
+        -- ordered: each tool_use input keeps the keys in the order the model wrote them
         self.http:respond(id, 200, "application/json", json.encode(with_documents(job, { id = job.completion_id,
-            type = "message", role = "assistant", model = job.name, content = json.array({ { type = "text", text = job.text } }),
-            stop_reason = STOP_REASON[reason], stop_sequence = job.stop_hit or json.null, usage = anthropic_usage(job) })))
+            type = "message", role = "assistant", model = job.name, content = self:message_content(job),
+            stop_reason = STOP_REASON[reason], stop_sequence = job.stop_hit or json.null, usage = anthropic_usage(job) }),
+            { ordered = true }))
     elseif job.opts.stream then
         if job.kind == "chat" then self:chunk(job, json.object(), self:job_calls(job) and "tool_calls" or job.finish)
         else self:chunk(job, { content = "" }, job.finish) end

@@ -397,7 +397,7 @@ local HTTP = {
 for _, h in ipairs(HTTP) do put("fuzz_http", h[1], string.char(h[2]) .. h[3] .. h[4]) end
 
 -- ---------------------------------------------------------------------------
--- Request bodies. Byte 0: bit 0 set for /v1/completions.
+-- Request bodies. Byte 0 (mod 4): 0 chat, 1 /v1/completions, 2 Messages, 3 Responses.
 
 local REQUESTS = {
     { 0, { messages = { { role = "user", content = "Hello" } } } },
@@ -447,6 +447,22 @@ local REQUESTS = {
     { 0, { messages = { { role = "user", content = "x" } }, response_format = { type = "json_object" } } },
     { 3, { input = "x", text = { format = { type = "json_schema", name = "s", schema = { anyOf = {
         { type = "string", maxLength = 3 }, { ["$ref"] = "#/$defs/n" } }, ["$defs"] = { n = { type = "null" } } } } } } },
+    -- Anthropic tools: a conversation with a call and its result, then a forced call
+    { 2, { max_tokens = 8, tools = { { name = "get", description = "d", input_schema = { type = "object",
+        properties = { a = { type = "string", maxLength = 4 } }, required = { "a" } } } },
+        tool_choice = { type = "auto", disable_parallel_tool_use = true }, messages = {
+            { role = "user", content = "x" },
+            { role = "assistant", content = { { type = "text", text = "t" }, { type = "tool_use", id = "toolu_1",
+                name = "get", input = { a = "b" } } } },
+            { role = "user", content = { { type = "tool_result", tool_use_id = "toolu_1", content = "r",
+                is_error = true }, { type = "text", text = "and?" } } } } } },
+    { 2, { max_tokens = 8, tools = { { name = "get", input_schema = { type = "object" } } },
+        tool_choice = { type = "tool", name = "get" }, messages = { { role = "user", content = "x" } } } },
+    -- completions' response_format, Responses' metadata, a wrong parallel_tool_calls
+    { 1, { prompt = "x", response_format = { type = "json_schema", json_schema = { name = "n", schema = {
+        type = "integer", minimum = 0, maximum = 9 } } } } },
+    { 3, { input = "x", metadata = { user = "u", k = "v" }, parallel_tool_calls = true } },
+    { 0, { messages = { { role = "user", content = "x" } }, parallel_tool_calls = "no" } },
 }
 for i, r in ipairs(REQUESTS) do put("fuzz_request", ("req%02d"):format(i), string.char(r[1]) .. json.encode(r[2])) end
 for i, text in ipairs({ '{"prompt":"a","max_tokens":1e309}', '{"prompt":"a","temperature":-0.0,"top_p":0}',

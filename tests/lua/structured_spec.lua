@@ -397,15 +397,21 @@ describe("serve.lua structured output over HTTP", function()
         end
     end
 
+    -- Runs tests/node/<script> against the server (base URL + base, the
+    -- clients' different conventions); returns the JSON line it printed last.
+    local function run_client(script, base)
+        local name = server()
+        local rc, out, err = helper.run(("CARTRIDGE_URL=http://127.0.0.1:%s%s CARTRIDGE_MODEL=%s node %s"):format(s.port,
+            base, helper.q(name), helper.q(helper.root .. "/tests/node/" .. script)))
+        assert.are.equal(0, rc, err)
+        return json.decode(out:match("([^\n]+)%s*$"))
+    end
+
     it("runs a tool-using conversation with the official openai client: a forced call, streamed, the result "
         .. "sent back, the SDK's runTools loop, and Responses function_call items", function()
         local why = no_clients()
         if why then return pending(why) end
-        local name = server()
-        local rc, out, err = helper.run(("CARTRIDGE_URL=http://127.0.0.1:%s/v1 CARTRIDGE_MODEL=%s node %s"):format(s.port,
-            helper.q(name), helper.q(helper.root .. "/tests/node/openai_tools.mjs")))
-        assert.are.equal(0, rc, err)
-        local r = json.decode(out:match("([^\n]+)%s*$"))
+        local r = run_client("openai_tools.mjs", "/v1")
         -- 1. the call as the client sees it, its arguments valid under the tool's parameters
         assert.are.equal("tool_calls", r.plain.finish)
         assert.are.equal(json.null, r.plain.content)
@@ -434,6 +440,40 @@ describe("serve.lua structured output over HTTP", function()
         print(("  openai client tools: call %s(%s), streamed the same; result sent back (%d -> %d prompt tokens), "
             .. "runTools called the function once; Responses function_call %s"):format(r.plain.name, r.plain.arguments,
             r.follow_up.first_prompt_tokens, r.follow_up.prompt_tokens, r.responses.name))
+    end)
+
+    it("runs a tool-using conversation with the official Anthropic client: a forced tool_use, streamed, the "
+        .. "tool_result sent back, tool_choice any, and a server tool refused", function()
+        local why = no_clients()
+        if why then return pending(why) end
+        if not helper.exists(helper.root .. "/tests/node/node_modules/@anthropic-ai/sdk/package.json") then
+            return pending("the @anthropic-ai/sdk npm package is not installed: npm install --prefix tests/node")
+        end
+        local r = run_client("anthropic_tools.mjs", "")
+        -- 1. the forced call: a tool_use block alone, its input valid under the input_schema (ajv)
+        assert.are.equal("tool_use", r.plain.stop_reason)
+        assert.are.same({ "tool_use" }, r.plain.types)
+        assert.are.equal("get_weather", r.plain.name)
+        assert.truthy(r.plain.id:find("^toolu_"), r.plain.id)
+        assert.is_nil(r.plain.check.error, r.plain.check.error)
+        -- 2. streamed and assembled by the SDK from input_json_delta: the same call
+        assert.are.equal("tool_use", r.streamed.stop_reason)
+        assert.are.same({ "tool_use" }, r.streamed.types)
+        assert.are.same(r.plain.input, r.streamed.input)
+        assert.truthy(r.streamed.json_deltas >= 1)
+        -- 3. the result went back in the template: a longer prompt
+        assert.truthy(r.follow_up.input_tokens > r.plain.input_tokens, json.encode(r.follow_up))
+        assert.truthy(r.follow_up.stop_reason == "max_tokens" or r.follow_up.stop_reason == "end_turn"
+            or r.follow_up.stop_reason == "tool_use", r.follow_up.stop_reason)
+        -- 4. any: a call to the one tool
+        assert.are.same({ stop_reason = "tool_use", name = "get_weather" }, r.any)
+        -- 5. a server tool: Anthropic's error shape, naming it
+        assert.are.equal(400, r.server_tool.status)
+        assert.are.equal("invalid_request_error", r.server_tool.type)
+        assert.truthy(r.server_tool.message:find('tools of type "web_search_20250305" are not supported', 1, true),
+            r.server_tool.message)
+        print(("  anthropic client tools: tool_use get_weather(%s), streamed the same; tool_result sent back (%d -> %d "
+            .. "prompt tokens)"):format(json.encode(r.plain.input), r.plain.input_tokens, r.follow_up.input_tokens))
     end)
 
     it("passes the openai client's parse helpers, 50 random completions per schema case under ajv, and bad input",

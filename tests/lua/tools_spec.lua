@@ -113,18 +113,22 @@ describe("the server's chat completions with tools", function()
 
     -- Serves one request whose model output is `script` (then end of turn);
     -- returns the status and the body.
+    -- The third result is the prompt's token ids (what the sampler's
+    -- penalties were given).
     local function serve(body, script, path)
         local h = fake_http()
         local srv = server_mod.new({ model = m, model_name = "m", http = h, parallel = 1, ctx = 1024 })
         local ids = tok:encode(script, { special = true, add_special = false })
         ids[#ids + 1] = tok:encode("<|im_end|>", { special = true, add_special = false })[1]
         local real_new = sampler_mod.new
+        local prompt
         sampler_mod.new = function()
             local k = 0
             return { sample = function() k = k + 1; return ids[math.min(k, #ids)] end, accept = function() end,
-                accept_prompt = function() end, free = function() end }
+                accept_prompt = function(_, p) prompt = p end, free = function() end }
         end
-        h:add(1, path or "/v1/chat/completions", type(body) == "string" and body or json.encode(body))
+        -- ordered: decoded tool definitions reach the server with their keys in the order they were written
+        h:add(1, path or "/v1/chat/completions", type(body) == "string" and body or json.encode(body, { ordered = true }))
         local ok, err = pcall(function()
             srv:on_event({ kind = "request", id = 1 })
             for _ = 1, 400 do
@@ -136,7 +140,7 @@ describe("the server's chat completions with tools", function()
         srv:free()
         assert(ok, err)
         assert(not h.open[1], "the request did not finish")
-        return h.answers[1].status, h.answers[1].body
+        return h.answers[1].status, h.answers[1].body, prompt
     end
 
     local tools = { json.decode(WEATHER) }
@@ -319,5 +323,172 @@ describe("the server's chat completions with tools", function()
             "/v1/responses")
         assert.are.equal(400, status)
         assert.truthy(json.decode(body).error.message:find("not among the tools", 1, true), body)
+    end)
+
+    -- Anthropic's Messages API: tools as {"name", "description", "input_schema"}, calls as tool_use blocks
+    local anthropic = json.decode('[{"name":"get_weather","description":"Weather of a city","input_schema":{"type":'
+        .. '"object","properties":{"city":{"type":"string"}},"required":["city"]}}]')
+
+    -- The events of an Anthropic stream, in order: { name, data }.
+    local function events(body)
+        local out = {}
+        for name, data in body:gmatch("event: ([%w_]+)\ndata: ([^\n]+)") do
+            local e = json.decode(data)
+            assert.are.equal(name, e.type)
+            out[#out + 1] = { name = name, e = e }
+        end
+        return out
+    end
+
+    it("answers Messages requests with tool_use blocks and stop_reason tool_use, plain and streamed", function()
+        local q = { messages = question, tools = anthropic, max_tokens = 200 }
+        local status, body = serve(q, "Checking.\n" .. CALL, "/v1/messages")
+        assert.are.equal(200, status, body)
+        local r = json.decode(body)
+        assert.are.equal("tool_use", r.stop_reason)
+        assert.are.equal(2, #r.content)
+        assert.are.same({ type = "text", text = "Checking." }, r.content[1])
+        local use = r.content[2]
+        assert.are.equal("tool_use", use.type)
+        assert.truthy(use.id:find("^toolu_"), use.id)
+        assert.are.equal("get_weather", use.name)
+        assert.are.same({ city = "Paris" }, use.input)
+        -- calls only: tool_use blocks alone; two calls, or one with disable_parallel_tool_use
+        local two = CALL .. "\n" .. CALL:gsub("Paris", "Rome")
+        r = json.decode(select(2, serve(q, two, "/v1/messages")))
+        assert.are.equal(2, #r.content)
+        assert.are.same({ "tool_use", "tool_use" }, { r.content[1].type, r.content[2].type })
+        assert.are.same({ city = "Rome" }, r.content[2].input)
+        assert.are_not.equal(r.content[1].id, r.content[2].id)
+        r = json.decode(select(2, serve({ messages = question, tools = anthropic, max_tokens = 200,
+            tool_choice = { type = "auto", disable_parallel_tool_use = true } }, two, "/v1/messages")))
+        assert.are.equal(1, #r.content)
+        -- no well-formed call: a text reply, end_turn
+        r = json.decode(select(2, serve(q, "It is sunny.", "/v1/messages")))
+        assert.are.same({ { type = "text", text = "It is sunny." } }, r.content)
+        assert.are.equal("end_turn", r.stop_reason)
+        -- streamed: the text block, closed before the tool_use block, whose input comes as input_json_delta
+        q.stream = true
+        status, body = serve(q, "Checking.\n" .. CALL, "/v1/messages")
+        assert.are.equal(200, status)
+        local names, text, json_text, stop = {}, "", "", nil
+        for _, ev in ipairs(events(body)) do
+            local e = ev.e
+            if names[#names] ~= ev.name then names[#names + 1] = ev.name end
+            if ev.name == "content_block_start" then
+                assert.are.equal(e.index == 0 and "text" or "tool_use", e.content_block.type)
+                if e.index == 1 then
+                    assert.are.equal("get_weather", e.content_block.name)
+                    assert.truthy(e.content_block.id:find("^toolu_"))
+                    assert.are.same(json.object(), e.content_block.input)
+                end
+            elseif ev.name == "content_block_delta" then
+                if e.index == 0 then text = text .. e.delta.text
+                else
+                    assert.are.equal("input_json_delta", e.delta.type)
+                    json_text = json_text .. e.delta.partial_json
+                end
+            elseif ev.name == "message_delta" then
+                stop = e.delta.stop_reason
+            end
+        end
+        assert.are.same({ "message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
+            "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop" }, names)
+        assert.are.equal("Checking.", (text:gsub("%s+$", "")))
+        assert.are.same({ city = "Paris" }, json.decode(json_text))
+        assert.are.equal("tool_use", stop)
+        -- streamed, calls only: the tool_use block is block 0
+        status, body = serve(q, CALL, "/v1/messages")
+        local evs = events(body)
+        assert.are.equal("content_block_start", evs[3].name)
+        assert.are.equal(0, evs[3].e.index)
+        assert.are.equal("tool_use", evs[3].e.content_block.type)
+    end)
+
+    it("renders Anthropic tools, tool_use and tool_result blocks through chat's template path", function()
+        local chat_tools = { json.decode(WEATHER) }
+        local chat_history = { question[1], { role = "assistant", content = "Let me look.", tool_calls = { { id = "c1",
+            type = "function", ["function"] = { name = "get_weather", arguments = '{"city":"Paris"}' } } } },
+            { role = "tool", tool_call_id = "c1", content = "18 C" } }
+        local history = { question[1], { role = "assistant", content = { { type = "text", text = "Let me look." },
+            { type = "tool_use", id = "toolu_1", name = "get_weather", input = { city = "Paris" } } } },
+            { role = "user", content = { { type = "tool_result", tool_use_id = "toolu_1", content = "18 C" } } } }
+        local _, _, want = serve({ messages = chat_history, tools = chat_tools, max_tokens = 20 }, "x")
+        local status, body, got = serve({ messages = history, tools = anthropic, max_tokens = 20 }, "It is 18 C.",
+            "/v1/messages")
+        assert.are.equal(200, status, body)
+        assert.are.same(want, got)
+        print(("  a Messages tool conversation renders to the same %d prompt tokens as chat's"):format(#got))
+        -- a result given as text blocks, and an error result, shown with "Error: "
+        history[3].content[1].content = { { type = "text", text = "18 " }, { type = "text", text = "C" } }
+        assert.are.same(want, select(3, serve({ messages = history, tools = anthropic, max_tokens = 20 }, "x",
+            "/v1/messages")))
+        history[3].content[1].is_error = true
+        chat_history[3].content = "Error: 18 C"
+        _, _, want = serve({ messages = chat_history, tools = chat_tools, max_tokens = 20 }, "x")
+        assert.are.same(want, select(3, serve({ messages = history, tools = anthropic, max_tokens = 20 }, "x",
+            "/v1/messages")))
+        -- text after the results: a user turn after them
+        history[3].content[2] = { type = "text", text = "Thanks." }
+        chat_history[4] = { role = "user", content = "Thanks." }
+        _, _, want = serve({ messages = chat_history, tools = chat_tools, max_tokens = 20 }, "x")
+        assert.are.same(want, select(3, serve({ messages = history, tools = anthropic, max_tokens = 20 }, "x",
+            "/v1/messages")))
+        -- tool_choice tool and any: the reply starts with the call, as chat's named and required choices
+        for _, pair in ipairs({ { { type = "tool", name = "get_weather" }, { type = "function",
+            ["function"] = { name = "get_weather" } } }, { { type = "any" }, "required" } }) do
+            _, _, want = serve({ messages = question, tools = chat_tools, max_tokens = 100, tool_choice = pair[2] },
+                '{"name": "get_weather", "arguments": {"city": "Oslo"}}')
+            local st, b, p = serve({ messages = question, tools = anthropic, max_tokens = 100, tool_choice = pair[1] },
+                '{"name": "get_weather", "arguments": {"city": "Oslo"}}', "/v1/messages")
+            assert.are.equal(200, st, b)
+            assert.are.same(want, p)
+            local r = json.decode(b)
+            assert.are.equal("tool_use", r.stop_reason)
+            assert.are.same({ city = "Oslo" }, r.content[1].input)
+        end
+        -- tool_choice none: the tools are not shown, as on chat
+        _, _, want = serve({ messages = question, max_tokens = 20 }, "x")
+        assert.are.same(want, select(3, serve({ messages = question, tools = anthropic, max_tokens = 20,
+            tool_choice = { type = "none" } }, "x", "/v1/messages")))
+    end)
+
+    it("refuses malformed Messages tools and tool blocks with a 400 in Anthropic's shape", function()
+        local use = { role = "assistant", content = { { type = "tool_use", id = "t1", name = "get_weather",
+            input = { city = "X" } } } }
+        local cases = {
+            { { tools = 5 }, "tools must be an array; got 5" },
+            { { tools = { { name = "get_weather" } } }, "tools[0].input_schema must be a JSON Schema object" },
+            { { tools = { { type = "web_search_20250305", name = "web_search" } } },
+                'tools[0]: tools of type "web_search_20250305" are not supported' },
+            { { tools = { { name = "bad name", input_schema = {} } } }, "tools[0].name must be 1 to 64" },
+            { { tools = { { name = "f", input_schema = {}, description = 3 } } }, "tools[0].description must be a string" },
+            { { tools = anthropic, tool_choice = "any" }, "tool_choice must be {\"type\": \"auto\"}" },
+            { { tools = anthropic, tool_choice = { type = "tool" } }, 'tool_choice {"type": "tool"} needs the name' },
+            { { tools = anthropic, tool_choice = { type = "tool", name = "nope" } }, "not among the tools" },
+            { { tool_choice = { type = "any" } }, "tool_choice needs tools" },
+            { { tools = anthropic, tool_choice = { type = "auto", disable_parallel_tool_use = "yes" } },
+                "tool_choice.disable_parallel_tool_use must be a boolean" },
+            { { messages = { question[1], use, { role = "user", content = { { type = "tool_result",
+                tool_use_id = "t9", content = "r" } } } } }, "tool_use_id must name a tool_use block" },
+            { { messages = { { role = "user", content = { { type = "tool_use", id = "t1", name = "f", input = {} } } } } },
+                'parts of type "tool_use" are not supported by this server in user turns' },
+            { { messages = { question[1], use } }, "it can hold text only, not tool_use blocks" },
+            { { messages = { question[1], { role = "assistant", content = "Sure" } }, tools = anthropic,
+                tool_choice = { type = "any" } }, "cannot go with tool_choice" },
+            { { messages = { question[1], { role = "assistant", content = { { type = "tool_use", id = "t1",
+                name = "f", input = "x" } } }, question[1] } }, "content[0].input must be an object" },
+        }
+        for _, c in ipairs(cases) do
+            local body = c[1]
+            body.messages = body.messages or question
+            body.max_tokens = 4
+            local status, resp = serve(body, "x", "/v1/messages")
+            assert.are.equal(400, status, resp)
+            local e = json.decode(resp)
+            assert.are.equal("error", e.type, resp)
+            assert.are.equal("invalid_request_error", e.error.type, resp)
+            assert.truthy(e.error.message:find(c[2], 1, true), resp)
+        end
     end)
 end)

@@ -18,22 +18,10 @@
 // 5. the Responses API with the same tool: a function_call output item, and
 //    its function_call_output sent back as input items.
 import OpenAI from "openai";
-import Ajv2020 from "ajv/dist/2020.js";
+import { parameters, validate, checkInput } from "./weather_tool.mjs";
 
 const client = new OpenAI({ baseURL: process.env.CARTRIDGE_URL, apiKey: "unused", maxRetries: 0 });
 const model = process.env.CARTRIDGE_MODEL;
-const ajv = new Ajv2020({ strict: false, allErrors: true });
-
-const parameters = {
-  type: "object",
-  properties: {
-    city: { type: "string", maxLength: 24 },
-    unit: { type: "string", enum: ["celsius", "fahrenheit"] },
-  },
-  required: ["city", "unit"],
-  additionalProperties: false,
-};
-const validate = ajv.compile(parameters);
 const tools = [{
   type: "function",
   function: { name: "get_weather", description: "The weather in a city now", parameters, strict: true },
@@ -50,7 +38,8 @@ function checkArgs(text) {
   } catch (e) {
     return { error: `not JSON (${e.message}): ${text}` };
   }
-  return validate(doc) ? { doc } : { error: `${ajv.errorsText(validate.errors)}: ${text}` };
+  const check = checkInput(doc);
+  return check.error ? check : { doc };
 }
 
 const out = {};
