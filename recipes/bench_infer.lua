@@ -198,5 +198,6 @@ if opts.vs_llama then
     print(("llama.cpp (%s): prefill %.1f tok/s, decode %.1f tok/s (best of %d)")
         :format(r.system_info or "?", r.best.pp_tok_s, r.best.tg_tok_s, opts.reps))
     print(("ratio ours / llama.cpp: prefill %.2fx, decode %.2fx (%s kernels, %s weights)")
-        :format(prefill_tok_s / r.best.pp_tok_s, decode_tok_s / r.best.tg_tok_s, cartridge.isa(), opts.dtype))
+        :format(prefill_tok_s / r.best.pp_tok_s, decode_tok_s / r.best.tg_tok_s, cartridge.isa(),
+            opts.model and "the file's" or opts.dtype))
 end
