@@ -48,6 +48,8 @@ describe("cartridge.dist alone", function()
         assert.are.equal(dist.hash("hello", 5), dist.hash("llo", 3, dist.hash("he", 2)))
         local all = dist.allgather_doubles({ 1.5, -2 })
         assert.are.same({ { 1.5, -2 } }, all)
+        assert.are.same({ "a/model.gguf" }, dist.allgather_text("a/model.gguf"))
+        assert.are.same({ "" }, dist.allgather_text(""))
         dist.agree({ { "model", "0123456789abcdef" } }) -- one rank agrees with itself
     end)
 end)
