@@ -119,3 +119,71 @@ char *cart_strdup(const char *s, const char *what) {
     if (p) memcpy(p, s, n);
     return p;
 }
+
+/* ---- cs64 ---------------------------------------------------------------- */
+
+static const uint64_t CS_PRIME = 0x100000001b3ULL;
+
+static uint64_t cs_step(uint64_t h, uint64_t w) {
+    h ^= w;
+    return ((h << 29) | (h >> 35)) * CS_PRIME;
+}
+
+static uint64_t load_le64(const uint8_t *p) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+#else
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+#endif
+}
+
+void cart_cs64_init(cart_cs64 *c) {
+    memset(c, 0, sizeof *c);
+    for (int j = 0; j < 4; j++) c->lane[j] = 0x9e3779b97f4a7c15ULL * (uint64_t)(j + 1);
+}
+
+static void cs_block(cart_cs64 *c, const uint8_t *p) {
+    for (int j = 0; j < 4; j++) c->lane[j] = cs_step(c->lane[j], load_le64(p + 8 * j));
+}
+
+void cart_cs64_update(cart_cs64 *c, const void *data, uint64_t n) {
+    const uint8_t *p = data;
+    if (n == 0) return;
+    c->n += n;
+    if (c->fill) {
+        size_t take = 32 - c->fill < n ? 32 - c->fill : (size_t)n;
+        memcpy(c->block + c->fill, p, take);
+        c->fill += take;
+        p += take;
+        n -= take;
+        if (c->fill < 32) return;
+        cs_block(c, c->block);
+        c->fill = 0;
+    }
+    for (; n >= 32; p += 32, n -= 32) cs_block(c, p);
+    memcpy(c->block, p, (size_t)n);
+    c->fill = (size_t)n;
+}
+
+void cart_cs64_update_u64(cart_cs64 *c, uint64_t v) {
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+    cart_cs64_update(c, b, 8);
+}
+
+uint64_t cart_cs64_final(cart_cs64 *c) {
+    if (c->fill) {
+        memset(c->block + c->fill, 0, 32 - c->fill);
+        cs_block(c, c->block);
+    }
+    uint64_t h = c->lane[0];
+    for (int j = 1; j < 4; j++) h = cs_step(h, c->lane[j]);
+    h ^= c->n; /* then the splitmix64 finalizer */
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+    return h ^ (h >> 31);
+}

@@ -61,6 +61,22 @@ int cart_afile_pad(cart_afile *f, uint64_t alignment); /* zero bytes up to a mul
 int cart_afile_commit(cart_afile *f);
 void cart_afile_abort(cart_afile *f);
 
+/* The cs64 checksum (its definition: cart_st_checksum in safetensors.h) as a
+ * stream: init, update with any number of pieces (the result depends only on
+ * the bytes, not on how they are split), final for the 64-bit value. */
+typedef struct cart_cs64 {
+    uint64_t lane[4];
+    uint8_t block[32]; /* a partial block */
+    size_t fill;
+    uint64_t n;
+} cart_cs64;
+
+void cart_cs64_init(cart_cs64 *c);
+void cart_cs64_update(cart_cs64 *c, const void *data, uint64_t n);
+/* One 64-bit value as its 8 little-endian bytes. */
+void cart_cs64_update_u64(cart_cs64 *c, uint64_t v);
+uint64_t cart_cs64_final(cart_cs64 *c);
+
 #pragma GCC visibility pop
 
 #endif

@@ -507,6 +507,62 @@ uint64_t cart_model_fingerprint(const cart_model *m) {
     return h;
 }
 
+typedef struct hash_piece {
+    const uint8_t *data;
+    uint64_t n;
+    uint64_t hash;
+} hash_piece;
+
+static void hash_pieces(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    (void)thread;
+    hash_piece *pieces = ctx;
+    for (int64_t i = begin; i < end; i++) {
+        cart_cs64 c;
+        cart_cs64_init(&c);
+        cart_cs64_update(&c, pieces[i].data, pieces[i].n);
+        pieces[i].hash = cart_cs64_final(&c);
+    }
+}
+
+static uint64_t piece_count(uint64_t nbytes) {
+    return (nbytes + CART_MODEL_HASH_PIECE - 1) / CART_MODEL_HASH_PIECE;
+}
+
+int cart_model_content_hash(const cart_model *m, uint64_t *out) {
+    if (!m || !out)
+        return cart_fail(CART_E_ARG, "cart_model_content_hash: %s is NULL", !m ? "model" : "out");
+    const int64_t n_tensors = cart_gguf_tensor_count(m->gguf);
+    uint64_t n = 0;
+    for (int64_t i = 0; i < n_tensors; i++)
+        n += piece_count(cart_gguf_tensor_at(m->gguf, i)->nbytes);
+    hash_piece *pieces = cart_calloc(n ? (size_t)n : 1, sizeof *pieces, "model hash pieces");
+    if (!pieces) return CART_E_NOMEM;
+    uint64_t k = 0;
+    for (int64_t i = 0; i < n_tensors; i++) {
+        const cart_gguf_tensor_info *t = cart_gguf_tensor_at(m->gguf, i);
+        for (uint64_t at = 0; at < t->nbytes; at += CART_MODEL_HASH_PIECE, k++) {
+            pieces[k].data = (const uint8_t *)t->data + at;
+            pieces[k].n =
+                t->nbytes - at < CART_MODEL_HASH_PIECE ? t->nbytes - at : CART_MODEL_HASH_PIECE;
+        }
+    }
+    cart_pool_for(cart_default_pool(), (int64_t)n, 1, hash_pieces, pieces);
+    cart_cs64 c;
+    cart_cs64_init(&c);
+    cart_cs64_update_u64(&c, cart_model_fingerprint(m));
+    cart_cs64_update_u64(&c, (uint64_t)n_tensors);
+    k = 0;
+    for (int64_t i = 0; i < n_tensors; i++) {
+        const cart_gguf_tensor_info *t = cart_gguf_tensor_at(m->gguf, i);
+        cart_cs64_update_u64(&c, t->nbytes);
+        for (uint64_t j = piece_count(t->nbytes); j > 0; j--)
+            cart_cs64_update_u64(&c, pieces[k++].hash);
+    }
+    free(pieces);
+    *out = cart_cs64_final(&c);
+    return CART_OK;
+}
+
 int32_t *cart_model_kv_geometry(const cart_model *m) {
     const int32_t n = m->cfg.n_layer;
     int32_t *geom = cart_malloc(sizeof(int32_t) * 2 * (size_t)n, "KV geometry");

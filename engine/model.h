@@ -141,6 +141,25 @@ uint64_t cart_model_widened_bytes(const cart_model *m);
  * cartridge records it to refuse a model it was not trained on. */
 uint64_t cart_model_fingerprint(const cart_model *m);
 
+/* The piece of tensor data cart_model_content_hash hashes as one unit. */
+enum { CART_MODEL_HASH_PIECE = 4194304 };
+
+/* A 64-bit hash of every byte of every tensor's data, and of what the
+ * fingerprint covers, into *out: a changed weight byte anywhere changes it,
+ * where the fingerprint only samples each tensor's ends. For processes that
+ * must hold the same weights (the ranks of a job, cartridge/dist.lua).
+ *
+ * Each tensor's data is cut into pieces of CART_MODEL_HASH_PIECE bytes (the
+ * last one shorter), and each piece hashed alone with cs64 (the value of
+ * cart_st_checksum, safetensors.h, as a number). The pieces run in parallel
+ * on the default pool; the result is cs64 over these 64-bit values, each as
+ * 8 little-endian bytes: the fingerprint, the tensor count, then for every
+ * tensor in file order its byte count and its pieces' hashes in order. So
+ * it depends only on the bytes: the same on every ISA and thread count.
+ * One read of the weights (about as long as reading them from the page
+ * cache). CART_E_NOMEM when the list of pieces cannot be allocated. */
+int cart_model_content_hash(const cart_model *m, uint64_t *out);
+
 /* A new empty KV cache shaped for m, layer by layer (dtype CART_F16 or
  * CART_F32). A sliding-window layer keeps every row too (its attention reads
  * only the window). */

@@ -710,74 +710,14 @@ const cart_str *cart_st_meta_get(const cart_st_file *f, const char *key) {
 /* ---- checksum ----------------------------------------------------------- */
 
 static const char CHECKSUM_KEY[] = "cartridge.checksum";
-static const uint64_t CS_PRIME = 0x100000001b3ULL;
-
-typedef struct cs64 {
-    uint64_t lane[4];
-    uint8_t block[32]; /* a partial block */
-    size_t fill;
-    uint64_t n;
-} cs64;
-
-static uint64_t cs_step(uint64_t h, uint64_t w) {
-    h ^= w;
-    return ((h << 29) | (h >> 35)) * CS_PRIME;
-}
-
-static uint64_t load_le64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-
-static void cs_init(cs64 *c) {
-    memset(c, 0, sizeof *c);
-    for (int j = 0; j < 4; j++) c->lane[j] = 0x9e3779b97f4a7c15ULL * (uint64_t)(j + 1);
-}
-
-static void cs_block(cs64 *c, const uint8_t *p) {
-    for (int j = 0; j < 4; j++) c->lane[j] = cs_step(c->lane[j], load_le64(p + 8 * j));
-}
-
-static void cs_update(cs64 *c, const void *data, uint64_t n) {
-    const uint8_t *p = data;
-    if (n == 0) return;
-    c->n += n;
-    if (c->fill) {
-        size_t take = 32 - c->fill < n ? 32 - c->fill : (size_t)n;
-        memcpy(c->block + c->fill, p, take);
-        c->fill += take;
-        p += take;
-        n -= take;
-        if (c->fill < 32) return;
-        cs_block(c, c->block);
-        c->fill = 0;
-    }
-    for (; n >= 32; p += 32, n -= 32) cs_block(c, p);
-    memcpy(c->block, p, (size_t)n);
-    c->fill = (size_t)n;
-}
-
-static void cs_final(cs64 *c, char *out) {
-    if (c->fill) {
-        memset(c->block + c->fill, 0, 32 - c->fill);
-        cs_block(c, c->block);
-    }
-    uint64_t h = c->lane[0];
-    for (int j = 1; j < 4; j++) h = cs_step(h, c->lane[j]);
-    h ^= c->n;
-    h ^= h >> 30;
-    h *= 0xbf58476d1ce4e5b9ULL;
-    h ^= h >> 27;
-    h *= 0x94d049bb133111ebULL;
-    h ^= h >> 31;
-    snprintf(out, 22, "cs64:%016llx", (unsigned long long)h);
+static void cs_final(cart_cs64 *c, char *out) {
+    snprintf(out, 22, "cs64:%016llx", (unsigned long long)cart_cs64_final(c));
 }
 
 void cart_st_checksum(const void *data, uint64_t n, char *out) {
-    cs64 c;
-    cs_init(&c);
-    cs_update(&c, data, n);
+    cart_cs64 c;
+    cart_cs64_init(&c);
+    cart_cs64_update(&c, data, n);
     cs_final(&c, out);
 }
 
@@ -1069,9 +1009,9 @@ int cart_st_writer_write(cart_st_writer *w, const char *path) {
     for (int64_t i = 0; i < w->n; i++) order[i] = &w->tensors[i];
     qsort(order, (size_t)w->n, sizeof *order, cmp_write_order);
     if (w->checksum) {
-        cs64 c;
-        cs_init(&c);
-        for (int64_t i = 0; i < w->n; i++) cs_update(&c, order[i]->data, order[i]->nbytes);
+        cart_cs64 c;
+        cart_cs64_init(&c);
+        for (int64_t i = 0; i < w->n; i++) cart_cs64_update(&c, order[i]->data, order[i]->nbytes);
         char sum[22];
         cs_final(&c, sum);
         int rc = cart_st_writer_set_meta(w, CHECKSUM_KEY, sum);

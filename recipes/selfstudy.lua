@@ -31,6 +31,7 @@ local progress = require("cartridge.progress")
 local json = require("cartridge.json")
 local chat = require("cartridge.chat")
 local fs = require("cartridge.fs")
+local fmt = require("cartridge.fmt")
 local C = cartridge.C
 
 local flags = selfstudy.flags()
@@ -131,16 +132,22 @@ local training = {
     teacher_pass = opts.teacher_pass or false, spec_b = opts.spec_b or false,
 }
 -- fingerprints: ranks that read another model, corpus or flags stop here,
--- before any work (the model's path may differ between hosts, its content not)
-do
+-- before any work (the model's path may differ between hosts, its content
+-- not: every weight byte is hashed, so a damaged copy or a fine-tune of the
+-- same model is caught too)
+if dist.size > 1 then
     local settings = {}
     for k, v in pairs(training) do settings[k] = v end
     settings.model = nil
     local text = json.encode(settings)
     local ptr, n = require("cartridge.ids").view(corpus.ids)
-    dist.agree({ { "model", cartridge.cart.fingerprint(m) }, { "corpus", dist.hash(ptr, n * 4) },
+    local weights, seconds = m:content_hash()
+    dist.agree({ { "model", weights, m.path }, { "corpus", dist.hash(ptr, n * 4) },
         { "flags", dist.hash(text, #text) } },
-        "every rank must read the same model, the same corpus files at the same paths, and the same flags")
+        "every rank must read the same model (every weight byte is compared), the same corpus files at the same "
+        .. "paths, and the same flags")
+    print(("dist: the %d ranks agree on every weight byte (%s hashed in %.2f s on rank 0), the corpus and the flags")
+        :format(dist.size, fmt.bytes(m.weight_bytes), seconds))
 end
 
 -- the rows are initialized from the corpus opening (p tokens) unless they are

@@ -183,10 +183,7 @@ end
 
 -- The model's fingerprint as 16 hex digits.
 function cart.fingerprint(m)
-    local v = C.cart_model_fingerprint(m.handle)
-    local hi = tonumber(bit.rshift(v, 32))
-    local lo = tonumber(bit.band(v, 0xffffffffULL))
-    return ("%08x%08x"):format(hi, lo)
+    return core.hex64(C.cart_model_fingerprint(m.handle))
 end
 
 -- One field of the geometry for the metadata: a number when every layer

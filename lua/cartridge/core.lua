@@ -156,5 +156,10 @@ function core.int(x)
     return x
 end
 
+-- A uint64_t as 16 lowercase hex digits (a Lua number would lose bits).
+function core.hex64(v)
+    return ("%08x%08x"):format(tonumber(bit.rshift(v, 32)), tonumber(bit.band(v, 0xffffffffULL)))
+end
+
 core.ffi = ffi
 return core

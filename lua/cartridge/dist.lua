@@ -12,7 +12,8 @@
 --   s:part(i)                                       -- float* of part i (0-based)
 --   s:reduce(k, scale, out)                         -- out = scale * sum of every rank's first k parts
 --   dist.hash(ptr, bytes, h)                        -- FNV-1a, as 16 hex digits
---   dist.agree({ { "model", fp }, { "corpus", fp } })  -- fingerprints: all ranks equal or an error
+--   local all = dist.allgather_text(s)             -- all[r + 1] = rank r's string
+--   dist.agree({ { "model", fp, path }, { "corpus", fp } })  -- fingerprints: all ranks equal or an error
 --   dist.fail(msg)                                  -- an error every rank raises at once
 --
 -- Errors every rank reaches together (a check of data they all gathered)
@@ -80,13 +81,28 @@ function dist.hash(ptr, bytes, h)
     local start = 0ULL
     if h then start = tonumber(h:sub(1, 8), 16) * 0x100000000ULL + tonumber(h:sub(9, 16), 16) end
     local v = C.cart_dist_hash(ptr, bytes, start)
-    return ("%08x%08x"):format(tonumber(bit.rshift(v, 32)), tonumber(bit.band(v, 0xffffffffULL)))
+    return core.hex64(v)
+end
+
+-- Every rank passes one string; returns all of them, in rank order.
+function dist.allgather_text(text)
+    local lens = dist.allgather_doubles({ #text })
+    local width = 1
+    for _, l in ipairs(lens) do width = math.max(width, l[1]) end
+    local mine = ffi.new("char[?]", width)
+    ffi.copy(mine, text, #text)
+    local all = ffi.new("char[?]", width * dist.size)
+    core.check(C.cart_dist_allgather(all, mine, width), "dist.allgather")
+    local out = {}
+    for r = 0, dist.size - 1 do out[r + 1] = ffi.string(all + r * width, lens[r + 1][1]) end
+    return out
 end
 
 -- Checks that every rank holds the same fingerprints: fields is a list of
--- { name, hex } (16 hex digits each). On a difference every rank fails
--- together, naming the ranks and the fields that differ from rank 0's, and
--- `hint` says what to check.
+-- { name, hex, label } (16 hex digits each; label optional, such as the
+-- file the rank read). On a difference every rank fails together, naming
+-- the ranks and the fields that differ from rank 0's, with both ranks'
+-- labels, and `hint` says what to check.
 function dist.agree(fields, hint)
     if dist.size == 1 then return end
     local mine = {}
@@ -95,20 +111,29 @@ function dist.agree(fields, hint)
         mine[2 * i] = tonumber(f[2]:sub(9, 16), 16)
     end
     local all = dist.allgather_doubles(mine)
-    local problems = {}
+    local differ = {} -- { rank, field index }, the same list on every rank
     for r = 1, dist.size - 1 do
-        for i, f in ipairs(fields) do
+        for i = 1, #fields do
             local a, b = all[1], all[r + 1]
-            if a[2 * i - 1] ~= b[2 * i - 1] or a[2 * i] ~= b[2 * i] then
-                problems[#problems + 1] = ("rank %d differs from rank 0 in its %s (fingerprint %08x%08x vs %08x%08x)")
-                    :format(r, f[1], b[2 * i - 1], b[2 * i], a[2 * i - 1], a[2 * i])
-            end
+            if a[2 * i - 1] ~= b[2 * i - 1] or a[2 * i] ~= b[2 * i] then differ[#differ + 1] = { r, i } end
         end
     end
-    if #problems > 0 then
-        dist.fail(("dist: the %d ranks do not agree: %s; %s"):format(dist.size, table.concat(problems, "; "),
-            hint or "every rank must read the same files"))
+    if #differ == 0 then return end
+    -- the labels travel only now, every rank having found the same differences
+    local labels = {}
+    for i, f in ipairs(fields) do
+        if f[3] then labels[i] = dist.allgather_text(f[3]) end
     end
+    local problems = {}
+    for k, d in ipairs(differ) do
+        local r, i = d[1], d[2]
+        local a, b = all[1], all[r + 1]
+        local which = labels[i] and ("rank %d read %s, rank 0 %s; "):format(r, labels[i][r + 1], labels[i][1]) or ""
+        problems[k] = ("rank %d differs from rank 0 in its %s (%sfingerprint %08x%08x vs %08x%08x)")
+            :format(r, fields[i][1], which, b[2 * i - 1], b[2 * i], a[2 * i - 1], a[2 * i])
+    end
+    dist.fail(("dist: the %d ranks do not agree: %s; %s"):format(dist.size, table.concat(problems, "; "),
+        hint or "every rank must read the same files"))
 end
 
 -- The reproducible sum (engine/dist.h): scale times the sum of every rank's

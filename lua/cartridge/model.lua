@@ -110,6 +110,16 @@ function Model:geometry_text()
         table.concat(kinds, ", "))
 end
 
+-- A hash of every weight byte, and of the config and tensor table, as 16
+-- hex digits (cart_model_content_hash: one parallel read of the weights),
+-- and the seconds it took.
+function Model:content_hash()
+    local v = ffi.new("uint64_t[1]")
+    local t0 = C.cart_now_seconds()
+    core.check(C.cart_model_content_hash(self.handle, v), "model:content_hash")
+    return core.hex64(v[0]), C.cart_now_seconds() - t0
+end
+
 function Model:free()
     if self.file then self.file:close() end
     core.free(self, C.cart_model_free)

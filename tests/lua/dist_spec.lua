@@ -1,10 +1,11 @@
 -- Self-study across processes (cartridge.dist, engine/dist.h, docs/scale-out.md):
 -- the reproducible sum in this process, and recipes/selfstudy.lua under
 -- `mpirun -np 2 --oversubscribe` on stories260K: the same artifact, bit for
--- bit, as one process; ranks that disagree stop at start; a rank that dies
--- or fails stops the job, named, and the last checkpoint resumes with any
--- number of ranks. The mpirun cases skip, saying why, without Open MPI's
--- mpirun, a build with MPI, or ../shared.
+-- bit, as one process; ranks that disagree (another corpus, flags, model,
+-- or one weight byte) stop at start; a rank that dies or fails stops the
+-- job, named, and the last checkpoint resumes with any number of ranks. The
+-- mpirun cases skip, saying why, without Open MPI's mpirun, a build with
+-- MPI, or ../shared.
 
 local helper = require("helper")
 local cartridge = require("cartridge")
@@ -47,6 +48,8 @@ describe("cartridge.dist alone", function()
         assert.are.equal(dist.hash("hello", 5), dist.hash("llo", 3, dist.hash("he", 2)))
         local all = dist.allgather_doubles({ 1.5, -2 })
         assert.are.same({ { 1.5, -2 } }, all)
+        assert.are.same({ "a/model.gguf" }, dist.allgather_text("a/model.gguf"))
+        assert.are.same({ "" }, dist.allgather_text(""))
         dist.agree({ { "model", "0123456789abcdef" } }) -- one rank agrees with itself
     end)
 end)
@@ -172,6 +175,80 @@ describe("selfstudy.lua under mpirun", function()
         assert.are.equal(1, times)
         assert.falsy(out:find("step ", 1, true))
         assert.is_false(helper.exists(tmp .. "/never.safetensors"))
+    end)
+
+    -- rank 0 reads stories260K, rank 1 `other`; the job must stop at the
+    -- start check, naming the model files and the rank, before any step
+    local function other_model(other)
+        local a = tiny({ "--accum", "2", "--steps", "2", "--threads", "1", "--save", tmp .. "/never.safetensors" })
+        local b = tiny({ "--accum", "2", "--steps", "2", "--threads", "1", "--save", tmp .. "/never.safetensors",
+            "--model", other })
+        local rc, out, err = helper.run(("%s -np 1 %s : -np 1 %s </dev/null"):format(MPIRUN, selfstudy_cmd(a),
+            selfstudy_cmd(b)))
+        assert.are_not.equal(0, rc)
+        local line = err:match("cartridge: dist: [^\n]*") or ""
+        print("  " .. line)
+        assert.truthy(line:find(("rank 1 differs from rank 0 in its model (rank 1 read %s, rank 0 %s/models/"
+            .. "stories260K.gguf; fingerprint "):format(other, helper.shared), 1, true), err)
+        local _, times = err:gsub("the 2 ranks do not agree", "")
+        assert.are.equal(1, times)
+        assert.falsy(out:find("step ", 1, true))
+        assert.falsy(out:find("agree on every weight byte", 1, true))
+        assert.is_false(helper.exists(tmp .. "/never.safetensors"))
+        return line
+    end
+
+    it("stops at start, naming the model and the rank, when rank 1's copy differs in one weight byte", function()
+        local why = cannot()
+        if why then return pending(why) end
+        -- the copy: one byte flipped in the middle of the largest tensor's data,
+        -- where the sampled fingerprint (4 KiB at each end) does not look
+        local original = helper.shared .. "/models/stories260K.gguf"
+        local file = cartridge.gguf.open(original)
+        local big
+        for _, t in ipairs(file:tensors()) do
+            if not big or t.nbytes > big.nbytes then big = t end
+        end
+        local at = file.data_offset + big.offset + math.floor(big.nbytes / 2)
+        file:close()
+        assert.is_true(big.nbytes >= 3 * 4096, big.name)
+        local bytes = helper.read_file(original)
+        local copy = tmp .. "/flipped.gguf"
+        helper.write_file(copy, bytes:sub(1, at) .. string.char(bit.bxor(bytes:byte(at + 1), 0x10))
+            .. bytes:sub(at + 2))
+        local m0, m1 = cartridge.model.load(original), cartridge.model.load(copy)
+        local h0, h1 = m0:content_hash(), m1:content_hash()
+        print(("  byte %d of %s (%d bytes) flipped: fingerprint %s and %s, content hash %s and %s"):format(
+            at - file.data_offset - big.offset, big.name, big.nbytes, cartridge.cart.fingerprint(m0),
+            cartridge.cart.fingerprint(m1), h0, h1))
+        assert.are.equal(cartridge.cart.fingerprint(m0), cartridge.cart.fingerprint(m1))
+        assert.are_not.equal(h0, h1)
+        m0:free()
+        m1:free()
+        local line = other_model(copy)
+        -- the only difference: the corpus is tokenized the same, the flags agree
+        assert.falsy(line:find("in its corpus", 1, true))
+        assert.falsy(line:find("in its flags", 1, true))
+    end)
+
+    it("stops at start, naming the model and the rank, when rank 1 reads another model", function()
+        local why = cannot()
+        if why then return pending(why) end
+        local other, missing = helper.fixture("reference/qwen3-tiny-f32.gguf")
+        if not other then return pending(missing) end
+        other_model(other)
+    end)
+
+    it("says at start that the ranks agree on every weight byte", function()
+        local why = cannot()
+        if why then return pending(why) end
+        local rc, out, err = ranks(2, tiny({ "--accum", "2", "--steps", "1", "--threads", "1", "--save",
+            tmp .. "/agree.safetensors" }))
+        assert.are.equal(0, rc, out .. err)
+        local line = out:match("dist: the 2 ranks agree[^\n]*") or ""
+        print("  " .. line)
+        assert.truthy(line:find("^dist: the 2 ranks agree on every weight byte %(1%.12 MiB hashed in %d+%.%d%d s on "
+            .. "rank 0%), the corpus and the flags$"), out)
     end)
 
     it("stops the job when one rank fails, naming it", function()
