@@ -272,20 +272,6 @@ static void dequantize_q3_K(float *restrict y, const uint8_t *restrict x, int64_
 }
 
 
-/* Scale and min of sub-block j (< 8) of a q4_K/q5_K block from its 12 scale
- * bytes s: j < 4: s[j] & 63 and s[j + 4] & 63; j >= 4: the low nibbles of
- * s[j + 4] carry the low four bits, and the top two bits of s[j - 4] (scale)
- * and s[j] (min) the high two. */
-void cart_scale_min_k4(int j, const uint8_t *s, int *scale, int *min) {
-    if (j < 4) {
-        *scale = s[j] & 63;
-        *min = s[j + 4] & 63;
-    } else {
-        *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-        *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 /* q4_K, 144 bytes: d f16 @0, dmin f16 @2, scales[12] @4, qs[128] @16.
  * Element 64c + m (c < 4, m < 32) is the low nibble of qs[32c + m] in
  * sub-block 2c; element 64c + 32 + m the high nibble, sub-block 2c + 1.

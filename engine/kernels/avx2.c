@@ -2,7 +2,9 @@
  * avx2.c - the x86-64 AVX2 level: AVX2 + FMA + F16C, 8 floats per ymm
  * register. The primitives below feed generic.h; the vector dequantizers
  * (q8_0, q4_0, q4_K, q6_K) form the same products from the same operands
- * as quant.c, so they give its values.
+ * as quant.c, so they give its values; the unpackers (v_unpack) give the
+ * GEMV the quants of q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K as bytes, 32 at a
+ * time.
  */
 #include "kernels.h"
 
@@ -23,7 +25,6 @@
 #define GK_NV 2
 #define GK_GEMV_T 4
 #define GK_GEMV_R(t) ((t) == 1 ? 4 : (t) == 4 ? 1 : (t) == 2 ? 3 : 2)
-#define GK_Q4_K_IN_REGISTERS 1
 
 typedef __m256 vf;
 
@@ -90,12 +91,7 @@ V_INLINE vf v_load_i8(const int8_t *p) {
 }
 
 V_INLINE vf v_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
-
-V_INLINE vf v_nib(const uint8_t *p, int high) {
-    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
-    if (high) v = _mm256_srli_epi32(v, 4);
-    return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
-}
+V_INLINE vf v_add(vf a, vf b) { return _mm256_add_ps(a, b); }
 
 /* ---- dequantization ------------------------------------------------------- */
 
@@ -171,6 +167,90 @@ static void dequant_q6_K(float *y, const uint8_t *x, int64_t nb) {
                             _mm256_set1_ps(d * (float)sc[8 * h + 2 * g + 1]));
             }
         }
+    }
+}
+
+/* ---- quants as bytes (v_unpack) --------------------------------------------- */
+
+/* The 32 nibbles of 16 bytes at p in element order: low nibbles, then high. */
+V_INLINE __m256i nibbles32(const uint8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+    const __m256i both =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+/* Byte l = 0xff where bit l of the 32 bits at p is set, else 0. */
+V_INLINE __m256i bit_bytes32(const uint8_t *p) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i spread =
+        _mm256_shuffle_epi8(/* byte l: byte l / 8 of bits */
+                            _mm256_set1_epi32((int)bits),
+                            _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                               0x0303030303030303LL));
+    const __m256i one = _mm256_set1_epi64x(0x8040201008040201LL); /* bit l % 8 of byte l */
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, one), one);
+}
+
+/* q5_0 / q5_1: the nibbles with their fifth bits, less 16 for q5_0: where
+ * the bit is clear, nibble - 16 is the nibble with 0xf0 above it. */
+V_INLINE __m256i five_bits32(const uint8_t *qs, const uint8_t *qh, int less16) {
+    const __m256i bit = bit_bytes32(qh);
+    if (less16)
+        return _mm256_or_si256(nibbles32(qs),
+                               _mm256_andnot_si256(bit, _mm256_set1_epi8((char)0xf0)));
+    return _mm256_or_si256(nibbles32(qs), _mm256_and_si256(bit, _mm256_set1_epi8(0x10)));
+}
+
+V_INLINE void store32(int8_t *q, __m256i v) {
+    _mm256_storeu_si256((__m256i *)(void *)q, v);
+}
+
+/* q4_K / q5_K elements 64c .. 64c + 63: nibbles of qs[32c ..], for q5_K
+ * with bits 2c and 2c + 1 of qh[0 .. 32) as the fifths. */
+V_INLINE void unpack_k_pair(int8_t *q, const uint8_t *qs, const uint8_t *qh, int c) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)qs);
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    if (qh) {
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+        const __m256i one = _mm256_set1_epi8(1);
+        lo = _mm256_or_si256(
+            lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * c), one), 4));
+        hi = _mm256_or_si256(
+            hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * c + 1), one), 4));
+    }
+    store32(q, lo);
+    store32(q + 32, hi);
+}
+
+static inline int v_unpack(int32_t dtype, const uint8_t *blk, int8_t *q) {
+    switch (dtype) {
+    case CART_Q4_0:
+        store32(q, _mm256_sub_epi8(nibbles32(blk + 2), _mm256_set1_epi8(8)));
+        return 1;
+    case CART_Q4_1:
+        store32(q, nibbles32(blk + 4));
+        return 1;
+    case CART_Q5_0:
+        store32(q, five_bits32(blk + 6, blk + 2, 1));
+        return 1;
+    case CART_Q5_1:
+        store32(q, five_bits32(blk + 8, blk + 4, 0));
+        return 1;
+    case CART_Q4_K:
+    case CART_Q5_K:
+        for (int c = 0; c < 4; c++)
+            unpack_k_pair(q + 64 * c, blk + (dtype == CART_Q4_K ? 16 : 48) + 32 * c,
+                          dtype == CART_Q5_K ? blk + 16 : NULL, c);
+        return 1;
+    case CART_Q6_K:
+        for (int h = 0; h < 2; h++)
+            for (int g = 0; g < 4; g++) store32(q + 128 * h + 32 * g, q6k_quants(blk, h, g));
+        return 1;
+    default:
+        return 0;
     }
 }
 

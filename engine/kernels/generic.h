@@ -12,7 +12,6 @@
  *                     (GK_MU <= MM_MAX_U; GK_NV * VW divides 64)
  *   GK_GEMV_T         most tokens one GEMV pass applies a weight row to (<= 8)
  *   GK_GEMV_R(t)      weight rows per GEMV pass for t tokens (<= MM_GEMV_MAXR)
- *   GK_Q4_K_IN_REGISTERS  1: the GEMV reads q4_K in registers; 0: through L1
  * and these static inline functions (VW lanes each, unaligned pointers):
  *   v_zero() v_set1(x) v_load(p) v_store(p, v)
  *   v_fma(a, b, c)    a * b + c with one rounding
@@ -22,8 +21,9 @@
  *   v_round(v, round) v rounded as mm_round says and widened back
  *   v_load_i8(p)      VW signed bytes as floats
  *   v_half(h)         one f16 (a block scale) as a float, as cart_f16_to_f32
- *   v_sub(a, b)       a - b
- *   v_nib(p, high)    VW bytes' low (high = 0) or high (1) nibbles as floats
+ *   v_sub(a, b) v_add(a, b)   a - b, a + b
+ *   v_unpack(dtype, blk, q)   1 when it wrote the quants of the block at blk
+ *                     to q as gk_unpack does, 0 to leave it to plain C
  *   gk_dequant(w, dst, src, nb)   1 when it dequantized nb blocks of w's
  *                     dtype to cart_to_f32's values, 0 to leave it to cart_to_f32
  *
@@ -393,77 +393,170 @@ GK_INLINE void gk_gemv_span(const int R, const int T, const int kind, const uint
     }
 }
 
-/* q8_0 rows of `depth` elements, dequantized in registers (q * d, the values
- * of cart_to_f32) and applied straight away. */
-GK_INLINE void gk_gemv_span_q8_0(const int R, const int T, const uint8_t *const *wr,
-                                 const float *x, int64_t ldx, int64_t depth,
-                                 vf acc[MM_GEMV_MAXR][8][GK_NA]) {
-    for (int64_t b = 0; b < depth / 32; b++) {
-        vf d[MM_GEMV_MAXR];
-        for (int r = 0; r < R; r++) {
-            uint16_t hd;
-            memcpy(&hd, wr[r] + b * 34, 2);
-            d[r] = v_set1(v_half(hd));
+/* The block types whose weights the GEMV forms in registers, each the value
+ * cart_to_f32 gives it (the same operations on the same operands as quant.c,
+ * which lists the layouts); GK_GEMV_BLOCKS is their GEMV-only kind. */
+enum { GK_GEMV_BLOCKS = 16 };
+
+GK_INLINE int gk_in_registers(int32_t dtype) {
+    return dtype == CART_Q8_0 || dtype == CART_Q4_0 || dtype == CART_Q4_1 || dtype == CART_Q5_0 ||
+           dtype == CART_Q5_1 || dtype == CART_Q4_K || dtype == CART_Q5_K || dtype == CART_Q6_K;
+}
+
+/* q[0 .. 32 or 256) = the quants of the block at blk in element order as
+ * signed bytes, the type's offset taken off (v_unpack's values):
+ *   q4_0  nibble - 8     q4_1  nibble        q5_0  five bits - 16   q5_1  five bits
+ *   q4_K  nibble         q5_K  five bits     q6_K  six bits - 32
+ * (q8_0's quants are its bytes: they never come here). */
+GK_INLINE void gk_unpack(int32_t dtype, const uint8_t *blk, int8_t *q) {
+    if (v_unpack(dtype, blk, q)) return;
+    if (dtype == CART_Q6_K) { /* layout as in quant.c's dequantize_q6_K */
+        for (int i = 0; i < 2; i++)
+            for (int g = 0; g < 4; g++)
+                for (int l = 0; l < 32; l++) {
+                    const int ql = blk[64 * i + 32 * (g & 1) + l] >> (g < 2 ? 0 : 4);
+                    const int qh = blk[128 + 32 * i + l] >> (2 * g);
+                    q[128 * i + 32 * g + l] = (int8_t)(((ql & 15) | (qh & 3) << 4) - 32);
+                }
+    } else if (dtype == CART_Q4_K || dtype == CART_Q5_K) {
+        /* element 64c + 32h + l: nibble h of qs[32c + l], bit 2c + h of qh[l] (q5_K) */
+        const uint8_t *qs = blk + (dtype == CART_Q4_K ? 16 : 48), *qh = blk + 16;
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                const int hi = dtype == CART_Q5_K ? qh[l] >> (2 * c) : 0;
+                q[64 * c + l] = (int8_t)((qs[32 * c + l] & 15) | (hi & 1) << 4);
+                q[64 * c + 32 + l] = (int8_t)((qs[32 * c + l] >> 4) | (hi & 2) << 3);
+            }
+    } else { /* element l < 16: low nibble of qs[l], 16 + l: high; bit l of qh the fifth */
+        const int five = dtype == CART_Q5_0 || dtype == CART_Q5_1;
+        const int at = (dtype == CART_Q4_1 || dtype == CART_Q5_1 ? 4 : 2) + (five ? 4 : 0);
+        const int off = dtype == CART_Q4_0 ? 8 : dtype == CART_Q5_0 ? 16 : 0;
+        const uint8_t *qs = blk + at;
+        uint32_t qh = 0;
+        if (five) memcpy(&qh, blk + at - 4, 4);
+        for (int l = 0; l < 16; l++) {
+            q[l] = (int8_t)(((qs[l] & 15) | (int)(((qh >> l) & 1) << 4)) - off);
+            q[l + 16] = (int8_t)(((qs[l] >> 4) | (int)(((qh >> (l + 16)) & 1) << 4)) - off);
         }
-        for (int h = 0; h < 2; h++) { /* each half of a block is one pass over the 16 lanes */
-            vf wv[MM_GEMV_MAXR][GK_NA];
+    }
+}
+
+/* gk_unpack_span's part for nb blocks of a 32-element type at blk. */
+GK_INLINE void gk_unpack_blocks(const int32_t dtype, const uint8_t *blk, int64_t nb, int8_t *buf,
+                                float *s, float *m) {
+    const int offset = dtype == CART_Q4_1 || dtype == CART_Q5_1;
+    const int five = dtype == CART_Q5_0 || dtype == CART_Q5_1;
+    const int64_t bytes = 18 + 2 * offset + 4 * five; /* d, [m], [qh], qs[16] */
+    for (int64_t i = 0; i < nb; i++, blk += bytes) {
+        gk_unpack(dtype, blk, buf + 32 * i);
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        s[2 * i] = s[2 * i + 1] = v_half(h);
+        if (offset) {
+            memcpy(&h, blk + 2, 2);
+            m[2 * i] = m[2 * i + 1] = v_half(h);
+        }
+    }
+}
+
+/* Elements [k0, k0 + n) of a row of w (k0 a multiple of 256, n <= 256 whole
+ * blocks): the quants of run u (16 elements) into buf + 16u (gk_unpack), its
+ * scale into s[u] and, where the type has one, its min or offset into m[u]:
+ *   q4_0 q5_0   w = q * d
+ *   q4_1 q5_1   w = q * d + m     (d, m: the block's f16 fields)
+ *   q4_K q5_K   w = s * q - m     (s = d * scale, m = dmin * min of the sub-block)
+ *   q6_K        w = s * q         (s = d * scales[u]) */
+GK_INLINE void gk_unpack_span(const mm_src *w, const uint8_t *row, int64_t k0, int64_t n,
+                              int8_t *buf, float *s, float *m) {
+    const int32_t dtype = w->dtype;
+    const uint8_t *blk = row + (k0 / w->block_size) * w->type_size;
+    uint16_t hd, hm;
+    if (dtype == CART_Q6_K) {
+        gk_unpack(dtype, blk, buf);
+        memcpy(&hd, blk + 208, 2);
+        const float d = v_half(hd);
+        for (int u = 0; u < 16; u++) s[u] = d * (float)(int8_t)blk[192 + u];
+    } else if (dtype == CART_Q4_K || dtype == CART_Q5_K) {
+        gk_unpack(dtype, blk, buf);
+        memcpy(&hd, blk, 2);
+        memcpy(&hm, blk + 2, 2);
+        const float d = v_half(hd), dmin = v_half(hm);
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            cart_scale_min_k4(j, blk + 4, &sc, &mn);
+            s[2 * j] = s[2 * j + 1] = d * (float)sc;
+            m[2 * j] = m[2 * j + 1] = dmin * (float)mn;
+        }
+    } else if (dtype == CART_Q4_0) { /* a loop per type: the type known in the loop */
+        gk_unpack_blocks(CART_Q4_0, blk, n / 32, buf, s, m);
+    } else if (dtype == CART_Q4_1) {
+        gk_unpack_blocks(CART_Q4_1, blk, n / 32, buf, s, m);
+    } else if (dtype == CART_Q5_0) {
+        gk_unpack_blocks(CART_Q5_0, blk, n / 32, buf, s, m);
+    } else {
+        gk_unpack_blocks(CART_Q5_1, blk, n / 32, buf, s, m);
+    }
+}
+
+/* acc[t] += wv * the 16 activations of token t at x + t * ldx, lane by lane:
+ * one row's weights, applied as soon as they are formed, so that only they
+ * are live beside the sums. */
+GK_INLINE void gk_gemv_apply1(const int T, const vf *wv, const float *x, int64_t ldx,
+                              vf acc[8][GK_NA]) {
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 16
+        for (int a = 0; a < GK_NA; a++)
+            acc[t][a] = v_fma(wv[a], v_load(x + t * ldx + a * VW), acc[t][a]);
+}
+
+/* Whole rows of a block type of gk_in_registers. q8_0 is read where it lies,
+ * a row's block at a time. The others are unpacked 256 elements of each row
+ * at a time to bytes in L1 (a quarter of the floats; done in one go, the
+ * bytes are stored well before they are read back), then each row's runs of
+ * 16 are formed in registers and applied, one pass over the lanes each. */
+GK_INLINE void gk_gemv_span_blocks(const int R, const int T, const mm_src *w,
+                                   const uint8_t *const *wr, const float *x, int64_t ldx,
+                                   vf acc[MM_GEMV_MAXR][8][GK_NA]) {
+    const int64_t depth = w->cols;
+    if (w->dtype == CART_Q8_0) { /* w = q * d */
+        for (int64_t b = 0; b < depth / 32; b++)
             for (int r = 0; r < R; r++) {
                 const uint8_t *blk = wr[r] + b * 34;
-#pragma GCC unroll 16
-                for (int a = 0; a < GK_NA; a++)
-                    wv[r][a] = v_mul(v_load_i8((const int8_t *)(blk + 2 + 16 * h + a * VW)), d[r]);
-            }
-            for (int t = 0; t < T; t++)
-#pragma GCC unroll 16
-                for (int a = 0; a < GK_NA; a++) {
-                    const vf xv = v_load(x + t * ldx + 32 * b + 16 * h + a * VW);
-                    for (int r = 0; r < R; r++) acc[r][t][a] = v_fma(wv[r][a], xv, acc[r][t][a]);
-                }
-        }
-    }
-}
-
-/* q4_K rows of `depth` elements, dequantized in registers as quant.c does it
- * ((d * scale) * q - dmin * min, each step rounded as there) and applied
- * straight away. Sub-block j of 32 elements is two passes over the 16 lanes;
- * element 64c + 32h + l is nibble h of byte 16 + 32c + l. */
-GK_INLINE void gk_gemv_span_q4_K(const int R, const int T, const uint8_t *const *wr,
-                                 const float *x, int64_t ldx, int64_t depth,
-                                 vf acc[MM_GEMV_MAXR][8][GK_NA]) {
-    for (int64_t b = 0; b < depth / 256; b++) {
-        for (int j = 0; j < 8; j++) { /* sub-block j: elements 32j .. 32j + 31 */
-            vf d1[MM_GEMV_MAXR], m1[MM_GEMV_MAXR];
-            for (int r = 0; r < R; r++) {
-                const uint8_t *blk = wr[r] + b * 144;
-                uint16_t hd, hm;
+                uint16_t hd;
                 memcpy(&hd, blk, 2);
-                memcpy(&hm, blk + 2, 2);
-                int sc, mn;
-                cart_scale_min_k4(j, blk + 4, &sc, &mn);
-                d1[r] = v_set1(v_half(hd) * (float)sc);
-                m1[r] = v_set1(v_half(hm) * (float)mn);
-            }
-            for (int l16 = 0; l16 < 32; l16 += 16) {
-                vf wv[MM_GEMV_MAXR][GK_NA];
-                for (int r = 0; r < R; r++) {
-                    const uint8_t *q = wr[r] + b * 144 + 16 + 32 * (j / 2) + l16;
+                const vf d = v_set1(v_half(hd));
+                for (int h = 0; h < 2; h++) {
+                    vf wv[GK_NA];
 #pragma GCC unroll 16
                     for (int a = 0; a < GK_NA; a++)
-                        wv[r][a] = v_sub(v_mul(d1[r], v_nib(q + a * VW, j & 1)), m1[r]);
+                        wv[a] = v_mul(v_load_i8((const int8_t *)(blk + 2 + 16 * h + a * VW)), d);
+                    gk_gemv_apply1(T, wv, x + 32 * b + 16 * h, ldx, acc[r]);
                 }
-                const int64_t k = 256 * b + 32 * j + l16;
-                for (int t = 0; t < T; t++)
-#pragma GCC unroll 16
-                    for (int a = 0; a < GK_NA; a++) {
-                        const vf xv = v_load(x + t * ldx + k + a * VW);
-                        for (int r = 0; r < R; r++) acc[r][t][a] = v_fma(wv[r][a], xv, acc[r][t][a]);
-                    }
             }
-        }
+        return;
+    }
+    const int plus = w->dtype == CART_Q4_1 || w->dtype == CART_Q5_1;
+    const int minus = w->dtype == CART_Q4_K || w->dtype == CART_Q5_K;
+    for (int64_t k0 = 0; k0 < depth; k0 += 256) {
+        const int64_t n = gk_min(256, depth - k0);
+        int8_t buf[MM_GEMV_MAXR][256];
+        float s[MM_GEMV_MAXR][16], m[MM_GEMV_MAXR][16];
+        for (int r = 0; r < R; r++) gk_unpack_span(w, wr[r], k0, n, buf[r], s[r], m[r]);
+        for (int r = 0; r < R; r++)
+            for (int64_t u = 0; u < n / 16; u++) {
+                const int8_t *q = buf[r] + 16 * u;
+                const vf su = v_set1(s[r][u]);
+                vf wv[GK_NA];
+#pragma GCC unroll 16
+                for (int a = 0; a < GK_NA; a++) {
+                    wv[a] = v_mul(su, v_load_i8(q + a * VW));
+                    if (plus) wv[a] = v_add(wv[a], v_set1(m[r][u]));
+                    if (minus) wv[a] = v_sub(wv[a], v_set1(m[r][u]));
+                }
+                gk_gemv_apply1(T, wv, x + k0 + 16 * u, ldx, acc[r]);
+            }
     }
 }
-
-enum { GK_GEMV_Q8_0 = 16, GK_GEMV_Q4_K = 17 }; /* GEMV-only kinds: blocks read in registers */
 
 /* y[t, j + r] = W[j + r, :] . x[t, :] for r < nr (<= R), t < T. */
 GK_INLINE void gk_gemv_tile(const int R, const int T, const int kind, const mm_src *w, int64_t j,
@@ -486,8 +579,8 @@ GK_INLINE void gk_gemv_tile(const int R, const int T, const int kind, const mm_s
     } else {
         for (int r = 0; r < R; r++)
             wr[r] = w->data + (uint64_t)(j + gk_min(r, nr - 1)) * w->row_bytes;
-        if (kind == GK_GEMV_Q8_0) gk_gemv_span_q8_0(R, T, wr, x, ldx, depth, acc);
-        else if (kind == GK_GEMV_Q4_K) gk_gemv_span_q4_K(R, T, wr, x, ldx, depth, acc);
+        if (kind == GK_GEMV_BLOCKS)
+            gk_gemv_span_blocks(R, T, w, wr, x, ldx, acc);
         else gk_gemv_span(R, T, kind, wr, x, ldx, depth, acc);
     }
     for (int r = 0; r < R; r++)
@@ -553,10 +646,8 @@ static void gk_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x,
             gk_gemv_kind(MM_W_BF16, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
             break;
         default:
-            if (w->dtype == CART_Q8_0)
-                gk_gemv_kind(GK_GEMV_Q8_0, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
-            else if (w->dtype == CART_Q4_K && GK_Q4_K_IN_REGISTERS)
-                gk_gemv_kind(GK_GEMV_Q4_K, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
+            if (gk_in_registers(w->dtype))
+                gk_gemv_kind(GK_GEMV_BLOCKS, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
             else gk_gemv_kind(MM_W_DEQUANT, w, r0, r1, xt, ldx, nt, yt, ldy, scratch);
             break;
         }

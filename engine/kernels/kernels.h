@@ -80,8 +80,19 @@ int64_t mm_bwd_cols(const mm_src *w);
 int64_t mm_bwd_kc(const mm_src *w);
 
 /* Scale and min (6 bits each) of sub-block j (< 8) of a q4_K / q5_K block
- * from its 12 scale bytes s (quant.c). */
-void cart_scale_min_k4(int j, const uint8_t *s, int *scale, int *min);
+ * from its 12 scale bytes s: j < 4: s[j] & 63 and s[j + 4] & 63; j >= 4: the
+ * low nibbles of s[j + 4] carry the low four bits, and the top two bits of
+ * s[j - 4] (scale) and s[j] (min) the high two. Inline: the kernels call it
+ * per sub-block of every row. */
+static inline void cart_scale_min_k4(int j, const uint8_t *s, int *scale, int *min) {
+    if (j < 4) {
+        *scale = s[j] & 63;
+        *min = s[j + 4] & 63;
+    } else {
+        *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
 
 typedef struct cart_kernels {
     int32_t isa;      /* cart_isa */

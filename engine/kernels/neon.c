@@ -3,7 +3,8 @@
  * registers. The primitives below feed generic.h. f16 rows are widened with
  * FCVTL and activations rounded with FCVTN (round to nearest even under the
  * default FPCR, NaN quiet with its payload's top bits, as cart_f32_to_f16).
- * Block types are dequantized by cart_to_f32 (the scalar code) into L1.
+ * Block types are dequantized by cart_to_f32 (the scalar code) into L1, and
+ * unpacked to bytes for the GEMV by generic.h's plain C.
  */
 #include "kernels.h"
 
@@ -22,7 +23,6 @@
 #define GK_NV 4
 #define GK_GEMV_T 4
 #define GK_GEMV_R(t) ((t) == 1 ? 4 : (t) == 4 ? 1 : (t) == 2 ? 3 : 2)
-#define GK_Q4_K_IN_REGISTERS 1
 
 typedef float32x4_t vf;
 
@@ -80,13 +80,11 @@ V_INLINE vf v_load_i8(const int8_t *p) {
 }
 
 V_INLINE vf v_sub(vf a, vf b) { return vsubq_f32(a, b); }
+V_INLINE vf v_add(vf a, vf b) { return vaddq_f32(a, b); }
 
-V_INLINE vf v_nib(const uint8_t *p, int high) {
-    uint32_t four;
-    memcpy(&four, p, 4);
-    uint8x8_t b = vreinterpret_u8_u32(vdup_n_u32(four));
-    b = high ? vshr_n_u8(b, 4) : vand_u8(b, vdup_n_u8(15));
-    return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(b))));
+static inline int v_unpack(int32_t dtype, const uint8_t *blk, int8_t *q) {
+    (void)dtype, (void)blk, (void)q;
+    return 0; /* generic.h's plain C */
 }
 
 static inline int gk_dequant(const mm_src *w, float *dst, const uint8_t *src, int64_t nb) {

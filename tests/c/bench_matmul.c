@@ -4,6 +4,15 @@
  *
  *   bench_matmul [--threads 1,2] [--dtypes f32,f16,bf16,q8_0,q4_K]
  *                [--shapes q,kv,o,gate,down,head] [--seconds 0.3]
+ *                [--paths gemm512,gemm64,gemv,bwd512]
+ *
+ * Two more shapes are gemma-4-26B-A4B's experts (hidden 2816, expert width
+ * 704): edown [2816 x 704], the down projection llama-quantize leaves at
+ * q5_0 (704 is no multiple of 256), and eup [704 x 2816], a gate or up
+ * projection. --paths leaves out the columns not named ("-"), and the GEMM
+ * peak probe when no GEMM is asked:
+ *
+ *   bench_matmul --paths gemv --shapes edown,eup --dtypes q5_0 --threads 1,2
  *
  * For each shape, dtype and thread count it prints the best and median of
  * several timed calls:
@@ -16,7 +25,8 @@
  *                    thread count (probe.h). Calls
  *                    cycle through copies of the weight worth >= 256 MiB, so
  *                    each reads its weight from DRAM as decoding does, not
- *                    from the 32 MiB L3;
+ *                    from the 32 MiB L3; and weight rows per second in
+ *                    millions;
  *   bwd512           backward GFLOP/s at n = 512.
  */
 #include <stdint.h>
@@ -44,6 +54,7 @@ typedef struct layer {
 static const layer layers[] = {
     {"q", 2048, 1024},    {"kv", 1024, 1024},   {"o", 1024, 2048},
     {"gate", 3072, 1024}, {"down", 1024, 3072}, {"head", 151936, 1024},
+    {"edown", 2816, 704}, {"eup", 704, 2816},
 };
 
 static double now(void) {
@@ -62,6 +73,14 @@ static int split(char *s, char **items) {
     int n = 0;
     for (char *tok = strtok(s, ","); tok && n < MAX_LIST; tok = strtok(NULL, ",")) items[n++] = tok;
     return n;
+}
+
+/* Whether the comma list `list` names `item`. */
+static int listed(const char *list, const char *item) {
+    const size_t n = strlen(item);
+    for (const char *p = list; (p = strstr(p, item)) != NULL; p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return 1;
+    return 0;
 }
 
 typedef struct timing {
@@ -98,7 +117,7 @@ static timing time_calls(float *out, int64_t ldo, const float *in, int64_t ldi,
 
 int main(int argc, char **argv) {
     char threads_arg[64] = "1,2", dtypes_arg[128] = "f32,f16,bf16,q8_0,q4_K";
-    char shapes_arg[128] = "q,kv,o,gate,down,head";
+    char shapes_arg[128] = "q,kv,o,gate,down,head", paths[128] = "gemm512,gemm64,gemv,bwd512";
     double seconds = 0.3;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--threads"))
@@ -107,6 +126,8 @@ int main(int argc, char **argv) {
             snprintf(dtypes_arg, sizeof dtypes_arg, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--shapes"))
             snprintf(shapes_arg, sizeof shapes_arg, "%s", argv[i + 1]);
+        else if (!strcmp(argv[i], "--paths"))
+            snprintf(paths, sizeof paths, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--seconds"))
             seconds = atof(argv[i + 1]);
         else {
@@ -114,6 +135,13 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    char path_list[128], *path_items[MAX_LIST];
+    snprintf(path_list, sizeof path_list, "%s", paths);
+    for (int p = 0, np = split(path_list, path_items); p < np; p++)
+        if (!listed("gemm512,gemm64,gemv,bwd512", path_items[p])) {
+            fprintf(stderr, "unknown path %s (gemm512, gemm64, gemv, bwd512)\n", path_items[p]);
+            return 2;
+        }
     char *thread_items[MAX_LIST], *dtype_items[MAX_LIST], *shape_items[MAX_LIST];
     int n_threads = split(threads_arg, thread_items), n_dtypes = split(dtypes_arg, dtype_items);
     int n_shapes = split(shapes_arg, shape_items);
@@ -128,15 +156,17 @@ int main(int argc, char **argv) {
             return 1;
         }
         cart_blas_set_threads(atoi(thread_items[t]));
-        double blas = cart_probe_blas_gemm(1536, 3), own = cart_probe_engine_gemm(1536, 3, pool);
+        double blas = 0, own = 0;
+        if (listed(paths, "gemm512") || listed(paths, "gemm64") || listed(paths, "bwd512"))
+            blas = cart_probe_blas_gemm(1536, 3), own = cart_probe_engine_gemm(1536, 3, pool);
         peak_of[t] = (blas > own ? blas : own) * 1e-9;
         gbs_of[t] = cart_probe_read_bandwidth(512 << 20, 5, pool) * 1e-9;
         printf("%s threads: f32 GEMM peak %.0f GFLOP/s (OpenBLAS %.0f, engine %.0f), read %.1f GB/s\n",
                thread_items[t], peak_of[t], blas * 1e-9, own * 1e-9, gbs_of[t]);
         cart_pool_free(pool);
     }
-    printf("%-5s %-5s %3s | %-24s | %-24s | %-22s | %-18s\n", "layer", "dtype", "thr",
-           "gemm n=512 GF/s (peak)", "gemm n=64 GF/s (peak)", "gemv n=1 GB/s (read)",
+    printf("%-5s %-5s %3s | %-24s | %-24s | %-28s | %-18s\n", "layer", "dtype", "thr",
+           "gemm n=512 GF/s (peak)", "gemm n=64 GF/s (peak)", "gemv n=1 GB/s (read) Mrow/s",
            "bwd n=512 GF/s");
     for (int s = 0; s < n_shapes; s++) {
         const layer *l = NULL;
@@ -158,9 +188,14 @@ int main(int argc, char **argv) {
         for (int d = 0; d < n_dtypes; d++) {
             int32_t dtype = cart_dtype_from_name(dtype_items[d]);
             uint64_t rb;
-            if (dtype == CART_DTYPE_INVALID || cart_dtype_nbytes(&rb, dtype, cols) != 0) {
+            if (dtype == CART_DTYPE_INVALID) {
                 fprintf(stderr, "unknown dtype %s\n", dtype_items[d]);
                 return 2;
+            }
+            if (cart_dtype_nbytes(&rb, dtype, cols) != 0) {
+                printf("%-5s %-5s     | rows of %lld elements are not whole %s blocks\n", l->name,
+                       dtype_items[d], (long long)cols, dtype_items[d]);
+                continue;
             }
             uint8_t *data = malloc(rb * (uint64_t)rows);
             for (int64_t r = 0; r < rows; r++) {
@@ -197,19 +232,31 @@ int main(int argc, char **argv) {
                 const double peak = peak_of[t];
                 const double flop512 = 2.0 * 512 * (double)rows * (double)cols;
                 const double flop64 = 2.0 * 64 * (double)rows * (double)cols;
-                timing g512 = time_calls(y, rows, x, cols, w, 1, 512, pool, 0, seconds);
-                timing g64 = time_calls(y, rows, x, cols, w, 1, 64, pool, 0, seconds);
-                timing g1 = time_calls(y, rows, x, cols, w, n_copies, 1, pool, 0, seconds);
-                timing b512 = time_calls(x, cols, dy, rows, w, 1, 512, pool, 1, seconds);
-                printf("%-5s %-5s %3d | %5.0f/%5.0f (%3.0f%%)     | %5.0f/%5.0f (%3.0f%%)     | "
-                       "%5.1f/%5.1f (%3.0f%%)   | %5.0f/%5.0f (%3.0f%%)\n",
-                       l->name, dtype_items[d], threads, flop512 / g512.best * 1e-9,
-                       flop512 / g512.median * 1e-9, 100 * flop512 / g512.best * 1e-9 / peak,
-                       flop64 / g64.best * 1e-9, flop64 / g64.median * 1e-9,
-                       100 * flop64 / g64.best * 1e-9 / peak, (double)bytes / g1.best * 1e-9,
-                       (double)bytes / g1.median * 1e-9,
-                       100 * (double)bytes / g1.best * 1e-9 / gbs_of[t], flop512 / b512.best * 1e-9,
-                       flop512 / b512.median * 1e-9, 100 * flop512 / b512.best * 1e-9 / peak);
+                char c512[40] = "-", c64[40] = "-", cgemv[48] = "-", cbwd[40] = "-";
+                if (listed(paths, "gemm512")) {
+                    timing g = time_calls(y, rows, x, cols, w, 1, 512, pool, 0, seconds);
+                    snprintf(c512, sizeof c512, "%5.0f/%5.0f (%3.0f%%)", flop512 / g.best * 1e-9,
+                             flop512 / g.median * 1e-9, 100 * flop512 / g.best * 1e-9 / peak);
+                }
+                if (listed(paths, "gemm64")) {
+                    timing g = time_calls(y, rows, x, cols, w, 1, 64, pool, 0, seconds);
+                    snprintf(c64, sizeof c64, "%5.0f/%5.0f (%3.0f%%)", flop64 / g.best * 1e-9,
+                             flop64 / g.median * 1e-9, 100 * flop64 / g.best * 1e-9 / peak);
+                }
+                if (listed(paths, "gemv")) {
+                    timing g = time_calls(y, rows, x, cols, w, n_copies, 1, pool, 0, seconds);
+                    snprintf(cgemv, sizeof cgemv, "%5.1f/%5.1f (%3.0f%%) %5.1f",
+                             (double)bytes / g.best * 1e-9, (double)bytes / g.median * 1e-9,
+                             100 * (double)bytes / g.best * 1e-9 / gbs_of[t],
+                             (double)rows / g.best * 1e-6);
+                }
+                if (listed(paths, "bwd512")) {
+                    timing g = time_calls(x, cols, dy, rows, w, 1, 512, pool, 1, seconds);
+                    snprintf(cbwd, sizeof cbwd, "%5.0f/%5.0f (%3.0f%%)", flop512 / g.best * 1e-9,
+                             flop512 / g.median * 1e-9, 100 * flop512 / g.best * 1e-9 / peak);
+                }
+                printf("%-5s %-5s %3d | %-24s | %-24s | %-28s | %-18s\n", l->name, dtype_items[d],
+                       threads, c512, c64, cgemv, cbwd);
                 fflush(stdout);
                 cart_pool_free(pool);
             }

@@ -231,6 +231,99 @@ static void test_widened_weights_multiply_bit_for_bit_like_the_originals(void) {
     cart_weight_free_data(NULL);
 }
 
+/* Sets every f16 scale of a random-bytes weight (random_weight_raw's fields)
+ * to random finite f16 bits: subnormals, negatives, up to 65504. */
+static void wild_scales(uint8_t *data, int32_t dtype, int64_t rows, int64_t cols, uint64_t *seed) {
+    const scale_fields *sf = scales_of(dtype);
+    const uint64_t blocks = row_bytes_of(dtype, cols) * (uint64_t)rows / (uint64_t)sf->block_bytes;
+    for (uint64_t b = 0; b < blocks; b++)
+        for (int f = 0; f < 2; f++) {
+            if (sf->at[f] < 0) continue;
+            uint16_t h = (uint16_t)lcg_bits(seed);
+            if ((h & 0x7c00) == 0x7c00) h &= 0xbfff; /* no inf or NaN: clear an exponent bit */
+            memcpy(data + b * (uint64_t)sf->block_bytes + sf->at[f], &h, 2);
+        }
+}
+
+/* The GEMV path reads the common block types in registers
+ * (kernels/generic.h): the q8_0 / q4_0 / q4_1 / q5_0 / q5_1 families and
+ * q4_K / q5_K / q6_K. kernels.h's contract is that this gives the bits of
+ * dequantizing each row first (cart_to_f32) and multiplying the f32 values,
+ * which is what the widened copy takes through the same GEMV. Checked bit for
+ * bit on gemma-4-26B-A4B's expert widths (704, 2816), 1 to 16 tokens (every
+ * GEMV pass of every level, with partial row tiles: 37 rows), 1, 2 and 3
+ * threads, for quantized values, random bytes (every quant and sub-block
+ * scale) and random finite f16 scales (subnormal to 65504); and against a
+ * float64 reference with test_every_dtype's bound. */
+static void test_gemv_of_block_types_gives_the_dequantized_rows_bits(void) {
+    const int32_t dtypes[] = {CART_Q8_0, CART_Q4_0, CART_Q4_1, CART_Q5_0,
+                              CART_Q5_1, CART_Q4_K, CART_Q5_K, CART_Q6_K};
+    const int64_t ns[] = {1, 2, 3, 4, 5, 7, 8, 16}, rows = 37;
+    cart_pool *pools[3] = {NULL, NULL, NULL};
+    for (int p = 0; p < 3; p++) CHECK_OK(cart_pool_new(&pools[p], p + 1));
+    uint64_t seed = 704;
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
+        const int32_t dtype = dtypes[d];
+        const int64_t colset[] = {block_size_of(dtype) == 32 ? 704 : 256, 2816};
+        double bits = 0;
+        errstat ref = {0, 0};
+        for (int c = 0; c < 2; c++)
+            for (int kind = 0; kind < 3; kind++) { /* quantized, random bytes, wild scales */
+                const int64_t cols = colset[c];
+                float *wf;
+                uint8_t *data = random_weight_raw(dtype, rows, cols, &seed, &wf, kind > 0);
+                if (kind == 2) {
+                    wild_scales(data, dtype, rows, cols, &seed);
+                    CHECK_OK(cart_to_f32(wf, dtype, data, rows * cols));
+                }
+                cart_weight w, wide;
+                CHECK_OK(cart_weight_init(&w, dtype, data, rows, cols));
+                CHECK_OK(cart_weight_widen(&wide, &w, NULL));
+                const int64_t nmax = 16, ldx = cols + 3, ldy = rows + 2;
+                float *x = malloc(sizeof(float) * (size_t)(nmax * ldx));
+                float *want = malloc(sizeof(float) * (size_t)(nmax * ldy));
+                float *got = malloc(sizeof(float) * (size_t)(nmax * ldy));
+                for (int64_t i = 0; i < nmax * ldx; i++) x[i] = lcg_uniform(&seed);
+                for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+                    const int64_t n = ns[k];
+                    CHECK_OK(cart_matmul_forward_path(want, ldy, x, ldx, &wide, n, CART_MM_GEMV,
+                                                      pools[0]));
+                    for (int p = 0; p < 3; p++) {
+                        CHECK_OK(cart_matmul_forward_path(got, ldy, x, ldx, &w, n, CART_MM_GEMV,
+                                                          pools[p]));
+                        for (int64_t i = 0; i < n; i++)
+                            for (int64_t r = 0; r < rows; r++) {
+                                const float a = got[i * ldy + r], b = want[i * ldy + r];
+                                if (memcmp(&a, &b, 4) == 0) continue;
+                                double diff = fabs((double)a - (double)b);
+                                if (!(diff > 0)) diff = INFINITY; /* NaN, or -0 against +0 */
+                                if (diff > bits) bits = diff;
+                            }
+                    }
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t r = 0; r < rows; r++) {
+                            double acc = 0, mag = 0;
+                            for (int64_t j = 0; j < cols; j++) {
+                                const double t = (double)x[i * ldx + j] * wf[r * cols + j];
+                                acc += t, mag += fabs(t);
+                            }
+                            note_error(&ref, got[i * ldy + r], acc, mag, cols);
+                        }
+                }
+                cart_weight_free_data(&wide);
+                free(x), free(want), free(got), free(wf), free(data);
+            }
+        char what[160];
+        snprintf(what, sizeof what, "%-6s GEMV vs the dequantized rows' GEMV, bitwise",
+                 cart_dtype_name(dtype));
+        CHECK_MAXDIFF(what, bits, 0.0);
+        snprintf(what, sizeof what, "%-6s GEMV err / ((K+2) 2^-24 sum|xw|) [max rel err %.2g]",
+                 cart_dtype_name(dtype), ref.rel);
+        CHECK_MAXDIFF(what, ref.worst, 1.0);
+    }
+    for (int p = 0; p < 3; p++) cart_pool_free(pools[p]);
+}
+
 /* Within each of the two forward regimes a token's outputs do not depend on
  * the other tokens of the call: up to 16 tokens (GEMV) every token gives the
  * bits it gives alone, and from 17 tokens on (GEMM, every ISA level) the first
@@ -468,6 +561,7 @@ int main(void) {
     RUN(test_every_dtype_matches_a_double_reference_on_every_thread_count);
     RUN(test_activations_are_rounded_to_the_weight_type_first);
     RUN(test_widened_weights_multiply_bit_for_bit_like_the_originals);
+    RUN(test_gemv_of_block_types_gives_the_dequantized_rows_bits);
     RUN(test_forward_of_a_token_does_not_depend_on_its_batch);
     RUN(test_backward_matches_finite_differences_of_forward);
     RUN(test_empty_shapes_write_nothing_or_zeros);
