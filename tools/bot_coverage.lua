@@ -8,9 +8,7 @@
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
-local selfstudy = require("cartridge.selfstudy")
 local corpus_mod = require("cartridge.corpus")
-local chat = require("cartridge.chat")
 local facts = require("cartridge.facts")
 
 local opts = options.parse(arg, {
@@ -32,30 +30,11 @@ for _, k in ipairs({ "model", "corpus", "qa" }) do
     if not opts[k] then error("bot_coverage: --" .. k .. " is required (see --help)", 0) end
 end
 local m = cartridge.model.load(opts.model)
-local tok = m:tokenizer()
-local corpus = corpus_mod.load({ opts.corpus }, tok)
-local synth = selfstudy.synthesizer(m, tok, corpus, { chunk_min = opts.chunk_min, chunk_max = opts.chunk_max,
-    max_q = opts.max_q, max_a = opts.max_a, top_k = 20, seed = opts.seed, template = chat.for_model(m) })
-local qa = facts.read_qa(opts.qa)
-local answer_of = {}
-for _, e in ipairs(qa) do answer_of[e.question] = e.answer end
-local n, valid, right, distinct, seen = 0, 0, 0, 0, {}
-for s = 1, opts.groups do
-    local keys = {}
-    for i = 1, 16 do keys[i] = { s, i } end
-    for _, c in ipairs(synth:group(keys)) do
-        n = n + 1
-        local answer = tok:decode(c.answer)
-        if n <= opts.show then
-            print(("%3d Q: %s\n    A: %s"):format(n, c.question:gsub("\n", " "), answer:gsub("\n", " ")))
-        end
-        local want = answer_of[c.question]
-        if want then
-            valid = valid + 1
-            if not seen[c.question] then seen[c.question], distinct = true, distinct + 1 end
-            if facts.correct(answer, want) then right = right + 1 end
-        end
-    end
-end
+local corpus = corpus_mod.load({ opts.corpus }, m:tokenizer())
+local r = facts.bot_coverage(m, facts.read_qa(opts.qa), { corpus = corpus, chunk_min = opts.chunk_min,
+    chunk_max = opts.chunk_max, max_q = opts.max_q, max_a = opts.max_a, seed = opts.seed, groups = opts.groups,
+    show = opts.show > 0 and function(i, q, a)
+        if i <= opts.show then print(("%3d Q: %s\n    A: %s"):format(i, q:gsub("\n", " "), a:gsub("\n", " "))) end
+    end or nil })
 print(("%d conversations: %d ask one of the document's questions exactly (%d distinct of %d); bot B answered %d of those right")
-    :format(n, valid, distinct, #qa, right))
+    :format(r.n, r.valid, r.distinct, r.facts, r.right))

@@ -195,13 +195,21 @@ end
 -- { text, supervised } in order. The supervised pieces are the assistant's
 -- replies with the end of turn; a conversation's text is the concatenation.
 -- opts.path: the document's path in its header (default: an invented
--- docs/<word>.md).
+-- docs/<word>.md). opts.bot_a: the fraction of conversations that are bot
+-- A's (an excerpt, a seed instruction, a question); the rest are the whole
+-- document and excerpts 7 to 2. Without it, one in ten, drawn as the first
+-- readers were.
 function facts.conversation(g, d, T, opts)
     local selfstudy = require("cartridge.selfstudy")
     opts = opts or {}
     local path = opts.path or ("docs/" .. word(g, 2, 3):lower() .. ".md")
     local body = "\n\n# Document: " .. path .. "\n\n" .. d.text
-    local kind = g:below(10) -- 0-6: the whole document; 7-8: an excerpt; 9: bot A
+    local kind -- 0-6: the whole document; 7-8: an excerpt; 9: bot A
+    if opts.bot_a then
+        kind = g:below(1000) < opts.bot_a * 1000 and 9 or g:below(9)
+    else
+        kind = g:below(10)
+    end
     local pieces = {}
     local function reply(text) pieces[#pieces + 1] = { text = text .. T.close, supervised = true } end
     local function ask(q) pieces[#pieces + 1] = { text = T.user_open .. q .. T.close .. T.opener(false) } end
@@ -284,6 +292,41 @@ function facts.accuracy(m, qa, opts)
         rows = r.rows + r.prompt_tokens - r.question_tokens
     end
     return right, #qa, rows
+end
+
+-- How well self-study's bots cover a fact document: synthesizes `groups`
+-- groups of 16 conversations as selfstudy.lua does (opts: chunk_min,
+-- chunk_max, max_q, max_a, seed, and corpus, a cartridge.corpus of the
+-- document) and counts those whose question is exactly one of qa's, the
+-- distinct facts those ask, and how many bot B answered right. opts.show(i,
+-- question, answer) sees each conversation. Returns a table { n, valid,
+-- distinct, right, facts }.
+function facts.bot_coverage(m, qa, opts)
+    local selfstudy = require("cartridge.selfstudy")
+    local tok = m:tokenizer()
+    local synth = selfstudy.synthesizer(m, tok, opts.corpus, { chunk_min = opts.chunk_min or 82,
+        chunk_max = opts.chunk_max or 163, max_q = opts.max_q or 32, max_a = opts.max_a or 32, top_k = 20,
+        seed = opts.seed or 42, template = require("cartridge.chat").for_model(m) })
+    local answer_of = {}
+    for _, e in ipairs(qa) do answer_of[e.question] = e.answer end
+    local r = { n = 0, valid = 0, distinct = 0, right = 0, facts = #qa }
+    local seen = {}
+    for s = 1, opts.groups or 8 do
+        local keys = {}
+        for i = 1, 16 do keys[i] = { s, i } end
+        for _, c in ipairs(synth:group(keys)) do
+            r.n = r.n + 1
+            local answer = tok:decode(c.answer)
+            if opts.show then opts.show(r.n, c.question, answer) end
+            local want = answer_of[c.question]
+            if want then
+                r.valid = r.valid + 1
+                if not seen[c.question] then seen[c.question], r.distinct = true, r.distinct + 1 end
+                if facts.correct(answer, want) then r.right = r.right + 1 end
+            end
+        end
+    end
+    return r
 end
 
 return facts
