@@ -312,12 +312,18 @@ end
 -- fewer relations, about five facts each as in a 40-fact document, so that
 -- its questions need the person's name there too.
 
+-- Held-out document k: the document and its text as the corpus shows it.
+local function heldout(k)
+    local d = facts.document(1000 + k, opts.eval_facts, { relations = math.min(8, math.ceil(opts.eval_facts / 5)) })
+    local path = "heldout/doc" .. k .. ".md"
+    return d, path, "\n\n# Document: " .. path .. "\n\n" .. d.text
+end
+
 local function evaluate(n_docs)
     local icl, bare, n, chance = 0, 0, 0, 0
     for k = 1, n_docs do
-        local d = facts.document(1000 + k, opts.eval_facts, { relations = math.min(8, math.ceil(opts.eval_facts / 5)) })
+        local d, _, system = heldout(k)
         chance = chance + facts.chance(d) * #d.facts
-        local system = "\n\n# Document: heldout/doc" .. k .. ".md\n\n" .. d.text
         icl = icl + facts.accuracy(m, d.facts, { system = system, max_a = 16 })
         bare = bare + facts.accuracy(m, d.facts, { max_a = 16 })
         n = n + #d.facts
@@ -399,9 +405,8 @@ if opts.eval > 0 then
     local docs = math.min(opts.eval, 4)
     local cov = { n = 0, valid = 0, distinct = 0, right = 0, facts = 0 }
     for k = 1, docs do
-        local d = facts.document(1000 + k, opts.eval_facts, { relations = math.min(8, math.ceil(opts.eval_facts / 5)) })
-        local path = "heldout/doc" .. k .. ".md"
-        local corpus = require("cartridge.corpus").document(path, "\n\n# Document: " .. path .. "\n\n" .. d.text, tok)
+        local d, path, text = heldout(k)
+        local corpus = require("cartridge.corpus").document(path, text, tok)
         local quarter = math.floor(corpus.n_tokens / 4)
         local r = facts.bot_coverage(m, d.facts, { corpus = corpus, chunk_min = quarter, chunk_max = 2 * quarter,
             groups = 4 })
