@@ -197,7 +197,7 @@ local function train()
         synths[i] = synths[i] or selfstudy.synthesizer(m, tok, docs[i].corpus, {
             chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, max_q = opts.max_q, max_a = opts.max_a,
             top_k = opts.top_k, seed = opts.seed, template = template, teacher_pass = opts.teacher_pass, trainer = tr,
-            spec_b = opts.spec_b })
+            spec_b = opts.spec_b, seeds = opts.seeds, turns = opts.turns })
         return synths[i]
     end
 

@@ -66,6 +66,7 @@ local opts = options.parse(arg, {
         { "lookup-steps", type = "int", help = "first train this many steps on keyed lists (key, filler, value), the lookup that reading needs, before the documents (default: the preset's, else 0)" },
         { "lookup-mix", type = "number", help = "after --lookup-steps, this fraction of the conversations stays keyed lists (default: the preset's, else 0)" },
         { "bot-a-mix", type = "number", help = "the fraction of document conversations that teach bot A's part: an excerpt and a seed instruction, answered with a question about one of its facts (default: one in ten)" },
+        { "focus-mix", type = "number", help = "of bot A's conversations, the fraction whose instruction quotes one sentence of the excerpt (self-study's focus seed) (default: the preset's, else none)" },
         { "seed", type = "int", default = 1, help = "initialization and data" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
         { "save-every", type = "int", default = 100, help = "write the training state every N steps (0: never)" },
@@ -95,12 +96,16 @@ schedule("curriculum", 0.4)
 schedule("lookup_steps", 0)
 schedule("lookup_mix", 0)
 schedule("bot_a_mix", nil)
+schedule("focus_mix", nil)
 if steps < 1 or batch < 1 then fail("--steps and --batch must be at least 1") end
 if opts.min_facts < 1 or opts.min_facts > opts.max_facts then fail("need 1 <= --min-facts <= --max-facts") end
 if opts.lookup_steps < 0 then fail("--lookup-steps must be at least 0") end
 if opts.lookup_mix < 0 or opts.lookup_mix > 1 then fail("--lookup-mix is a fraction: give a number in 0..1") end
 if opts.bot_a_mix and (opts.bot_a_mix < 0 or opts.bot_a_mix > 1) then
     fail("--bot-a-mix is a fraction: give a number in 0..1")
+end
+if opts.focus_mix and (opts.focus_mix < 0 or opts.focus_mix > 1) then
+    fail("--focus-mix is a fraction: give a number in 0..1")
 end
 local state_path = out:gsub("%.gguf$", "") .. ".state.safetensors"
 local metrics_path = out:gsub("%.gguf$", "") .. ".metrics.jsonl"
@@ -288,7 +293,7 @@ local function conversation(step, i)
     local n = g:int(opts.min_facts, facts_at(step))
     local d = facts.document(g:below(1000), n, { relations = g:int(1, math.min(8, n)) })
     local seq, spans = ids.new(), {}
-    for k, piece in ipairs(facts.conversation(g, d, T, { bot_a = opts.bot_a_mix })) do
+    for k, piece in ipairs(facts.conversation(g, d, T, { bot_a = opts.bot_a_mix, focus = opts.focus_mix })) do
         local from = #seq
         tok:encode_ids(piece.text, { special = true, add_special = k == 1 }, seq)
         if piece.supervised then spans[#spans + 1] = { from, #seq } end
@@ -403,18 +408,20 @@ if opts.eval > 0 then
     -- the document); a question counts when it is exactly one of the
     -- document's, the only questions whose answers a cartridge is scored on
     local docs = math.min(opts.eval, 4)
-    local cov = { n = 0, valid = 0, distinct = 0, right = 0, facts = 0 }
-    for k = 1, docs do
-        local d, path, text = heldout(k)
-        local corpus = require("cartridge.corpus").document(path, text, tok)
-        local quarter = math.floor(corpus.n_tokens / 4)
-        local r = facts.bot_coverage(m, d.facts, { corpus = corpus, chunk_min = quarter, chunk_max = 2 * quarter,
-            groups = 4 })
-        for key, v in pairs(r) do cov[key] = cov[key] + v end
+    for _, seeds in ipairs({ { name = "the seven seed instructions" }, { name = "the focus instruction", list = "focus" } }) do
+        local cov = { n = 0, valid = 0, distinct = 0, right = 0, facts = 0 }
+        for k = 1, docs do
+            local d, path, text = heldout(k)
+            local corpus = require("cartridge.corpus").document(path, text, tok)
+            local quarter = math.floor(corpus.n_tokens / 4)
+            local r = facts.bot_coverage(m, d.facts, { corpus = corpus, chunk_min = quarter, chunk_max = 2 * quarter,
+                groups = 4, seeds = seeds.list })
+            for key, v in pairs(r) do cov[key] = cov[key] + v end
+        end
+        print(("self-study on %d of them (%d conversations, %s): %d questions ask one of the document's facts "
+            .. "exactly (%d distinct of %d), bot B answered %d of those right"):format(docs, cov.n, seeds.name,
+            cov.valid, cov.distinct, cov.facts, cov.right))
+        record({ event = "bot_coverage", seeds = seeds.list or "default", step = steps, conversations = cov.n,
+            valid = cov.valid, distinct = cov.distinct, facts = cov.facts, right = cov.right })
     end
-    print(("self-study on %d of them (%d conversations): %d questions ask one of the document's facts exactly "
-        .. "(%d distinct of %d), bot B answered %d of those right"):format(docs, cov.n, cov.valid, cov.distinct,
-        cov.facts, cov.right))
-    record({ event = "bot_coverage", step = steps, conversations = cov.n, valid = cov.valid, distinct = cov.distinct,
-        facts = cov.facts, right = cov.right })
 end

@@ -88,7 +88,8 @@ local rows = {} -- per conversation, for --json
 local t0 = C.cart_now_seconds()
 for i, d in ipairs(docs) do
     local synth = selfstudy.synthesizer(m, tok, d.corpus, { chunk_min = opts.chunk_min, chunk_max = opts.chunk_max,
-        max_q = opts.max_q, max_a = opts.max_a, top_k = opts.top_k, seed = opts.seed, template = template })
+        max_q = opts.max_q, max_a = opts.max_a, top_k = opts.top_k, seed = opts.seed, template = template,
+        seeds = opts.seeds, turns = opts.turns })
     local keys = {}
     for j = 1, opts.heldout do keys[j] = { 0, j } end
     local convos = synth:group(keys)

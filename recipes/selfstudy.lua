@@ -129,7 +129,7 @@ local training = {
     lr = opts.lr, chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, top_k = opts.top_k,
     max_q = opts.max_q, max_a = opts.max_a, seed = opts.seed, gen_batch = gen_batch,
     checkpoint = opts.checkpoint or false, resumed_from = opts.resume,
-    teacher_pass = opts.teacher_pass or false, spec_b = opts.spec_b or false,
+    teacher_pass = opts.teacher_pass or false, spec_b = opts.spec_b or false, seeds = opts.seeds, turns = opts.turns,
 }
 -- fingerprints: ranks that read another model, corpus or flags stop here,
 -- before any work (the model's path may differ between hosts, its content
@@ -216,7 +216,7 @@ local opt = cartridge.adam.new(c, { lr = opts.lr })
 local synth = selfstudy.synthesizer(m, tok, corpus, {
     chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, max_q = opts.max_q, max_a = opts.max_a,
     top_k = opts.top_k, seed = opts.seed, template = template, teacher_pass = opts.teacher_pass, trainer = tr,
-    spec_b = opts.spec_b,
+    spec_b = opts.spec_b, seeds = opts.seeds, turns = opts.turns,
 })
 local stepper = selfstudy.stepper(tr, c, opts.accum, dist)
 local first, last = selfstudy.share(opts.accum, dist.rank, dist.size) -- this rank's conversations of each step

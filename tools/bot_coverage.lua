@@ -1,6 +1,6 @@
 -- bot_coverage.lua: how well self-study's bots cover a fact document.
 -- Synthesizes conversations as selfstudy.lua would (same chunking, same
--- seeds) and counts those whose question is exactly one of qa.jsonl's, how
+-- seeds) and counts the questions that are exactly one of qa.jsonl's, how
 -- many distinct facts those ask about, and how many bot B answered right.
 --
 --   build/cartridge run tools/bot_coverage.lua --model models/reader.gguf \
@@ -23,6 +23,8 @@ local opts = options.parse(arg, {
         { "max-a", type = "int", default = 32, help = "bot B's budget, tokens" },
         { "groups", type = "int", default = 8, help = "groups of 16 conversations (steps 1..N)" },
         { "seed", type = "int", default = 42, help = "selfstudy.lua's --seed" },
+        { "seeds", help = "selfstudy.lua's --seeds (default: the seven)" },
+        { "turns", type = "int", default = 1, help = "selfstudy.lua's --turns (each turn's question counts)" },
         { "show", type = "int", default = 0, help = "print the first N conversations" },
     },
 })
@@ -33,8 +35,9 @@ local m = cartridge.model.load(opts.model)
 local corpus = corpus_mod.load({ opts.corpus }, m:tokenizer())
 local r = facts.bot_coverage(m, facts.read_qa(opts.qa), { corpus = corpus, chunk_min = opts.chunk_min,
     chunk_max = opts.chunk_max, max_q = opts.max_q, max_a = opts.max_a, seed = opts.seed, groups = opts.groups,
+    seeds = opts.seeds, turns = opts.turns,
     show = opts.show > 0 and function(i, q, a)
         if i <= opts.show then print(("%3d Q: %s\n    A: %s"):format(i, q:gsub("\n", " "), a:gsub("\n", " "))) end
     end or nil })
-print(("%d conversations: %d ask one of the document's questions exactly (%d distinct of %d); bot B answered %d of those right")
+print(("%d questions: %d ask one of the document's questions exactly (%d distinct of %d); bot B answered %d of those right")
     :format(r.n, r.valid, r.distinct, r.facts, r.right))

@@ -199,6 +199,9 @@ end
 -- A's (an excerpt, a seed instruction, a question); the rest are the whole
 -- document and excerpts 7 to 2. Without it, one in ten, drawn as the first
 -- readers were.
+-- opts.focus: the fraction of bot A's conversations whose instruction is
+-- self-study's focus instruction, quoting one complete sentence of the
+-- excerpt (nil: none, drawn as before).
 function facts.conversation(g, d, T, opts)
     local selfstudy = require("cartridge.selfstudy")
     opts = opts or {}
@@ -229,6 +232,13 @@ function facts.conversation(g, d, T, opts)
         if #pool == 0 then return facts.conversation(g, d, T, opts) end
         pieces[1] = { text = selfstudy.system_block(T, selfstudy.chunk_text(path, excerpt)) }
         if kind == 9 then -- bot A: a seed instruction, answered with a question about the excerpt
+            if opts.focus and g:below(1000) < opts.focus * 1000 then
+                -- the focus instruction quotes one of the excerpt's sentences;
+                -- the question is that sentence's
+                ask(selfstudy.focus_text(pool[1].sentence))
+                reply(pool[1].question)
+                return pieces
+            end
             ask(selfstudy.SEEDS[g:below(#selfstudy.SEEDS) + 1].text)
             reply(pool[1].question)
             return pieces
@@ -306,7 +316,8 @@ function facts.bot_coverage(m, qa, opts)
     local tok = m:tokenizer()
     local synth = selfstudy.synthesizer(m, tok, opts.corpus, { chunk_min = opts.chunk_min or 82,
         chunk_max = opts.chunk_max or 163, max_q = opts.max_q or 32, max_a = opts.max_a or 32, top_k = 20,
-        seed = opts.seed or 42, template = require("cartridge.chat").for_model(m) })
+        seed = opts.seed or 42, template = require("cartridge.chat").for_model(m), seeds = opts.seeds,
+        turns = opts.turns })
     local answer_of = {}
     for _, e in ipairs(qa) do answer_of[e.question] = e.answer end
     local r = { n = 0, valid = 0, distinct = 0, right = 0, facts = #qa }
@@ -315,14 +326,16 @@ function facts.bot_coverage(m, qa, opts)
         local keys = {}
         for i = 1, 16 do keys[i] = { s, i } end
         for _, c in ipairs(synth:group(keys)) do
-            r.n = r.n + 1
-            local answer = tok:decode(c.answer)
-            if opts.show then opts.show(r.n, c.question, answer) end
-            local want = answer_of[c.question]
-            if want then
-                r.valid = r.valid + 1
-                if not seen[c.question] then seen[c.question], r.distinct = true, r.distinct + 1 end
-                if facts.correct(answer, want) then r.right = r.right + 1 end
+            for _, turn in ipairs(c.turns) do
+                r.n = r.n + 1
+                local answer = tok:decode(turn.answer)
+                if opts.show then opts.show(r.n, turn.question, answer) end
+                local want = answer_of[turn.question]
+                if want then
+                    r.valid = r.valid + 1
+                    if not seen[turn.question] then seen[turn.question], r.distinct = true, r.distinct + 1 end
+                    if facts.correct(answer, want) then r.right = r.right + 1 end
+                end
             end
         end
     end

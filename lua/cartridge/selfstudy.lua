@@ -43,6 +43,8 @@ local FLAGS = {
     { "max-q", type = "int", default = 64, help = "bot A's message budget, tokens" },
     { "max-a", type = "int", default = 192, help = "bot B's answer budget, tokens (and the serve budget)" },
     { "seed", type = "int", default = 42, help = "seeds chunks, seed prompts and bot A's sampling" },
+    { "seeds", help = "bot A's seed instructions, a comma-separated list of: structuring, summarization, question, use_case, creative, mechanism, verbatim (the seven, the default), focus (a question about one quoted sentence of the chunk)" },
+    { "turns", type = "int", default = 1, help = "question/answer exchanges per conversation: bot B answers bot A's messages in turn, each seeing the earlier ones" },
     { "spec-b", type = "boolean", help = "bot B decodes speculatively, drafting from its own chunk" },
     { "checkpoint", type = "boolean", help = "recompute each layer in the backward (less memory, bit-identical results)" },
     { "teacher-pass", type = "boolean", help = "score B's answers with a separate packed teacher pass instead of reusing B's logits" },
@@ -68,6 +70,9 @@ function selfstudy.check_flags(opts, fail)
             opts.chunk_max))
     end
     if opts.top_k < 1 or opts.max_q < 1 or opts.max_a < 1 then fail("--top-k, --max-q and --max-a must be at least 1") end
+    if opts.turns < 1 or opts.turns > 64 then fail(("--turns %d: give 1..64 exchanges per conversation"):format(opts.turns)) end
+    local ok, why = pcall(selfstudy.seed_kinds, opts.seeds)
+    if not ok then fail(why) end
 end
 
 -- The system message a chunk (or the whole corpus, for the cartridge's
@@ -127,6 +132,53 @@ selfstudy.SEEDS = {
         .. "definition or numeric value of something in the information above, to be answered exactly as "
         .. "it is written there. Include identifying details. Reply with the question only." },
 }
+
+-- The focus instruction: one question about one sentence of the chunk,
+-- quoted. The recipe picks the sentence at random (Synth:draw), so the
+-- questions spread over the chunk as evenly as its sentences do -- what a
+-- large model's sampling gives by itself, and a small one's does not.
+selfstudy.FOCUS = { name = "focus", focus = true }
+function selfstudy.focus_text(sentence)
+    return 'Write one question that this sentence of the information above answers: "' .. sentence
+        .. '" Include who or what it is about. Reply with the question only.'
+end
+
+-- The seed instructions a comma-separated list names (nil: the seven of
+-- selfstudy.SEEDS), as a list of SEEDS entries and selfstudy.FOCUS.
+function selfstudy.seed_kinds(list)
+    if list == nil then return selfstudy.SEEDS end
+    local by_name, names = { focus = selfstudy.FOCUS }, {}
+    for _, e in ipairs(selfstudy.SEEDS) do by_name[e.name], names[#names + 1] = e, e.name end
+    names[#names + 1] = "focus"
+    local out = {}
+    for name in (list .. ","):gmatch("([^,]*),") do
+        name = name:gsub("^%s+", ""):gsub("%s+$", "")
+        local e = by_name[name]
+        if not e then
+            error(("--seeds: unknown seed instruction '%s'; choose from %s"):format(name, table.concat(names, ", ")), 0)
+        end
+        out[#out + 1] = e
+    end
+    return out
+end
+
+-- The complete sentences of a chunk's text, in order: runs that end in . ! or
+-- ? before a space or the end, never across a line break, trimmed, with 2 to
+-- 80 words. The run the text opens with counts only when at_start says the
+-- chunk begins at a sentence boundary (else it is the tail of a cut one).
+function selfstudy.sentences(text, at_start)
+    local out, boundary = {}, at_start and 1 or nil -- where a sentence may begin
+    for from, piece, to in text:gmatch("()([^%.!%?\n]*[%.!%?])()") do
+        local next_char = text:sub(to, to)
+        local ends = next_char == "" or next_char:match("%s") ~= nil
+        local complete = ends and (from == boundary or (from > 1 and text:sub(from - 1, from - 1) == "\n"))
+        boundary = ends and to or nil
+        piece = piece:gsub("^%s+", "")
+        local _, words = piece:gsub("%S+", "")
+        if complete and words >= 2 and words <= 80 then out[#out + 1] = piece end
+    end
+    return out
+end
 
 -- Generation-level question cleanup: trim, drop a leading think block.
 function selfstudy.clean(text)
@@ -190,24 +242,34 @@ Synth.__index = Synth
 -- opts: chunk_min, chunk_max, max_q, max_a, top_k, seed (each
 -- conversation's draws come from (seed, step, index) alone: see
 -- Synth:group), teacher_pass (bool), trainer (for teacher_pass), template
--- (chat template), spec_b (bool).
+-- (chat template), spec_b (bool), seeds (a --seeds list; nil: the seven),
+-- turns (exchanges per conversation, default 1).
 function selfstudy.synthesizer(m, tok, corpus, opts)
     local self = setmetatable({ m = m, tok = tok, corpus = corpus, o = opts }, Synth)
     self.template = opts.template or chat.for_model(m)
     self.stop_id = self.template.stop and tok:find(self.template.stop) or nil
     self.stats = { empty_questions = 0, stopped = 0, conversations = 0,
         time = { a = 0, b = 0, teacher = 0 } }
+    self.kinds = selfstudy.seed_kinds(opts.seeds)
+    self.turns = opts.turns or 1
+    for _, k in ipairs(self.kinds) do self.focus = self.focus or k.focus end
     -- the constant pieces of every prompt, encoded once: the system block
-    -- around a chunk, and bot A's turn for each seed instruction
+    -- around a chunk, and bot A's turn for each fixed seed instruction
     local T = self.template
     local head, tail = selfstudy.system_parts(T)
     self.sys_head, self.sys_tail = head, tok:encode_ids(tail, { special = true })
     if tok.adds_eos and tok.eos then self.sys_tail:push(tok.eos) end
     self.bos = tok.adds_bos and tok.bos or nil
     self.a_turns = {}
-    for i, seed in ipairs(selfstudy.SEEDS) do
-        self.a_turns[i] = tok:encode_ids(T.user_open .. seed.text .. T.close .. T.opener(false), { special = true })
+    for i, seed in ipairs(self.kinds) do
+        if seed.text then
+            self.a_turns[i] = tok:encode_ids(T.user_open .. seed.text .. T.close .. T.opener(false), { special = true })
+        end
     end
+    -- what closes an assistant turn after its stop token (chatml's newline),
+    -- and the whole close when the turn ended without one
+    self.after_stop = T.close
+    if T.stop and T.close:sub(1, #T.stop) == T.stop then self.after_stop = T.close:sub(#T.stop + 1) end
     return self
 end
 
@@ -224,15 +286,52 @@ end
 
 -- The random draws of one conversation from its own generator r, in the
 -- order they are made: chunk length, chunk start, seed instruction, bot A's
--- sampling seed.
+-- sampling seed; with a focus instruction among --seeds, the sentence's
+-- draw; then the same three for each further turn. A run of one turn
+-- without focus draws what it always did.
 function Synth:draw(r)
     local n = self.corpus.n_tokens
     local cmax = math.min(self.o.chunk_max, n)
     local len = r:int(math.min(self.o.chunk_min, cmax), cmax)
     local start = r:int(0, n - len)
-    local seed = r:below(#selfstudy.SEEDS) + 1
-    local a_seed = r:u64()
-    return { chunk_start = start, chunk_len = len, seed = seed, a_seed = a_seed }
+    local turns = {}
+    for t = 1, self.turns do
+        local seed = r:below(#self.kinds) + 1
+        local a_seed = r:u64()
+        turns[t] = { seed = seed, a_seed = a_seed, pick = self.focus and r:u64() or nil }
+    end
+    return { chunk_start = start, chunk_len = len, seed = turns[1].seed, a_seed = turns[1].a_seed, turns = turns }
+end
+
+-- The complete sentences of conversation c's chunk (cached on c).
+function Synth:chunk_sentences(c)
+    if c.sentences then return c.sentences end
+    local body = ids_mod.new(c.chunk_len):extend(self.corpus.ids.data + c.chunk_start, c.chunk_len)
+    local at_start = c.chunk_start == 0
+    if not at_start then
+        local before = self.tok:decode(ids_mod.from({ self.corpus.ids.data[c.chunk_start - 1] }), { special = true })
+        at_start = before:match("[%.!%?]%s*$") ~= nil or before:match("\n%s*$") ~= nil
+    end
+    c.sentences = selfstudy.sentences(self.tok:decode(body, { special = true }), at_start)
+    return c.sentences
+end
+
+-- Bot A's user turn for turn tt of conversation c, as ids, and the seed's
+-- name. A focus instruction quotes the drawn sentence; a chunk with no
+-- complete sentence gets the question instruction instead.
+function Synth:a_turn(c, tt)
+    local kind = self.kinds[tt.seed]
+    if not kind.focus then return self.a_turns[tt.seed], kind.name, kind.text end
+    local sentences = self:chunk_sentences(c)
+    local T = self.template
+    if #sentences == 0 then
+        local q = selfstudy.SEEDS[3]
+        return self.tok:encode_ids(T.user_open .. q.text .. T.close .. T.opener(false), { special = true }), q.name, q.text
+    end
+    local sentence = sentences[tonumber(tt.pick % #sentences) + 1]
+    tt.sentence = sentence
+    local text = selfstudy.focus_text(sentence)
+    return self.tok:encode_ids(T.user_open .. text .. T.close .. T.opener(false), { special = true }), "focus", text
 end
 
 -- Decodes generated ids for a stream.
@@ -291,7 +390,16 @@ local function now() return C.cart_now_seconds() end
 -- chunk_start, chunk_len, path, sys_ids, prefix, answer, student
 -- (cartridge.ids sequences), first_answer, answer_len, stopped, empty
 -- (bot A wrote no usable question), targets (a trainer.targets list held in
--- C: entries { position in student, token, logprob }) }.
+-- C: entries { position in student, token, logprob }), spans (the
+-- supervised runs of student, { first, length } per turn), turns (per turn:
+-- question, seed_name, answer, stopped, empty, sentence for focus) }.
+-- question, prefix, answer and stopped are the first turn's; answer_len
+-- counts every turn's supervised tokens.
+--
+-- With --turns K > 1 bot A writes K messages about the same chunk, each
+-- from its own seed instruction and sampling seed, and bot B answers them in
+-- order in one conversation: turn t's answer sees the chunk and turns 1..t-1.
+-- The student is the whole exchange, every answer supervised.
 function Synth:group(keys)
     local o, tok, m, T = self.o, self.tok, self.m, self.template
     if type(keys) == "number" then
@@ -299,6 +407,7 @@ function Synth:group(keys)
         keys = {}
         for i = 1, n do keys[i] = { 0, i } end
     end
+    local K = self.turns
     local convos = {}
     local rng = setmetatable({ r = ffi.new("cart_rng") }, Rng)
     for i, key in ipairs(keys) do -- all draws before any generation
@@ -307,89 +416,144 @@ function Synth:group(keys)
         convos[i].step, convos[i].index = key[1], key[2]
     end
     local streams_a = {}
-    for i, c in ipairs(convos) do
+    for _, c in ipairs(convos) do
         c.path = self.corpus:file_of(c.chunk_start)
-        c.seed_name = selfstudy.SEEDS[c.seed].name
         c.sys_ids = self:chunk_block(c)
-        local a_turn = self.a_turns[c.seed]
-        -- room for bot A, and usually for bot B too (its turn is the question
-        -- plus a few template tokens); B grows the cache when it is not
-        local cap = #c.sys_ids + math.max(#a_turn + o.max_q, o.max_q + 128 + o.max_a) + 16
-        c.kv = m:new_kv(cap, "f16")
-        streams_a[i] = { kv = c.kv, ids = concat(c.sys_ids, a_turn), max = o.max_q,
-            -- temperature 0.6 over the 256 most likely tokens (the reference's
-            -- window; the rest of a 150k vocabulary carries no mass at 0.6, and
-            -- sorting all of it per token would cost more than the forward)
-            sampler = sampler_mod.new({ temperature = 0.6, top_k = 256, seed = c.a_seed }) }
+        for _, tt in ipairs(c.turns) do tt.a_ids, tt.seed_name, tt.seed_text = self:a_turn(c, tt) end
+        c.seed_name = c.turns[1].seed_name
+    end
+    if K == 1 then
+        for i, c in ipairs(convos) do
+            local a_turn = c.turns[1].a_ids
+            -- room for bot A, and usually for bot B too (its turn is the question
+            -- plus a few template tokens); B grows the cache when it is not
+            local cap = #c.sys_ids + math.max(#a_turn + o.max_q, o.max_q + 128 + o.max_a) + 16
+            c.kv = m:new_kv(cap, "f16")
+            streams_a[i] = { kv = c.kv, ids = concat(c.sys_ids, a_turn), max = o.max_q, turn = c.turns[1] }
+        end
+    else
+        -- the system block once per conversation, copied into each turn's cache
+        local kvs, sys = {}, {}
+        for i, c in ipairs(convos) do
+            c.kv = m:new_kv(#c.sys_ids + K * (o.max_q + 128 + o.max_a) + 16, "f16")
+            kvs[i], sys[i] = c.kv, c.sys_ids
+        end
+        m:forward_batch(kvs, sys, "none")
+        for _, c in ipairs(convos) do
+            for _, tt in ipairs(c.turns) do
+                local kv = m:new_kv(#c.sys_ids + #tt.a_ids + o.max_q + 1, "f16")
+                kv:copy_from(c.kv, #c.sys_ids)
+                streams_a[#streams_a + 1] = { kv = kv, ids = tt.a_ids, max = o.max_q, turn = tt, own_kv = true }
+            end
+        end
+    end
+    for _, st in ipairs(streams_a) do
+        -- temperature 0.6 over the 256 most likely tokens (the reference's
+        -- window; the rest of a 150k vocabulary carries no mass at 0.6, and
+        -- sorting all of it per token would cost more than the forward)
+        st.sampler = sampler_mod.new({ temperature = 0.6, top_k = 256, seed = st.turn.a_seed })
     end
     -- bot A: the questions
     local t0 = now()
     self:generate(streams_a)
-    for i, c in ipairs(convos) do
-        c.question = selfstudy.clean(decode(tok, streams_a[i].out))
-        streams_a[i].sampler:free()
-        if c.question == "" then
+    for _, st in ipairs(streams_a) do
+        local tt = st.turn
+        tt.question = selfstudy.clean(decode(tok, st.out))
+        st.sampler:free()
+        if st.own_kv then st.kv:free() end
+        if tt.question == "" then
             -- the model wrote nothing usable (a random-weight model often
             -- does): fall back to the seed instruction's own wording as the
             -- user message, so the conversation still asks about the chunk
             self.stats.empty_questions = self.stats.empty_questions + 1
-            c.question = selfstudy.SEEDS[c.seed].text
-            c.empty = true
+            tt.question = tt.seed_text
+            tt.empty = true
         end
     end
+    for _, c in ipairs(convos) do c.question, c.empty = c.turns[1].question, c.turns[1].empty end
     local t1 = now()
-    -- bot B: the answers, behind the same system block rows; each scored row
-    -- appends its teacher entries to the conversation's C-side target list
-    local streams_b = {}
-    for i, c in ipairs(convos) do
+    -- bot B: the answers, behind the same system block rows, turn by turn;
+    -- each scored row appends its teacher entries to the conversation's
+    -- C-side target list at its place in the student sequence
+    for _, c in ipairs(convos) do
         c.kv:truncate(#c.sys_ids)
-        c.prefix = tok:encode_ids(T.user_open .. c.question .. T.close .. T.opener(false), { special = true })
-        local targets = trainer_mod.targets()
-        c.targets = targets
-        streams_b[i] = { kv = c.kv, ids = c.prefix, max = o.max_a, rows = 0, last_start = 0,
-            on_row = function(st, l)
-                st.last_start = targets:count()
-                targets:append_topk(#st.ids + st.rows, l, m.n_vocab, o.top_k, 0.99)
-                st.rows = st.rows + 1
-            end }
-        local need = #c.sys_ids + #c.prefix + o.max_a + 1
-        if need > c.kv:capacity() then
-            local kv = m:new_kv(need, "f16")
-            kv:copy_from(c.kv, #c.sys_ids)
-            c.kv:free()
-            c.kv = kv
-            streams_b[i].kv = kv
-        end
+        c.targets = trainer_mod.targets()
+        c.student, c.spans, c.answer_len = ids_mod.new(), {}, 0
     end
-    if o.spec_b then
-        -- each stream drafts from its own prompt, where the chunk is
-        local speculative = require("cartridge.speculative")
+    for t = 1, K do
+        local streams_b = {}
         for i, c in ipairs(convos) do
-            streams_b[i].drafter = speculative.new(concat(c.sys_ids, c.prefix))
+            local tt = c.turns[t]
+            -- what goes into the cache now: the last answer and its close
+            -- (its rows are dropped after each turn and fed again here), then
+            -- this turn's user message and the assistant's opener
+            local feed = ids_mod.new()
+            local text = T.user_open .. tt.question .. T.close .. T.opener(false)
+            if t > 1 then
+                local last = c.turns[t - 1]
+                feed:extend(last.answer)
+                if last.stopped then feed:push(self.stop_id) end
+                text = (last.stopped and self.after_stop or T.close) .. text
+            end
+            tok:encode_ids(text, { special = true }, feed)
+            if t == 1 then c.prefix = feed end
+            local base = #c.student + #feed -- the student position of the answer's first token
+            local targets = c.targets
+            streams_b[i] = { kv = c.kv, ids = feed, max = o.max_a, rows = 0, last_start = 0, base = base,
+                on_row = function(st, l)
+                    st.last_start = targets:count()
+                    targets:append_topk(st.base + st.rows, l, m.n_vocab, o.top_k, 0.99)
+                    st.rows = st.rows + 1
+                end }
+            local need = #c.sys_ids + #c.student + #feed + o.max_a + 1
+            if need > c.kv:capacity() then
+                local kv = m:new_kv(need + (K - t) * (o.max_q + 128 + o.max_a), "f16")
+                kv:copy_from(c.kv, c.kv:len())
+                c.kv:free()
+                c.kv = kv
+                streams_b[i].kv = kv
+            end
         end
-        speculative.decode_batch(m, streams_b)
-        for _, st in ipairs(streams_b) do
-            self.stats.spec_drafted = (self.stats.spec_drafted or 0) + st.drafter.stats.drafted
-            self.stats.spec_accepted = (self.stats.spec_accepted or 0) + st.drafter.stats.accepted
-            st.drafter:free()
+        if o.spec_b then
+            -- each stream drafts from its own prompt, where the chunk is
+            local speculative = require("cartridge.speculative")
+            for i, c in ipairs(convos) do
+                streams_b[i].drafter = speculative.new(concat(c.sys_ids, c.student):extend(streams_b[i].ids))
+            end
+            speculative.decode_batch(m, streams_b)
+            for _, st in ipairs(streams_b) do
+                self.stats.spec_drafted = (self.stats.spec_drafted or 0) + st.drafter.stats.drafted
+                self.stats.spec_accepted = (self.stats.spec_accepted or 0) + st.drafter.stats.accepted
+                st.drafter:free()
+            end
+        else
+            self:generate(streams_b)
         end
-    else
-        self:generate(streams_b)
+        for i, c in ipairs(convos) do
+            local s, tt = streams_b[i], c.turns[t]
+            tt.answer = s.out
+            tt.stopped = s.stopped and self.stop_id ~= nil
+            c.student:extend(s.ids)
+            -- the stop token is supervised too, so the cartridge learns when to end
+            local len = #s.out + (tt.stopped and 1 or 0)
+            c.spans[t] = { #c.student, len }
+            c.answer_len = c.answer_len + len
+            -- an end-of-generation row the template names no stop token for is
+            -- scored but not supervised
+            if s.rows > len then c.targets:truncate(s.last_start) end
+            if tt.stopped then self.stats.stopped = self.stats.stopped + 1 end
+            if t < K then
+                c.kv:truncate(#c.sys_ids + #c.student)
+            else
+                c.student:extend(s.out)
+                if tt.stopped then c.student:push(self.stop_id) end
+            end
+        end
     end
     local t2 = now()
-    for i, c in ipairs(convos) do
-        local s = streams_b[i]
-        c.answer = s.out
-        c.stopped = s.stopped and self.stop_id ~= nil
-        -- the stop token is supervised too, so the cartridge learns when to end
-        c.student = concat(c.prefix, c.answer)
-        if c.stopped then c.student:push(self.stop_id) end
-        c.first_answer = #c.prefix
-        c.answer_len = #c.student - c.first_answer
-        -- an end-of-generation row the template names no stop token for is
-        -- scored but not supervised
-        if s.rows > c.answer_len then c.targets:truncate(s.last_start) end
-        if c.stopped then self.stats.stopped = self.stats.stopped + 1 end
+    for _, c in ipairs(convos) do
+        c.answer, c.stopped = c.turns[1].answer, c.turns[1].stopped
+        c.first_answer = c.spans[1][1]
         c.kv:free()
         c.kv = nil
     end
@@ -408,12 +572,17 @@ end
 function Synth:teacher_pass(convos)
     local t0 = now()
     for _, c in ipairs(convos) do
-        local rows = {}
-        for j = 0, c.answer_len - 1 do rows[j + 1] = #c.sys_ids + c.first_answer + j - 1 end
+        local rows, at = {}, {}
+        for _, span in ipairs(c.spans) do
+            for j = 0, span[2] - 1 do
+                at[#at + 1] = span[1] + j
+                rows[#rows + 1] = #c.sys_ids + span[1] + j - 1
+            end
+        end
         local logits = self.o.trainer:logits(nil, { concat(c.sys_ids, c.student) }, rows)
         c.targets = trainer_mod.targets()
-        for j = 0, c.answer_len - 1 do
-            c.targets:append_topk(c.first_answer + j, logits + j * self.m.n_vocab, self.m.n_vocab, self.o.top_k, 0.99)
+        for k, pos in ipairs(at) do
+            c.targets:append_topk(pos, logits + (k - 1) * self.m.n_vocab, self.m.n_vocab, self.o.top_k, 0.99)
         end
     end
     self.stats.time.teacher = self.stats.time.teacher + (now() - t0)

@@ -113,11 +113,14 @@ local function losses(out)
 end
 
 describe("selfstudy.lua under mpirun", function()
-    it("writes the artifact of one process, bit for bit, with 2 ranks", function()
+    for _, extra in ipairs({ {}, { "--turns", "2", "--seeds", "focus,question" } }) do
+    it("writes the artifact of one process, bit for bit, with 2 ranks"
+        .. (#extra > 0 and " (" .. table.concat(extra, " ") .. ")" or ""), function()
         local why = cannot()
         if why then return pending(why) end
         -- 3 conversations a step: the ranks hold 2 and 1; generation groups of 2 steps
         local common = { "--accum", "3", "--gen-batch", "6", "--steps", "3", "--save-every", "2" }
+        for _, x in ipairs(extra) do common[#common + 1] = x end
         local a = tiny(common)
         a[#a + 1], a[#a + 2] = "--save", tmp .. "/one.safetensors"
         local rc, out1, err = one(a)
@@ -139,6 +142,7 @@ describe("selfstudy.lua under mpirun", function()
         assert.are.equal(h1, h2)
         assert.are.equal(losses(out1), losses(out2))
     end)
+    end
 
     it("is what bench_selfstudy --ranks measures, and it prints the projection (figures unchecked)", function()
         local why = cannot()

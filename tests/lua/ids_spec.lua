@@ -159,4 +159,85 @@ describe("self-study data", function()
         assert.are.same(group[2].targets:list(), alone.targets:list())
         m:free()
     end)
+
+    it("splits any text into sentences that are pieces of it, whole, one line each", function()
+        local r = selfstudy.rng(11)
+        local alphabet = { "a", "b", " ", " ", ".", "!", "?", "\n", "\t", "\xe2\x80\x9c", "\xff", "3", "W" }
+        local checked = 0
+        for _ = 1, 2000 do
+            local parts = {}
+            for i = 1, r:int(0, 60) do parts[i] = alphabet[r:below(#alphabet) + 1] end
+            local text = table.concat(parts)
+            for _, at_start in ipairs({ true, false }) do
+                for _, sentence in ipairs(selfstudy.sentences(text, at_start)) do
+                    assert.truthy(text:find(sentence, 1, true), sentence)
+                    assert.falsy(sentence:find("\n"))
+                    assert.truthy(sentence:match("[%.!%?]$") and sentence:match("^%S"), sentence)
+                    checked = checked + 1
+                end
+            end
+        end
+        assert.is_true(checked > 100)
+        assert.are.same({ "Bo lives in Ro.", "Al is 4 years old." },
+            selfstudy.sentences("ends here. Bo lives in Ro. Al is 4 years old. Cut", false))
+        assert.are.same({ "A b.", "Bo lives in Ro.", "Al is 4 years old." },
+            selfstudy.sentences("A b. Bo lives in Ro. Al is 4 years old. Cut", true))
+        assert.are.same({ "Next line here." }, selfstudy.sentences("tail of one\nNext line here. 3.5 is cut.", false))
+    end)
+
+    it("with --turns 3 and the focus seed: one student of three exchanges, each answer supervised in place", function()
+        local m = cartridge.model.load(model_path)
+        local tok = m:tokenizer()
+        local path = tmp .. "/facts.md"
+        local sentences = {}
+        for i = 1, 60 do sentences[i] = ("Person%d lives in Town%d."):format(i, i * 7) end
+        helper.write_file(path, "# Facts\n\n" .. table.concat(sentences, " ") .. "\n")
+        local corpus = require("cartridge.corpus").load({ path }, tok)
+        local T = chat.for_model(m)
+        local synth = selfstudy.synthesizer(m, tok, corpus, { chunk_min = 48, chunk_max = 96, max_q = 6, max_a = 9,
+            top_k = 4, seed = 5, template = T, turns = 3, seeds = "focus" })
+        local group = synth:group(2)
+        for _, c in ipairs(group) do
+            assert.are.equal(3, #c.turns)
+            assert.are.equal(3, #c.spans)
+            local total = 0
+            for t, turn in ipairs(c.turns) do
+                -- the focus instruction quoted a complete sentence of this chunk
+                assert.are.equal("focus", turn.seed_name)
+                assert.truthy(turn.sentence and turn.sentence:match("^Person%d+ lives in Town%d+%.$"), turn.sentence)
+                local chunk_text = tok:decode(corpus.ids:sub(c.chunk_start, c.chunk_len))
+                assert.truthy(chunk_text:find(turn.sentence, 1, true))
+                -- the answer sits at its span, followed by the stop token when it stopped
+                local first, len = c.spans[t][1], c.spans[t][2]
+                assert.are.equal(#turn.answer + (turn.stopped and 1 or 0), len)
+                assert.are.same(turn.answer:list(), c.student:sub(first, #turn.answer):list())
+                if turn.stopped then assert.are.equal(synth.stop_id, c.student:get(first + #turn.answer)) end
+                -- just before it: the close of user turn t and the assistant's opener
+                local opener = tok:encode_ids(T.close .. T.opener(false), { special = true })
+                assert.are.same(opener:list(), c.student:sub(first - #opener, #opener):list())
+                local before = tok:decode(c.student:sub(0, first), { special = true })
+                local _, user_turns = before:gsub("<|im_start|>user", "")
+                assert.are.equal(t, user_turns)
+                if t > 1 then assert.is_true(first > c.spans[t - 1][1] + c.spans[t - 1][2]) end
+                total = total + len
+            end
+            assert.are.equal(total, c.answer_len)
+            assert.are.equal(c.spans[3][1] + c.spans[3][2], #c.student)
+            -- every target entry is inside a span, and every span position has entries
+            local seen, inside = {}, {}
+            for _, span in ipairs(c.spans) do
+                for j = 0, span[2] - 1 do inside[span[1] + j] = true end
+            end
+            for i = 0, c.targets:count() - 1 do
+                local pos = c.targets:get(i)
+                assert.is_true(inside[pos], "target position " .. pos .. " is in an answer")
+                seen[pos] = true
+            end
+            for pos in pairs(inside) do assert.is_true(seen[pos], "answer position " .. pos .. " has targets") end
+        end
+        local alone = synth:group({ { 0, 2 } })[1]
+        assert.are.same(group[2].student:list(), alone.student:list())
+        assert.are.same(group[2].targets:list(), alone.targets:list())
+        m:free()
+    end)
 end)

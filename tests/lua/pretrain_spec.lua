@@ -46,6 +46,29 @@ describe("the reading task", function()
         assert.is_true(chance > 0 and chance < 0.1)
     end)
 
+    it("splits a document into its facts' sentences as self-study's focus seed does, and teaches bot A on them", function()
+        local selfstudy = require("cartridge.selfstudy")
+        local d = facts.document(1001, 40)
+        local sentences = selfstudy.sentences(d.text, true)
+        local of = {}
+        for _, f in ipairs(d.facts) do of[f.sentence] = f end
+        assert.are.equal(40, #sentences)
+        for _, sentence in ipairs(sentences) do assert.truthy(of[sentence], sentence) end
+        -- bot A's focus conversations: the instruction quotes one of the
+        -- excerpt's sentences, the reply is that fact's question
+        local T = require("cartridge.chat").templates.chatml
+        local g = facts.rng(7)
+        for _ = 1, 20 do
+            local pieces = facts.conversation(g, d, T, { bot_a = 1, focus = 1 })
+            assert.are.equal(3, #pieces)
+            local quoted = pieces[2].text:match('this sentence of the information above answers: "(.-)" ')
+            local f = assert(of[quoted], pieces[2].text)
+            assert.truthy(pieces[1].text:find(f.sentence, 1, true), "the sentence is in the excerpt")
+            assert.are.equal(f.question .. T.close, pieces[3].text)
+            assert.is_true(pieces[3].supervised)
+        end
+    end)
+
     it("draws a document's facts from as many relations as asked, and refuses a bad count", function()
         for _, k in ipairs({ 1, 3, 8 }) do
             local d = facts.document(1005, 20, { relations = k })

@@ -112,6 +112,8 @@ describe("selfstudy.lua", function()
             { { "--chunk-min", "100", "--chunk-max", "50" }, "chunk-min <= chunk-max" },
             { { "--p", "100000" }, "CorpusTooShort" },
             { { "--steps", "0" }, "at least 1" },
+            { { "--turns", "0" }, "--turns 0: give 1..64" },
+            { { "--seeds", "question,quiz" }, "unknown seed instruction 'quiz'; choose from structuring," },
         }
         for _, case in ipairs(cases) do
             local a = { args(case[1]) }
@@ -224,11 +226,14 @@ describe("selfstudy.lua", function()
     -- What the docs may claim for each equivalent setting: the rows after 3
     -- steps, compared with the default run's (Adam turns rounding-level
     -- gradient differences into row differences of up to about lr).
-    it("states what each equivalent setting changes: --teacher-pass rounding, the others nothing", function()
+    for _, base in ipairs({ {}, { "--turns", "3", "--seeds", "focus,question" } }) do
+    it("states what each equivalent setting changes: --teacher-pass rounding, the others nothing"
+        .. (#base > 0 and " (" .. table.concat(base, " ") .. ")" or ""), function()
         local model, why = stories()
         if not model then return pending(why) end
         local function rows_after(name, extra)
             local a = { args({ "--model", model, "--steps", "3", "--save", tmp .. "/v-" .. name .. ".safetensors" }) }
+            for _, x in ipairs(base) do a[#a + 1] = x end
             for _, x in ipairs(extra) do a[#a + 1] = x end
             local rc, _, err = selfstudy(unpack(a))
             assert.are.equal(0, rc, err)
@@ -255,5 +260,6 @@ describe("selfstudy.lua", function()
         end
         ref:free()
     end)
+    end
 end)
 
