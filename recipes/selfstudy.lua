@@ -45,6 +45,7 @@ local opts = options.parse(arg, {
         { "save", default = "out/cartridge.safetensors", help = "where the cartridge is written (atomically)" },
         { "save-every", type = "int", default = 0, help = "checkpoint to --save every N steps (0: at the end only)" },
         { "resume", help = "start from a saved cartridge's rows (Adam restarts)" },
+        { "init", choices = { "opening", "spread" }, default = "opening", help = "the rows' start: the model's K/V of the corpus opening (p tokens), or of p tokens spread evenly over the whole corpus, prefilled once (it must fit the model's context)" },
         { "draft-ref", type = "boolean", help = "embed the corpus token ids (for corpus-drafted serving)" },
         { "gen-batch", type = "int", default = 0, help = "conversations generated per lockstep group (a multiple of --accum; 0: --accum)" },
         { "qa", help = "a JSONL file of {\"question\", \"answer\"} lines: exact-match accuracy of the cartridge as it trains" },
@@ -126,7 +127,7 @@ if not corpus then fail("--corpus is required for training (a text file or a dir
 
 local training = {
     model = m.path, corpus = opts.corpus, p = opts.p, frozen = opts.frozen, steps = opts.steps, accum = opts.accum,
-    lr = opts.lr, chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, top_k = opts.top_k,
+    lr = opts.lr, init = opts.init, chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, top_k = opts.top_k,
     max_q = opts.max_q, max_a = opts.max_a, seed = opts.seed, gen_batch = gen_batch,
     checkpoint = opts.checkpoint or false, resumed_from = opts.resume,
     teacher_pass = opts.teacher_pass or false, spec_b = opts.spec_b or false, seeds = opts.seeds, turns = opts.turns,
@@ -183,8 +184,19 @@ else
     local ids = selfstudy.init_ids(tok, template, corpus.text, opts.p)
     if opts.frozen >= #ids then fail(("--frozen %d must be below the %d init rows"):format(opts.frozen, #ids)) end
     c = cart.new(m, #ids, opts.frozen)
-    if dist.root() then c:capture(m, ids) end
-    print(("cartridge initialized from the corpus opening: p = %d rows/layer x %d layers"):format(c.p, c.n_layer))
+    if opts.init == "spread" then
+        local all = tok:encode_ids(selfstudy.system_block(template, corpus.text), { special = true, add_special = true })
+        if #all > m.config.n_ctx_train then
+            fail(("--init spread prefills the whole corpus, %d tokens as a system message, and the model's context "
+                .. "is %d: use --init opening, or a shorter corpus"):format(#all, m.config.n_ctx_train))
+        end
+        if dist.root() then selfstudy.init_spread(m, c, all) end
+        print(("cartridge initialized from %d of the corpus's %d tokens, spread evenly: p = %d rows/layer x %d layers")
+            :format(c.p, #all, c.p, c.n_layer))
+    else
+        if dist.root() then c:capture(m, ids) end
+        print(("cartridge initialized from the corpus opening: p = %d rows/layer x %d layers"):format(c.p, c.n_layer))
+    end
 end
 for l = 0, c.n_layer - 1 do
     for which = 0, 1 do dist.broadcast(c:rows(l, which), c.p * c.row * 4, 0) end

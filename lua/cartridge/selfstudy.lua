@@ -208,6 +208,32 @@ function selfstudy.init_ids(tok, template, corpus_text, p)
     return ids:extend(close)
 end
 
+-- Fills cartridge c (p rows) from the model's own K/V of all_ids (the whole
+-- corpus as a system message, longer than p): its first `frozen` rows (the
+-- sink, BOS) and then p - frozen rows at evenly spaced positions of the
+-- rest, the last one included, each keeping the position it was computed
+-- at. Every fact of a short corpus then has a row near it from the start,
+-- where the opening covers only the first p tokens.
+function selfstudy.spread_rows(n, p, frozen)
+    local rows = {}
+    for r = 0, frozen - 1 do rows[#rows + 1] = r end
+    local free = p - frozen
+    for k = 0, free - 1 do
+        rows[#rows + 1] = frozen + (free == 1 and (n - 1 - frozen) or math.floor(k * (n - 1 - frozen) / (free - 1) + 0.5))
+    end
+    return rows
+end
+
+function selfstudy.init_spread(m, c, all_ids)
+    local cart = require("cartridge.cart")
+    local n = #all_ids
+    if n <= c.p then return c:capture(m, all_ids) end
+    local full = cart.new(m, n, c.frozen)
+    full:capture(m, all_ids)
+    for r, src in ipairs(selfstudy.spread_rows(n, c.p, c.frozen)) do c:copy_rows(r - 1, full, src, 1) end
+    full:free()
+end
+
 -- A Lua-side view of a seeded cart_rng.
 local Rng = {}
 Rng.__index = Rng

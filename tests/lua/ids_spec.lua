@@ -160,6 +160,41 @@ describe("self-study data", function()
         m:free()
     end)
 
+    it("--init spread: the sink, then rows spread evenly to the last, each the full prefill's own bits", function()
+        for _, case in ipairs({ { 100, 10, 1 }, { 41, 41, 1 }, { 372, 41, 1 }, { 50, 9, 2 }, { 12, 2, 1 } }) do
+            local n, p, frozen = case[1], case[2], case[3]
+            local rows = selfstudy.spread_rows(n, p, frozen)
+            assert.are.equal(p, #rows)
+            for r = 1, frozen do assert.are.equal(r - 1, rows[r]) end
+            for r = 2, p do assert.is_true(rows[r] > rows[r - 1], "increasing") end
+            assert.are.equal(n - 1, rows[p])
+        end
+        local m = cartridge.model.load(model_path)
+        local tok = m:tokenizer()
+        local all = tok:encode_ids(("word%d "):rep(1):format(1) .. string.rep("and more text here ", 30),
+            { add_special = true })
+        local full = cartridge.cart.new(m, #all, 1)
+        full:capture(m, all)
+        local c = cartridge.cart.new(m, 9, 1)
+        selfstudy.init_spread(m, c, all)
+        local worst = 0
+        for r, src in ipairs(selfstudy.spread_rows(#all, 9, 1)) do
+            for l = 0, c.n_layer - 1 do
+                for w = 0, 1 do
+                    local a, b = c:rows(l, w), full:rows(l, w)
+                    for i = 0, c.row - 1 do
+                        worst = math.max(worst, math.abs(a[(r - 1) * c.row + i] - b[src * c.row + i]))
+                    end
+                end
+            end
+        end
+        print(("  spread rows vs the full prefill's: max diff %g (tolerance 0)"):format(worst))
+        assert.are.equal(0, worst)
+        c:free()
+        full:free()
+        m:free()
+    end)
+
     it("splits any text into sentences that are pieces of it, whole, one line each", function()
         local r = selfstudy.rng(11)
         local alphabet = { "a", "b", " ", " ", ".", "!", "?", "\n", "\t", "\xe2\x80\x9c", "\xff", "3", "W" }

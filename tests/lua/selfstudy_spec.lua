@@ -114,6 +114,8 @@ describe("selfstudy.lua", function()
             { { "--steps", "0" }, "at least 1" },
             { { "--turns", "0" }, "--turns 0: give 1..64" },
             { { "--seeds", "question,quiz" }, "unknown seed instruction 'quiz'; choose from structuring," },
+            -- README.md as one system message is longer than stories260K's 2048-token context
+            { { "--init", "spread" }, "--init spread prefills the whole corpus" },
         }
         for _, case in ipairs(cases) do
             local a = { args(case[1]) }
@@ -129,6 +131,22 @@ describe("selfstudy.lua", function()
         rc, _, err = selfstudy("--model", model, "--steps", "1")
         assert.are_not.equal(0, rc)
         assert.truthy(err:find("--corpus is required", 1, true), err)
+    end)
+
+    it("--init spread starts from rows spread over the whole corpus, and trains from there", function()
+        local model, why = stories()
+        if not model then return pending(why) end
+        local path = tmp .. "/tale.md"
+        local lines = {}
+        for i = 1, 30 do lines[i] = ("Tim had %d red balls and a dog named Spot."):format(i) end
+        helper.write_file(path, table.concat(lines, " ") .. "\n")
+        local rc, out, err = selfstudy("--model", model, "--corpus", path, "--p", "24", "--init", "spread", "--steps",
+            "2", "--accum", "2", "--chunk-min", "32", "--chunk-max", "64", "--max-q", "8", "--max-a", "8", "--save",
+            tmp .. "/spread.safetensors")
+        if not rc then return pending("build/cartridge not built") end
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("cartridge initialized from 24 of the corpus's %d+ tokens, spread evenly"), out)
+        assert.are.equal(2, #step_losses(out))
     end)
 
     it("refuses a FIFO, an empty or blank file, and counts only document text against the length checks", function()
