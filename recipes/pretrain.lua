@@ -43,17 +43,26 @@ local C = cartridge.C
 local PRESETS = {
     -- the reader: a small synthetic-task model that learns to answer from its context
     reader = { layers = 3, embd = 128, ff = 384, heads = 4, kv_heads = 4, head_dim = 32, ctx = 4096, merges = 1500,
-        steps = 3600, lookup_steps = 3000, lookup_mix = 0.1, min_facts = 1, curriculum = 0.5, batch = 16, lr = 3e-3,
-        out = "models/reader.gguf", dtype = "f16" },
+        steps = 3600, lookup_steps = 3000, lookup_mix = 0.1, min_facts = 1, curriculum = 0.5, bot_a_mix = 0.2,
+        focus_mix = 0.5, batch = 16, lr = 3e-3, out = "models/reader.gguf", dtype = "f16",
+        -- then bot A's focus instruction, continuing the f16 GGUF of the above
+        -- with a fresh optimizer (what --from does)
+        stage2 = { steps = 400, batch = 16, lr = 3e-3, warmup = 20, bot_a_mix = 0.7, focus_mix = 1, min_facts = 8,
+            curriculum = 0, lookup_mix = 0.05 } },
     -- a few steps of a tiny one, for the tests
     tiny = { layers = 2, embd = 64, ff = 128, heads = 4, kv_heads = 2, head_dim = 16, ctx = 2048, merges = 200,
         steps = 20, batch = 2, lr = 3e-3, out = "out/tiny-reader.gguf", dtype = "f32" },
+    -- the tiny one in two stages, for the test of a staged preset
+    ["tiny-staged"] = { layers = 2, embd = 64, ff = 128, heads = 4, kv_heads = 2, head_dim = 16, ctx = 2048,
+        merges = 200, steps = 4, batch = 2, lr = 3e-3, bot_a_mix = 0.5, focus_mix = 0.5, out = "out/tiny-staged.gguf",
+        dtype = "f32", stage2 = { steps = 3, batch = 2, lr = 3e-3, warmup = 2, bot_a_mix = 0.7, focus_mix = 1,
+            min_facts = 8, curriculum = 0, lookup_mix = 0 } },
 }
 
 local opts = options.parse(arg, {
     summary = "Train a model's weights on the synthetic reading task and write it as a GGUF.",
     flags = {
-        { "preset", choices = { "reader", "tiny" }, help = "shape, vocabulary and budget of a new model" },
+        { "preset", choices = { "reader", "tiny", "tiny-staged" }, help = "shape, vocabulary and budget of a new model" },
         { "from", help = "continue this GGUF instead of a new model" },
         { "out", help = "the GGUF to write (default: the preset's, e.g. models/reader.gguf)" },
         { "steps", type = "int", help = "optimizer steps (default: the preset's)" },
@@ -86,6 +95,14 @@ local steps = opts.steps or preset.steps
 local batch = opts.batch or preset.batch
 local peak_lr = opts.lr or preset.lr
 local out = opts.out or (opts.from and error("pretrain: --from needs --out", 0)) or preset.out
+-- a preset with a second stage: this run writes OUT.stage1.gguf (its state
+-- and metrics beside it), and the second stage continues it into OUT
+local final_out, final_eval
+if opts.preset and preset.stage2 and not opts.from then
+    final_out, final_eval = out, opts.eval
+    out = out:gsub("%.gguf$", "") .. ".stage1.gguf"
+    opts.eval = 0
+end
 -- the schedule's flags: what is passed, else the preset's (a new model), else the plain default
 local function schedule(name, plain)
     if opts[name] ~= nil then return end
@@ -424,4 +441,21 @@ if opts.eval > 0 then
         record({ event = "bot_coverage", seeds = seeds.list or "default", step = steps, conversations = cov.n,
             valid = cov.valid, distinct = cov.distinct, facts = cov.facts, right = cov.right })
     end
+end
+
+-- The preset's second stage: this recipe again, continuing the GGUF just
+-- written (--from: f32 out, a fresh optimizer), with the stage's settings.
+if final_out then
+    local s2 = preset.stage2
+    print(("stage 2: %d steps from %s (bot A's share %g, focus %g), into %s"):format(s2.steps, out, s2.bot_a_mix,
+        s2.focus_mix, final_out))
+    arg = { "--from", out, "--out", final_out, "--seed", tostring(opts.seed), "--threads", tostring(opts.threads),
+        "--eval", tostring(final_eval), "--eval-facts", tostring(opts.eval_facts), "--save-every",
+        tostring(opts.save_every) }
+    for _, k in ipairs({ "steps", "batch", "lr", "warmup", "bot_a_mix", "focus_mix", "min_facts", "curriculum",
+        "lookup_mix" }) do
+        arg[#arg + 1], arg[#arg + 2] = "--" .. k:gsub("_", "-"), tostring(s2[k])
+    end
+    dofile((debug.getinfo(1, "S").source:gsub("^@", "")))
+    os.remove(out)
 end

@@ -169,6 +169,28 @@ describe("pretrain.lua", function()
         assert.is_true(same)
     end)
 
+    it("runs a preset's second stage as --from would, and keeps only the final GGUF", function()
+        local staged, s1, manual = tmp .. "/staged.gguf", tmp .. "/s1.gguf", tmp .. "/manual.gguf"
+        local rc, out, err = run("recipes/pretrain.lua", "--preset", "tiny-staged", "--out", staged, "--threads", "1",
+            "--eval", "0")
+        if rc == nil then return pending("build/cartridge not built") end
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("stage 2: 3 steps from", 1, true), out)
+        assert.is_false(helper.exists(tmp .. "/staged.stage1.gguf"))
+        -- the same two stages by hand
+        rc, _, err = run("recipes/pretrain.lua", "--preset", "tiny", "--steps", "4", "--bot-a-mix", "0.5",
+            "--focus-mix", "0.5", "--out", s1, "--threads", "1", "--eval", "0")
+        assert.are.equal(0, rc, err)
+        rc, _, err = run("recipes/pretrain.lua", "--from", s1, "--out", manual, "--steps", "3", "--batch", "2",
+            "--lr", "0.003", "--warmup", "2", "--bot-a-mix", "0.7", "--focus-mix", "1", "--min-facts", "8",
+            "--curriculum", "0", "--lookup-mix", "0", "--threads", "1", "--eval", "0")
+        assert.are.equal(0, rc, err)
+        local same = helper.read_file(staged) == helper.read_file(manual)
+        print(("  --preset tiny-staged vs its two stages by hand: the GGUFs are %s"):format(same and "identical"
+            or "different"))
+        assert.is_true(same)
+    end)
+
     it("trains the same bits at every ISA level this CPU has, and with 1 or 2 threads", function()
         if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
         local outs, levels = {}, {}
