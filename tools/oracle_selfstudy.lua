@@ -10,7 +10,7 @@
 --       --model models/reader.gguf --corpus out/facts/doc.md --p 41 --lr 0.1 --steps 100 --accum 4 \
 --       --chunk-min 300 --chunk-max 325 --max-q 32 --max-a 32 --qa out/facts/qa.jsonl --qa-every 25
 --
--- On the committed reader and make_facts --seed 1001: 0, 4, 14, 24, 30/40
+-- On the first committed reader (before its focus stage) and make_facts --seed 1001: 0, 4, 14, 24, 30/40
 -- at 0..400 conversations (the real bot A: 6/40 at 400).
 local selfstudy = require("cartridge.selfstudy")
 local facts = require("cartridge.facts")
