@@ -181,11 +181,10 @@ if opts.resume then
     dist.broadcast(shape, 16, 0)
     if not dist.root() then c = cart.new(m, tonumber(shape[0]), tonumber(shape[1])) end
 else
-    local ids = selfstudy.init_ids(tok, template, corpus.text, opts.p)
+    local ids, all = selfstudy.init_ids(tok, template, corpus.text, opts.p)
     if opts.frozen >= #ids then fail(("--frozen %d must be below the %d init rows"):format(opts.frozen, #ids)) end
     c = cart.new(m, #ids, opts.frozen)
     if opts.init == "spread" then
-        local all = tok:encode_ids(selfstudy.system_block(template, corpus.text), { special = true, add_special = true })
         if #all > m.config.n_ctx_train then
             fail(("--init spread prefills the whole corpus, %d tokens as a system message, and the model's context "
                 .. "is %d: use --init opening, or a shorter corpus"):format(#all, m.config.n_ctx_train))

@@ -307,10 +307,11 @@ end
 -- How well self-study's bots cover a fact document: synthesizes `groups`
 -- groups of 16 conversations as selfstudy.lua does (opts: chunk_min,
 -- chunk_max, max_q, max_a, seed, and corpus, a cartridge.corpus of the
--- document) and counts those whose question is exactly one of qa's, the
+-- document; seeds and turns as selfstudy.lua's --seeds and --turns) and
+-- counts the questions, every turn's, that are exactly one of qa's, the
 -- distinct facts those ask, and how many bot B answered right. opts.show(i,
--- question, answer) sees each conversation. Returns a table { n, valid,
--- distinct, right, facts }.
+-- question, answer) sees each question. Returns a table { n (questions),
+-- valid, distinct, right, facts }.
 function facts.bot_coverage(m, qa, opts)
     local selfstudy = require("cartridge.selfstudy")
     local tok = m:tokenizer()

@@ -195,17 +195,17 @@ end
 -- The token ids a cartridge is initialized from (a cartridge.ids sequence):
 -- the whole corpus as a system message; when longer than p, its first
 -- p - #close tokens and the closing tokens of the turn, so the cartridge is
--- exactly p rows.
+-- exactly p rows. Also returns the whole block's ids (the same sequence
+-- when it fits in p).
 function selfstudy.init_ids(tok, template, corpus_text, p)
     local close = tok:encode_ids(template.close, { special = true })
     if p < #close + 8 then
         error(("CartridgeTooSmall: p = %d leaves no room for the corpus: the turn close alone is %d tokens; "
             .. "use --p %d or more"):format(p, #close, #close + 8), 0)
     end
-    local ids = tok:encode_ids(selfstudy.system_block(template, corpus_text), { special = true, add_special = true })
-    if #ids <= p then return ids end
-    ids:truncate(p - #close)
-    return ids:extend(close)
+    local all = tok:encode_ids(selfstudy.system_block(template, corpus_text), { special = true, add_special = true })
+    if #all <= p then return all, all end
+    return all:sub(0, p - #close):extend(close), all
 end
 
 -- Fills cartridge c (p rows) from the model's own K/V of all_ids (the whole
@@ -326,7 +326,7 @@ function Synth:draw(r)
         local a_seed = r:u64()
         turns[t] = { seed = seed, a_seed = a_seed, pick = self.focus and r:u64() or nil }
     end
-    return { chunk_start = start, chunk_len = len, seed = turns[1].seed, a_seed = turns[1].a_seed, turns = turns }
+    return { chunk_start = start, chunk_len = len, turns = turns }
 end
 
 -- The complete sentences of conversation c's chunk (cached on c).
@@ -351,7 +351,7 @@ function Synth:a_turn(c, tt)
     local sentences = self:chunk_sentences(c)
     local T = self.template
     if #sentences == 0 then
-        local q = selfstudy.SEEDS[3]
+        local q = selfstudy.seed_kinds("question")[1]
         return self.tok:encode_ids(T.user_open .. q.text .. T.close .. T.opener(false), { special = true }), q.name, q.text
     end
     local sentence = sentences[tonumber(tt.pick % #sentences) + 1]
