@@ -216,8 +216,9 @@ print(("machine: %s; kernels %s; f32 GEMM peak %.0f GFLOP/s; read bandwidth %.1f
     :format(cartridge.ffi.string(C.cart_cpu_features()), cartridge.isa(), gemm_rate / 1e9, bandwidth / 1e9))
 
 local template = chat.for_model(m)
-local c = cartridge.cart.new(m, math.min(opts.p, #selfstudy.init_ids(tok, template, corpus.text, opts.p)), 1)
-c:capture(m, selfstudy.init_ids(tok, template, corpus.text, opts.p))
+local init_ids = selfstudy.init_ids(tok, template, corpus.text, opts.p) -- the opening (its first value)
+local c = cartridge.cart.new(m, math.min(opts.p, #init_ids), 1)
+c:capture(m, init_ids)
 local tr = cartridge.trainer.new(m)
 local opt = cartridge.adam.new(c, { lr = 2e-3 })
 local synth = selfstudy.synthesizer(m, tok, corpus, {

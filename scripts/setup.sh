@@ -18,11 +18,19 @@ command -v curl >/dev/null 2>&1 || PACKAGES="$PACKAGES curl"
 command -v node >/dev/null 2>&1 || PACKAGES="$PACKAGES nodejs"
 command -v npm >/dev/null 2>&1 || PACKAGES="$PACKAGES npm"
 
+# A package counts only when it is installed for this machine's own
+# architecture (or is architecture-independent): a cross package such as
+# libopenblas-dev:arm64, which scripts/test-aarch64.sh installs, has no headers
+# or libraries the native build can use, yet `dpkg-query -W NAME` matches it.
+native=$(dpkg --print-architecture)
+installed() {
+    dpkg-query -W -f='${Status} ${Architecture}\n' "$1" 2>/dev/null |
+        grep -Eq "^install ok installed ($native|all)\$"
+}
+
 missing=""
 for pkg in $PACKAGES; do
-    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
-        missing="$missing $pkg"
-    fi
+    installed "$pkg" || missing="$missing $pkg"
 done
 
 # The openai and @anthropic-ai/sdk npm packages the server specs drive, and ajv,
@@ -30,6 +38,10 @@ done
 npm_client() {
     here=$(cd "$(dirname "$0")/.." && pwd)
     if [ -f "$here/tests/node/node_modules/openai/package.json" ] && [ -f "$here/tests/node/node_modules/ajv/package.json" ]; then
+        return 0
+    fi
+    if [ "${1:-}" = "--check" ]; then
+        echo "setup: the npm clients are not installed in tests/node (scripts/setup.sh installs them)"
         return 0
     fi
     if command -v npm >/dev/null 2>&1; then
@@ -40,12 +52,12 @@ npm_client() {
 }
 
 if [ -z "$missing" ]; then
-    echo "setup: all dependencies are installed ($PACKAGES)"
-    npm_client
+    echo "setup: all dependencies are installed for $native ($PACKAGES)"
+    npm_client "${1:-}"
     exit 0
 fi
 
-echo "setup: missing Debian packages:$missing"
+echo "setup: missing Debian packages (for $native):$missing"
 if [ "${1:-}" = "--check" ]; then
     exit 1
 fi

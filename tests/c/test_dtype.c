@@ -11,7 +11,7 @@
 #include <ctype.h>
 #include <float.h>
 #include <stdint.h>
-#if defined(__F16C__)
+#if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
@@ -255,13 +255,15 @@ static void test_f32_to_f16_matches_a_double_precision_reference(void) {
     printf("  f32 -> f16 agrees with the reference on %lld values\n", (long long)count);
 }
 
-static void test_f16_conversion_matches_the_cpu_f16c_instruction(void) {
-#if defined(__F16C__)
+/* Run as its own ctest entry (dtype@f16c: test_dtype f16c), compiled for
+ * F16C whatever the build's flags, which skips (77) on a CPU without it. */
+#if defined(__x86_64__)
+static int cpu_has_f16c(void) {
     unsigned eax, ebx, ecx, edx;
-    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & bit_F16C)) {
-        printf("  skipped: this CPU has no F16C\n");
-        return;
-    }
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+}
+
+__attribute__((target("f16c"))) static void test_f16_conversion_matches_the_cpu_f16c_instruction(void) {
     /* f32 -> f16 over a strided sweep of all 2^32 bit patterns (NaNs
      * included: both quieten and keep the top payload bits). */
     int64_t bad = 0, count = 0;
@@ -290,10 +292,8 @@ static void test_f16_conversion_matches_the_cpu_f16c_instruction(void) {
         if (!same) bad++;
     }
     CHECK_MSG(bad == 0, "%lld of 65536 f16 -> f32 conversions differ from F16C", (long long)bad);
-#else
-    printf("  skipped: built without F16C (-mf16c or -march=native)\n");
-#endif
 }
+#endif
 
 static void test_bf16_conversion_rounds_to_nearest_even(void) {
     struct {
@@ -1314,11 +1314,23 @@ static void test_the_first_nonfinite_f32_is_found_by_its_bits(void) {
     CHECK(cart_f32_first_nonfinite(buf, 0) == -1);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "f16c") == 0) {
+#if defined(__x86_64__)
+        if (!cpu_has_f16c()) {
+            printf("skipped: this CPU has no F16C\n");
+            return CHECK_SKIP;
+        }
+        RUN(test_f16_conversion_matches_the_cpu_f16c_instruction);
+        return check_finish("dtype@f16c");
+#else
+        printf("skipped: F16C is an x86-64 instruction\n");
+        return CHECK_SKIP;
+#endif
+    }
     RUN(test_f16_conversion_handles_hand_picked_values);
     RUN(test_every_f16_value_round_trips_through_f32);
     RUN(test_f32_to_f16_matches_a_double_precision_reference);
-    RUN(test_f16_conversion_matches_the_cpu_f16c_instruction);
     RUN(test_bf16_conversion_rounds_to_nearest_even);
     RUN(test_array_conversions_accept_misaligned_buffers);
     RUN(test_integer_and_float_elements_convert_to_f32);

@@ -19,10 +19,13 @@ local function fixture(name)
     return d
 end
 
+-- The model's path, or nil after marking the test pending (busted reports
+-- it): the build writes these models, so a missing one is a build that did
+-- not finish, never a pass. A loop over models goes on past a missing one.
 local function built(name)
     local path = MODELS .. name .. ".gguf"
     if helper.exists(path) then return path end
-    print(("skipped: %s not found (the build writes it: cmake --build build)"):format(path))
+    pending(("%s not found (the build writes it: cmake --build build)"):format(path))
 end
 
 local function sha256(path)
@@ -38,10 +41,11 @@ describe("the gemma4 models", function()
             for _, dtype in ipairs({ "f32", "f16", "q8_0" }) do
                 local name = preset .. "-" .. dtype
                 local path = built(name)
-                if not path then return end
-                local fx = fixture(name)
-                assert.are.equal(fx.model.sha256, sha256(path),
-                    name .. ": make_model.lua changed; run tools/gemma4_fixtures.mjs again")
+                if path then
+                    local fx = fixture(name)
+                    assert.are.equal(fx.model.sha256, sha256(path),
+                        name .. ": make_model.lua changed; run tools/gemma4_fixtures.mjs again")
+                end
             end
         end
     end)
@@ -126,7 +130,7 @@ describe("the gemma4 models", function()
     it("pass the equivalence gate bitwise, the envelope printed first", function()
         for _, name in ipairs({ "tiny-dense-f32", "tiny-dense-f16", "tiny-moe-q8_0" }) do
             local path = built(name)
-            if not path then return end
+            if not path then goto next_model end
             local rc, out = helper.cartridge("run", helper.root .. "/recipes/equiv.lua", "--model", path,
                 "--corpus", helper.root .. "/README.md", "--p", "48", "--suffix-max", "40", "--kv", "f16")
             assert.are.equal(0, rc, out)
@@ -136,6 +140,7 @@ describe("the gemma4 models", function()
             assert.is_truthy(gate, out)
             assert.is_true(env < gate)
             assert.matches("PASS: .* %(bitwise%)", out)
+            ::next_model::
         end
     end)
 

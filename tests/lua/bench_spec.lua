@@ -1,0 +1,73 @@
+-- bench_spec.lua: every benchmark recipe runs end to end at a tiny shape and
+-- prints its figures in the format its docs show, so none can silently
+-- break. The figures themselves are not checked (speed is not a test);
+-- bench_fleet's smoke test is in fleet_spec.lua.
+
+local helper = require("helper")
+
+local MODEL = helper.root .. "/models/default.gguf"
+
+local function bench(name, ...)
+    if not helper.exists(MODEL) then
+        pending(MODEL .. " not found (the build writes it: cmake --build build)")
+        return nil
+    end
+    local rc, out, err = helper.cartridge("run", helper.root .. "/recipes/" .. name .. ".lua", ...)
+    assert.are.equal(0, rc, out .. err)
+    print((out:gsub("\n+$", ""):gsub("\n", "\n  "):gsub("^", "  ")))
+    return out
+end
+
+local NUM = "%d+%.%d+"
+
+describe("benchmark recipes at a tiny shape", function()
+    it("bench_infer: prefill, one decode stream and lockstep streams", function()
+        local out = bench("bench_infer", "--model", MODEL, "--prompt", "16", "--decode", "4", "--reps", "1",
+            "--batch", "2", "--batch-steps", "2", "--threads", "2")
+        if not out then return end
+        assert.truthy(out:find("read bandwidth " .. NUM .. " GB/s"), out)
+        assert.truthy(out:find("\nprefill %(f16%) +16 tokens +" .. NUM .. " tok/s"), out)
+        assert.truthy(out:find("\ndecode  1 stream +4 steps +" .. NUM .. " tok/s +" .. NUM .. " GB/s"), out)
+        assert.truthy(out:find("\ndecode  2 streams +2 steps +" .. NUM .. " tok/s aggregate"), out)
+    end)
+
+    it("bench_selfstudy: seconds per conversation, its breakdown and its floor", function()
+        local out = bench("bench_selfstudy", "--model", MODEL, "--corpus", helper.root .. "/README.md", "--p", "64",
+            "--chunk-min", "32", "--chunk-max", "64", "--max-q", "12", "--max-a", "16", "--steps", "2", "--accum", "2")
+        if not out then return end
+        assert.truthy(out:find("\n4 conversations, %d+ supervised answer tokens"), out)
+        assert.truthy(out:find("\nmeasured +" .. NUM .. " s/conversation: bot A " .. NUM .. ", bot B " .. NUM
+            .. ", teacher " .. NUM .. ", training step " .. NUM), out)
+        assert.truthy(out:find("\nfloor +" .. NUM .. " s/conversation: "), out)
+        assert.truthy(out:find("\nmeasured / floor: " .. NUM .. "x"), out)
+    end)
+
+    it("bench_train: the four training configurations", function()
+        local out = bench("bench_train", "--model", MODEL, "--p", "8", "--seqs", "2", "--len", "16", "--answer", "8",
+            "--repeat", "1")
+        if not out then return end
+        for _, case in ipairs({ "packed-plain", "flat-plain", "packed-recompute", "flat-recompute" }) do
+            assert.truthy(out:find("\n" .. case:gsub("%-", "%%-") .. " +" .. NUM .. " s/step +" .. NUM .. " tok/s"), out)
+        end
+        assert.truthy(out:find("\npacked vs one at a time: " .. NUM .. "x"), out)
+    end)
+
+    it("bench_grammar: decode with and without a schema, the mask's cost", function()
+        local out = bench("bench_grammar", "--model", MODEL, "--vocab-from", "", "--tokens", "8")
+        if not out then return end
+        assert.truthy(out:find("\ndecode without a schema: +" .. NUM .. " ms/step"), out)
+        assert.truthy(out:find("\ndecode with json_schema +" .. NUM .. " ms/step"), out)
+        assert.truthy(out:find("\n  mask per token: mean " .. NUM .. " ms"), out)
+    end)
+
+    it("bench_server: requests per second at each connection count", function()
+        if not helper.have("curl") then return pending("curl is not installed (scripts/setup.sh installs it)") end
+        local out = bench("bench_server", "--connections", "1,2", "--seconds", "1", "--max-tokens", "4",
+            "--parallel", "2")
+        if not out then return end
+        for _, n in ipairs({ 1, 2 }) do
+            assert.truthy(out:find("\n +" .. n .. " conn +%d+ answered %(" .. NUM .. "/s%)"), out)
+        end
+        assert.truthy(out:find("\nserver RSS: " .. NUM .. " MiB before"), out)
+    end)
+end)
