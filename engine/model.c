@@ -133,6 +133,17 @@ static int read_config(model_loader *ld, cart_model_config *c) {
     return reject_unsupported_keys(ld);
 }
 
+/* Every layer holds at least its attention's tensors, so a block_count
+ * beyond the file's tensor count is a corrupt header, refused before any
+ * per-layer table is allocated from it. */
+int check_layer_count(model_loader *ld, int32_t n_layer) {
+    const int64_t n_tensors = cart_gguf_tensor_count(ld->g);
+    if (n_layer <= n_tensors) return CART_OK;
+    return cart_fail(CART_E_FORMAT, "%s: '%s.block_count' = %d layers, but the file holds only %lld "
+                     "tensors (each layer needs several); the header is corrupt", ld->path, ld->arch,
+                     n_layer, (long long)n_tensors);
+}
+
 /* The architecture, then its config (and, for every architecture, each
  * layer's geometry in m->layers). */
 static int read_model_config(model_loader *ld, cart_model *m) {
@@ -154,6 +165,7 @@ static int read_model_config(model_loader *ld, cart_model *m) {
     if (c->arch == CART_ARCH_GEMMA4) rc = gemma4_read_config(ld, m);
     else {
         rc = read_config(ld, c);
+        if (!rc) rc = check_layer_count(ld, c->n_layer);
         if (!rc) {
             m->layers = cart_calloc((size_t)c->n_layer, sizeof *m->layers, "model layers");
             if (!m->layers) return CART_E_NOMEM;

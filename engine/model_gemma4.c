@@ -157,6 +157,7 @@ int gemma4_read_config(model_loader *ld, cart_model *m) {
     if (n_layer > 4096)
         return cart_fail(CART_E_FORMAT, "%s: %d layers is beyond this engine's limit (4096)", ld->path,
                          n_layer);
+    if ((rc = check_layer_count(ld, n_layer))) return rc;
     if ((rc = model_get_eps(ld, &c->rms_eps))) return rc;
 
     uint32_t shared = 0;

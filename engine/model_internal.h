@@ -101,6 +101,8 @@ int model_get_dim_opt(model_loader *ld, const char *suffix, int32_t *out);
 int model_get_dim_opt0(model_loader *ld, const char *suffix, int32_t *out);
 /* attention.layer_norm_rms_epsilon (required, in (0, 1)). */
 int model_get_eps(model_loader *ld, float *out);
+/* CART_E_FORMAT when block_count exceeds the file's tensor count. */
+int check_layer_count(model_loader *ld, int32_t n_layer);
 /* A tensor by name (NULL when absent), without claiming it. */
 const cart_gguf_tensor_info *model_find_tensor(model_loader *ld, const char *name);
 /* A matrix [rows, cols] as a weight view, or a vector of n as owned f32;

@@ -239,6 +239,7 @@ static void test_loading_refuses_what_it_cannot_honour_by_name(void) {
         {SET_U32, "gemma4.attention.logit_softcapping_swa", 50, CART_E_UNSUPPORTED,
          "'gemma4.attention.logit_softcapping_swa' is set"},
         {SET_U32, "gemma4.expert_gating_func", 2, CART_E_UNSUPPORTED, "gemma4.expert_gating_func"},
+        {SET_U32, "gemma4.block_count", 4000, CART_E_FORMAT, "4000 layers, but the file holds only"},
         {DROP_TENSOR, "rope_freqs.weight", 0, CART_E_FORMAT, "missing tensor 'rope_freqs.weight'"},
         {DROP_TENSOR, "blk.2.post_ffw_norm.weight", 0, CART_E_FORMAT, "missing tensor 'blk.2.post_ffw_norm.weight'"},
         {ADD_TENSOR, "blk.1.attn_qkv.scale", 0, CART_E_UNSUPPORTED,

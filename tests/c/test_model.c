@@ -322,6 +322,11 @@ static void test_loading_names_the_tensor_or_key_that_is_wrong(void) {
     write_mutant(path, ADD_KEY, "llama.rope.scaling.type");
     CHECK_ERR(cart_model_load(&m, path, NULL), CART_E_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("llama.rope.scaling.type");
+    /* a header whose layer count no table could hold (fuzz_model's finding:
+     * 2^30 layers were allocated before any tensor was looked up) */
+    write_mutant_of(CART_SHARED_DIR "/models/stories260K.gguf", path, SET_U32, "llama.block_count", 1u << 30);
+    CHECK_ERR(cart_model_load(&m, path, NULL), CART_E_FORMAT);
+    CHECK_ERROR_MENTIONS("'llama.block_count' = 1073741824 layers, but the file holds only");
     write_mutant(path, CHANGE_ARCH, "gemma2");
     CHECK_ERR(cart_model_load(&m, path, NULL), CART_E_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("supported: qwen3, llama");
