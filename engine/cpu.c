@@ -18,7 +18,7 @@
 #define CART_ARM64 1
 #endif
 
-static const char *const isa_names[CART_ISA_COUNT] = {"scalar", "avx2", "avx512", "neon"};
+static const char *const isa_names[CART_ISA_COUNT] = {"scalar", "avx2", "avx512", "neon", "avx512vnni"};
 
 const char *cart_isa_name(int32_t isa) {
     return isa >= 0 && isa < CART_ISA_COUNT ? isa_names[isa] : "unknown";
@@ -31,13 +31,14 @@ int cart_isa_parse(int32_t *isa, const char *name) {
             *isa = i;
             return CART_OK;
         }
-    return cart_fail(CART_E_ARG, "unknown ISA level '%s': use scalar, avx2, avx512 or neon", name);
+    return cart_fail(CART_E_ARG, "unknown ISA level '%s': use scalar, avx2, avx512, avx512vnni or neon", name);
 }
 
 /* ---- what the CPU has ----------------------------------------------------- */
 
 typedef struct cpu_info {
     int avx2, fma, f16c, avx512; /* avx512: F, BW, VL, DQ with OS support for zmm state */
+    int avx512vnni;
     int neon;
     char features[256];
 } cpu_info;
@@ -71,9 +72,10 @@ static void detect(void) {
     uint64_t xcr0 = osxsave ? xgetbv0() : 0;
     const int ymm_os = (xcr0 & 0x6) == 0x6;             /* SSE and AVX state */
     const int zmm_os = ymm_os && (xcr0 & 0xe0) == 0xe0; /* opmask, ZMM_Hi256, Hi16_ZMM */
-    int avx2 = 0, f = 0, bw = 0, vl = 0, dq = 0;
+    int avx2 = 0, f = 0, bw = 0, vl = 0, dq = 0, vnni = 0;
     if (__get_cpuid_max(0, NULL) >= 7) {
         __cpuid_count(7, 0, a, b, c, d);
+        vnni = (c >> 11) & 1;
         avx2 = (b >> 5) & 1;
         f = (b >> 16) & 1;
         dq = (b >> 17) & 1;
@@ -82,6 +84,7 @@ static void detect(void) {
     }
     cpu.avx2 = avx && ymm_os && avx2 && cpu.fma && cpu.f16c;
     cpu.avx512 = cpu.avx2 && zmm_os && f && bw && vl && dq;
+    cpu.avx512vnni = cpu.avx512 && vnni;
     add_feature("avx", avx && ymm_os);
     add_feature("avx2", avx2 && ymm_os);
     add_feature("fma", cpu.fma);
@@ -90,6 +93,7 @@ static void detect(void) {
     add_feature("avx512bw", bw && zmm_os);
     add_feature("avx512vl", vl && zmm_os);
     add_feature("avx512dq", dq && zmm_os);
+    add_feature("avx512vnni", vnni && zmm_os);
 #elif CART_ARM64
     snprintf(cpu.features, sizeof cpu.features, "aarch64:");
     unsigned long hw = getauxval(AT_HWCAP);
@@ -125,6 +129,8 @@ static const cart_kernels *table_of(int32_t isa) {
         return cart_kernels_avx512();
     case CART_ISA_NEON:
         return cart_kernels_neon();
+    case CART_ISA_AVX512VNNI:
+        return cart_kernels_avx512vnni();
     default:
         return NULL;
     }
@@ -148,6 +154,9 @@ int32_t cart_isa_supported(int32_t isa) {
     case CART_ISA_NEON:
         cpu_has = cpu.neon;
         break;
+    case CART_ISA_AVX512VNNI:
+        cpu_has = cpu.avx512vnni;
+        break;
     default:
         break;
     }
@@ -155,7 +164,7 @@ int32_t cart_isa_supported(int32_t isa) {
 }
 
 int32_t cart_isa_best(void) {
-    static const int32_t order[] = {CART_ISA_AVX512, CART_ISA_AVX2, CART_ISA_NEON};
+    static const int32_t order[] = {CART_ISA_AVX512VNNI, CART_ISA_AVX512, CART_ISA_AVX2, CART_ISA_NEON};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (cart_isa_supported(order[i])) return order[i];
     return CART_ISA_SCALAR;
@@ -165,7 +174,8 @@ int32_t cart_isa_best(void) {
  * them). */
 static int build_has(int32_t isa) {
 #if CART_X86
-    return isa == CART_ISA_SCALAR || isa == CART_ISA_AVX2 || isa == CART_ISA_AVX512;
+    return isa == CART_ISA_SCALAR || isa == CART_ISA_AVX2 || isa == CART_ISA_AVX512 ||
+           isa == CART_ISA_AVX512VNNI;
 #elif CART_ARM64
     return isa == CART_ISA_SCALAR || isa == CART_ISA_NEON;
 #else

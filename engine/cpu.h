@@ -2,10 +2,10 @@
  * cpu.h - which instruction-set level the engine's kernels run at.
  *
  * One build carries the kernels of every level its target architecture has
- * (x86-64: scalar, avx2, avx512; AArch64: scalar, neon) and picks, on first
+ * (x86-64: scalar, avx2, avx512, avx512vnni; AArch64: scalar, neon) and picks, on first
  * use, the best one the CPU supports: cpuid and xgetbv on x86 (the OS must
  * save the vector registers too), getauxval(AT_HWCAP) on Linux/AArch64.
- * The environment variable CART_ISA=scalar|avx2|avx512|neon forces a level.
+ * The environment variable CART_ISA=scalar|avx2|avx512|avx512vnni|neon forces a level.
  * Naming one the CPU or the build lacks is an error that cart_isa_init()
  * returns, and with it every model load and matmul call: the cartridge
  * executable prints it and exits 1 rather than run at another level.
@@ -14,6 +14,8 @@
  *   avx2    x86-64 with AVX2, FMA and F16C (Haswell, Zen 1 and later)
  *   avx512  x86-64 with AVX-512 F, BW, VL and DQ (Skylake-X, Zen 4 and later)
  *   neon    AArch64 Advanced SIMD (every AArch64 CPU)
+ *   avx512vnni  avx512 plus AVX-512 VNNI (Ice Lake, Zen 4 and later): the
+ *           integer block products on vpdpbusd, everything else as avx512
  *
  * Every level computes the same bits. Each output element of a product is
  * one chain of fused multiply-adds in a fixed order, each vector sum a fixed
@@ -38,7 +40,8 @@ typedef enum cart_isa {
     CART_ISA_AVX2 = 1,
     CART_ISA_AVX512 = 2,
     CART_ISA_NEON = 3,
-    CART_ISA_COUNT = 4
+    CART_ISA_AVX512VNNI = 4,
+    CART_ISA_COUNT = 5
 } cart_isa;
 
 /* The level's name ("scalar", "avx2", ...), or "unknown". Static storage. */

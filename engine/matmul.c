@@ -25,6 +25,7 @@
 #include "dtype.h"
 #include "internal.h"
 #include "kernels/kernels.h"
+#include "kernels/qdot.h"
 #include "matmul.h"
 
 enum {
@@ -215,6 +216,7 @@ static int check_weight(mm_src *src, const cart_weight *w, const char *fn) {
     src->type_size = info.type_size;
     src->rows = w->rows;
     src->cols = w->cols;
+    src->packed = w->packed;
     return CART_OK;
 }
 
@@ -403,6 +405,136 @@ static int backward_run(float *dx, int64_t ldx, const float *dy, int64_t ldy, co
     return CART_OK;
 }
 
+/* ---- the integer block products (kernels/qdot.h) ---------------------------
+ * The activations are quantized once per call (for every weight of a _many
+ * call that shares their kind), then tasks of whole row groups run the
+ * level's qk_groups over blocks of QK_TOKENS tokens. A weight without a
+ * packed copy is packed one group at a time into per-thread scratch: the
+ * same bytes, so the same bits, only slower. */
+
+enum {
+    MANY_MAX = 8,
+    QK_TOKENS = 256, /* tokens per pass over the groups: their quantized rows stay in L2 */
+};
+
+typedef struct qk_job {
+    const cart_kernels *k;
+    int32_t count;
+    const mm_src *w[MANY_MAX];
+    qk_src src[MANY_MAX];
+    float *y[MANY_MAX];
+    int64_t ldy[MANY_MAX];
+    int64_t first[MANY_MAX + 1]; /* the global index of weight k's first group */
+    qk_act act;
+    const float *x;
+    int64_t ldx;
+    int64_t t0, t1;     /* the pass's tokens */
+    uint8_t *scratch;   /* per thread: one packed group, scratch_bytes each */
+    uint64_t scratch_bytes;
+} qk_job;
+
+static void qk_quantize_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    qk_job *j = ctx;
+    qk_quantize(&j->act, j->x, j->ldx, begin, end);
+}
+
+static void qk_group_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    qk_job *j = ctx;
+    for (int32_t k = 0; k < j->count; k++) {
+        const int64_t lo = begin > j->first[k] ? begin : j->first[k];
+        const int64_t hi = end < j->first[k + 1] ? end : j->first[k + 1];
+        if (lo >= hi) continue;
+        const int64_t g0 = lo - j->first[k], g1 = hi - j->first[k];
+        if (j->src[k].data) {
+            j->k->qk_groups(&j->src[k], &j->act, j->t0, j->t1, g0, g1, j->y[k], j->ldy[k]);
+            continue;
+        }
+        const mm_src *w = j->w[k];
+        uint8_t *buf = j->scratch + (uint64_t)thread * j->scratch_bytes;
+        for (int64_t g = g0; g < g1; g++) {
+            qk_pack_groups(buf, w->dtype, w->data, w->row_bytes, w->rows, w->cols, g, g + 1);
+            qk_src one;
+            qk_src_init(&one, w->dtype, buf, w->rows - g * QK_ROWS, w->cols);
+            j->k->qk_groups(&one, &j->act, j->t0, j->t1, 0, 1, j->y[k] + g * QK_ROWS, j->ldy[k]);
+        }
+    }
+}
+
+/* count weights (qk_supported, one activation kind, the same cols, rows >
+ * 0) times x, n >= 1 tokens. */
+static int forward_qk(int32_t count, const mm_src *const *w, float *const *y, const int64_t *ldy, const float *x,
+                      int64_t ldx, int64_t n, cart_pool *pool) {
+    const int32_t threads = cart_pool_size(pool);
+    qk_job j = {.k = cart_kern(), .count = count, .x = x, .ldx = ldx};
+    const int64_t cols = w[0]->cols;
+    const int32_t kind = qk_act_kind_of(w[0]->dtype);
+    uint64_t scratch = 0;
+    for (int32_t k = 0; k < count; k++) {
+        j.w[k] = w[k];
+        j.y[k] = y[k];
+        j.ldy[k] = ldy[k];
+        qk_src_init(&j.src[k], w[k]->dtype, w[k]->packed, w[k]->rows, cols);
+        j.first[k + 1] = j.first[k] + j.src[k].groups;
+        if (!w[k]->packed && j.src[k].group_bytes > scratch) scratch = j.src[k].group_bytes;
+    }
+    j.scratch_bytes = scratch;
+    const size_t act = qk_act_bytes(kind, n, cols);
+    workspace ws;
+    if (workspace_get(&ws, act + (size_t)scratch * (size_t)threads + 64, "quantized activations") != CART_OK)
+        return CART_E_NOMEM;
+    j.scratch = (uint8_t *)ws.p;
+    qk_act_init(&j.act, (uint8_t *)ws.p + (size_t)scratch * (size_t)threads, kind, n, cols);
+    cart_pool_for(pool, n, 1 + 8192 / cols, qk_quantize_task, &j);
+    for (j.t0 = 0; j.t0 < n; j.t0 += QK_TOKENS) {
+        j.t1 = min64(j.t0 + QK_TOKENS, n);
+        cart_pool_for(pool, j.first[count], 1, qk_group_task, &j);
+    }
+    workspace_put(&ws);
+    return CART_OK;
+}
+
+
+typedef struct qk_pack_job {
+    const mm_src *w;
+    uint8_t *dst;
+    uint64_t group_bytes;
+} qk_pack_job;
+
+static void qk_pack_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    qk_pack_job *j = ctx;
+    qk_pack_groups(j->dst + (uint64_t)begin * j->group_bytes, j->w->dtype, j->w->data, j->w->row_bytes,
+                   j->w->rows, j->w->cols, begin, end);
+}
+
+int cart_weight_repack(cart_weight *w, uint64_t *bytes, cart_pool *pool) {
+    static const char fn[] = "cart_weight_repack";
+    if (bytes) *bytes = 0;
+    mm_src src;
+    int rc = check_weight(&src, w, fn);
+    if (rc != CART_OK) return rc;
+    if (!qk_supported(src.dtype) || src.rows == 0 || src.cols == 0) return CART_OK;
+    qk_src q;
+    qk_src_init(&q, src.dtype, NULL, src.rows, src.cols);
+    if (q.group_bytes > 0 && (uint64_t)q.groups > (UINT64_C(1) << 62) / q.group_bytes)
+        return cart_fail(CART_E_ARG, "%s: %lld rows of %lld columns overflow", fn, (long long)src.rows,
+                         (long long)src.cols);
+    const uint64_t total = q.group_bytes * (uint64_t)q.groups;
+    uint8_t *dst = alloc_aligned((size_t)total, "repacked weight");
+    if (!dst) return cart_fail_context(CART_E_NOMEM, "%s", fn);
+    qk_pack_job pj = {.w = &src, .dst = dst, .group_bytes = q.group_bytes};
+    cart_pool_for(pool ? pool : cart_default_pool(), q.groups, 8, qk_pack_task, &pj);
+    cart_weight_free_packed(w);
+    w->packed = dst;
+    if (bytes) *bytes = total;
+    return CART_OK;
+}
+
+void cart_weight_free_packed(cart_weight *w) {
+    if (!w) return;
+    free((void *)w->packed);
+    w->packed = NULL;
+}
+
 
 /* ---- entry points --------------------------------------------------------- */
 
@@ -410,8 +542,14 @@ int32_t cart_matmul_path_for(int64_t n) {
     return n <= GEMV_MAX_N ? CART_MM_GEMV : CART_MM_GEMM;
 }
 
-int cart_matmul_forward_path(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
-                             int64_t n, int32_t path, cart_pool *pool) {
+int32_t cart_matmul_path_invariant(int32_t dtype) {
+    return qk_supported(dtype);
+}
+
+/* Checks a forward call and runs it: the integer products for the types
+ * they cover (unless exact), else the f32 kernels on `path`. */
+static int forward_checked(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w, int64_t n,
+                           int32_t path, int exact, cart_pool *pool) {
     static const char fn[] = "cart_matmul_forward";
     if (cart_isa_init() != CART_OK) return cart_fail_context(cart_last_status(), "%s", fn);
     if (path != CART_MM_AUTO && path != CART_MM_GEMV && path != CART_MM_GEMM)
@@ -428,15 +566,27 @@ int cart_matmul_forward_path(float *y, int64_t ldy, const float *x, int64_t ldx,
         return CART_OK;
     }
     if (!pool) pool = cart_default_pool();
+    if (!exact && qk_supported(src.dtype)) {
+        const mm_src *ws[1] = {&src};
+        return forward_qk(1, ws, &y, &ldy, x, ldx, n, pool);
+    }
     return forward_run(y, ldy, x, ldx, &src, n, path, pool);
+}
+
+int cart_matmul_forward_path(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
+                             int64_t n, int32_t path, cart_pool *pool) {
+    return forward_checked(y, ldy, x, ldx, w, n, path, 0, pool);
 }
 
 int cart_matmul_forward(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
                         int64_t n, cart_pool *pool) {
-    return cart_matmul_forward_path(y, ldy, x, ldx, w, n, CART_MM_AUTO, pool);
+    return forward_checked(y, ldy, x, ldx, w, n, CART_MM_AUTO, 0, pool);
 }
 
-enum { MANY_MAX = 8 };
+int cart_matmul_forward_exact(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
+                              int64_t n, cart_pool *pool) {
+    return forward_checked(y, ldy, x, ldx, w, n, CART_MM_AUTO, 1, pool);
+}
 
 typedef struct many_job {
     const cart_kernels *k;
@@ -465,6 +615,62 @@ static void gemv_many_task(void *ctx, int64_t begin, int64_t end, int32_t thread
     }
 }
 
+/* Checks the weights and operands of a _many call into j->src; *shared
+ * says whether they can share one pass: the same cols, nonempty, and
+ * either all integer products of one activation kind (*qk = 1) or all
+ * float kinds of one rounding. */
+static int many_check(many_job *j, float *const *y, const int64_t *ldy, const float *x, int64_t ldx,
+                      const cart_weight *const *w, int64_t n, int *shared, int *qk) {
+    static const char fn[] = "cart_matmul_forward_many";
+    *shared = j->count >= 1 && j->count <= MANY_MAX && n >= 1;
+    *qk = *shared;
+    for (int32_t k = 0; *shared && k < j->count; k++) {
+        int rc = check_weight(&j->src[k], w[k], fn);
+        if (rc != CART_OK) return rc;
+        rc = check_operands(fn, y[k], ldy[k], j->src[k].rows, "y", x, ldx, j->src[k].cols, "x", n);
+        if (rc != CART_OK) return rc;
+        const mm_src *a = &j->src[0], *b = &j->src[k];
+        *qk = *qk && qk_supported(b->dtype) && qk_act_kind_of(b->dtype) == qk_act_kind_of(a->dtype);
+        *shared = b->cols == a->cols && b->rows > 0 && b->cols > 0 &&
+                  (*qk || (!qk_supported(a->dtype) && !qk_supported(b->dtype) &&
+                           round_for(b->dtype) == round_for(a->dtype)));
+        j->y[k] = y[k];
+        j->ldy[k] = ldy[k];
+        j->first_task[k + 1] = j->first_task[k] + ceil_div(b->rows, GEMV_ROWS);
+    }
+    *qk = *qk && *shared;
+    return CART_OK;
+}
+
+/* The GEMV pass of a _many call over float-kind weights (n <= GEMV_MAX_N). */
+static int many_gemv(many_job *j, const float *x, int64_t ldx, int64_t n, cart_pool *pool) {
+    const int32_t threads = cart_pool_size(pool);
+    int64_t scratch = 0;
+    for (int32_t k = 0; k < j->count; k++) {
+        int64_t need = mm_scratch_floats(&j->src[k], MM_PATH_GEMV, j->k->mv);
+        if (need > scratch) scratch = need;
+    }
+    int32_t round = round_for(j->src[0].dtype);
+    int64_t rounded = round != MM_ROUND_NONE ? n * j->src[0].cols : 0;
+    job tmp = {0};
+    workspace ws;
+    if (workspace_for(&tmp, &ws, threads, scratch, rounded) != CART_OK) return CART_E_NOMEM;
+    j->scratch = tmp.scratch;
+    j->scratch_floats = tmp.scratch_floats;
+    j->in = x;
+    j->ldi = ldx;
+    j->n = n;
+    if (rounded) {
+        /* the activations rounded once for every weight, as each call would */
+        j->k->round_rows(tmp.packed, x, ldx, j->src[0].cols, round, 0, n);
+        j->in = tmp.packed;
+        j->ldi = j->src[0].cols;
+    }
+    cart_pool_for(pool, j->first_task[j->count], 1, gemv_many_task, j);
+    workspace_put(&ws);
+    return CART_OK;
+}
+
 int cart_matmul_forward_many_path(int32_t count, float *const *y, const int64_t *ldy, const float *x,
                                   int64_t ldx, const cart_weight *const *w, int64_t n, int32_t path,
                                   cart_pool *pool) {
@@ -472,55 +678,29 @@ int cart_matmul_forward_many_path(int32_t count, float *const *y, const int64_t 
     if (count < 0) return cart_fail(CART_E_ARG, "%s: count %d", fn, (int)count);
     if (cart_isa_init() != CART_OK) return cart_fail_context(cart_last_status(), "%s", fn);
     if (path == CART_MM_AUTO) path = cart_matmul_path_for(n);
-    if (path == CART_MM_GEMV && n > GEMV_MAX_N && count <= MANY_MAX) {
+    many_job j = {.k = cart_kern(), .count = count};
+    int shared, qk;
+    int rc = many_check(&j, y, ldy, x, ldx, w, n, &shared, &qk);
+    if (rc != CART_OK) return rc;
+    if (!pool && shared) pool = cart_default_pool();
+    if (qk) {
+        const mm_src *ws[MANY_MAX];
+        for (int32_t k = 0; k < count; k++) ws[k] = &j.src[k];
+        return forward_qk(count, ws, j.y, j.ldy, x, ldx, n, pool);
+    }
+    if (shared && path == CART_MM_GEMV) {
         /* passes of at most GEMV_MAX_N tokens: the same bits per token */
-        float *yp[MANY_MAX];
         for (int64_t i0 = 0; i0 < n; i0 += GEMV_MAX_N) {
+            float *yp[MANY_MAX];
             for (int32_t k = 0; k < count; k++) yp[k] = y[k] + i0 * ldy[k];
-            int rc = cart_matmul_forward_many_path(count, yp, ldy, x + i0 * ldx, ldx, w, min64(GEMV_MAX_N, n - i0),
-                                                   CART_MM_GEMV, pool);
-            if (rc != CART_OK) return rc;
+            many_job part = j;
+            for (int32_t k = 0; k < count; k++) part.y[k] = yp[k];
+            if ((rc = many_gemv(&part, x + i0 * ldx, ldx, min64(GEMV_MAX_N, n - i0), pool)) != CART_OK) return rc;
         }
-        return CART_OK;
-    }
-    int same = path == CART_MM_GEMV && count >= 1 && count <= MANY_MAX && n >= 1 && n <= GEMV_MAX_N;
-    many_job j = {.k = cart_kern(), .count = count, .in = x, .ldi = ldx, .n = n};
-    int64_t scratch = 0;
-    for (int32_t k = 0; same && k < count; k++) {
-        int rc = check_weight(&j.src[k], w[k], fn);
-        if (rc != CART_OK) return rc;
-        rc = check_operands(fn, y[k], ldy[k], j.src[k].rows, "y", x, ldx, j.src[k].cols, "x", n);
-        if (rc != CART_OK) return rc;
-        same = j.src[k].cols == j.src[0].cols && round_for(j.src[k].dtype) == round_for(j.src[0].dtype) &&
-               j.src[k].rows > 0 && j.src[k].cols > 0;
-        j.y[k] = y[k];
-        j.ldy[k] = ldy[k];
-        j.first_task[k + 1] = j.first_task[k] + ceil_div(j.src[k].rows, GEMV_ROWS);
-        int64_t need = mm_scratch_floats(&j.src[k], MM_PATH_GEMV, j.k->mv);
-        if (need > scratch) scratch = need;
-    }
-    if (same) {
-        if (!pool) pool = cart_default_pool();
-        const int32_t threads = cart_pool_size(pool);
-        int32_t round = round_for(j.src[0].dtype);
-        int64_t rounded = round != MM_ROUND_NONE ? n * j.src[0].cols : 0;
-        job tmp = {0};
-        workspace ws;
-        if (workspace_for(&tmp, &ws, threads, scratch, rounded) != CART_OK) return CART_E_NOMEM;
-        j.scratch = tmp.scratch;
-        j.scratch_floats = tmp.scratch_floats;
-        if (rounded) {
-            /* the activations rounded once for every weight, as each call would */
-            j.k->round_rows(tmp.packed, x, ldx, j.src[0].cols, round, 0, n);
-            j.in = tmp.packed;
-            j.ldi = j.src[0].cols;
-        }
-        cart_pool_for(pool, j.first_task[count], 1, gemv_many_task, &j);
-        workspace_put(&ws);
         return CART_OK;
     }
     for (int32_t k = 0; k < count; k++) {
-        int rc = cart_matmul_forward_path(y[k], ldy[k], x, ldx, w[k], n, path, pool);
+        rc = cart_matmul_forward_path(y[k], ldy[k], x, ldx, w[k], n, path, pool);
         if (rc != CART_OK) return rc;
     }
     return CART_OK;
@@ -544,84 +724,6 @@ int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy, c
     if (n == 0 || src.rows == 0 || src.cols == 0) return CART_OK;
     if (!pool) pool = cart_default_pool();
     return backward_run(dx, ldx, dy, ldy, &src, n, pool);
-}
-
-/* ---- q8_0 x q8_0 ------------------------------------------------------------ */
-
-enum { Q8_BLOCK = 32, Q8_ROWS = 16 /* weight rows per task */ };
-
-typedef struct q8_job {
-    const mm_src *w;
-    float *y;
-    int64_t ldy;
-    const int8_t *xq; /* [n][cols] quantized activations */
-    const float *xd;  /* [n][cols / 32] their block scales */
-    int64_t n;
-} q8_job;
-
-/* One activation row to q8_0 as GGML's x86 quantize_row_q8_0. */
-static void quantize_row_q8(int8_t *q, float *d, const float *x, int64_t cols) {
-    for (int64_t b = 0; b < cols / Q8_BLOCK; b++) {
-        const float *xb = x + b * Q8_BLOCK;
-        float amax = 0.0f;
-        for (int i = 0; i < Q8_BLOCK; i++) {
-            float a = fabsf(xb[i]);
-            if (a > amax) amax = a;
-        }
-        d[b] = cart_f16_to_f32(cart_f32_to_f16(amax / 127.0f));
-        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        for (int i = 0; i < Q8_BLOCK; i++) q[b * Q8_BLOCK + i] = (int8_t)nearbyintf(xb[i] * id);
-    }
-}
-
-static void q8_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
-    q8_job *j = ctx;
-    const int64_t cols = j->w->cols, nb = cols / Q8_BLOCK;
-    for (int64_t r = begin * Q8_ROWS; r < end * Q8_ROWS && r < j->w->rows; r++) {
-        const uint8_t *row = j->w->data + (uint64_t)r * j->w->row_bytes;
-        for (int64_t i = 0; i < j->n; i++) {
-            const int8_t *xq = j->xq + i * cols;
-            const float *xd = j->xd + i * nb;
-            float acc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = row + b * 34; /* f16 d, then 32 int8 */
-                uint16_t dh;
-                memcpy(&dh, blk, 2);
-                const int8_t *wq = (const int8_t *)(blk + 2);
-                int32_t isum = 0;
-                for (int k = 0; k < Q8_BLOCK; k++) isum += (int32_t)wq[k] * (int32_t)xq[b * Q8_BLOCK + k];
-                acc += (float)isum * (cart_f16_to_f32(dh) * xd[b]);
-            }
-            j->y[i * j->ldy + r] = acc;
-        }
-    }
-}
-
-int cart_matmul_forward_q8(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
-                           int64_t n, cart_pool *pool) {
-    static const char fn[] = "cart_matmul_forward_q8";
-    mm_src src;
-    int rc = check_weight(&src, w, fn);
-    if (rc != CART_OK) return rc;
-    if (src.dtype != CART_Q8_0)
-        return cart_fail(CART_E_ARG, "%s: the weight is %s, not q8_0", fn, cart_dtype_name(src.dtype));
-    rc = check_operands(fn, y, ldy, src.rows, "y", x, ldx, src.cols, "x", n);
-    if (rc != CART_OK) return rc;
-    if (n == 0 || src.rows == 0) return CART_OK;
-    const int64_t nb = src.cols / Q8_BLOCK;
-    int8_t *xq = malloc((size_t)(n * src.cols) + 1);
-    float *xd = malloc(sizeof(float) * (size_t)(n * nb) + 1);
-    if (!xq || !xd) {
-        free(xq);
-        free(xd);
-        return cart_fail(CART_E_NOMEM, "%s: out of memory quantizing %lld activation rows", fn, (long long)n);
-    }
-    for (int64_t i = 0; i < n; i++) quantize_row_q8(xq + i * src.cols, xd + i * nb, x + i * ldx, src.cols);
-    q8_job j = {.w = &src, .y = y, .ldy = ldy, .xq = xq, .xd = xd, .n = n};
-    cart_pool_for(pool ? pool : cart_default_pool(), ceil_div(src.rows, Q8_ROWS), 1, q8_task, &j);
-    free(xq);
-    free(xd);
-    return CART_OK;
 }
 
 typedef struct widen_job {

@@ -9,23 +9,41 @@
  * Backward: dx[n, cols] += dy[n, rows] @ W      (gradient w.r.t. the input;
  *           the weights are frozen, so there is no dW)
  *
- * Numerics follow GGML's CPU backend where it matters for matching llama.cpp:
+ * Numerics follow GGML's CPU backend, so that results match llama.cpp's:
  *   f32  weights: f32 products, f32 accumulation.
  *   f16  weights: each activation is rounded to f16 first (GGML's vec_dot_type
  *                 for F16), products and accumulation in f32.
  *   bf16 weights: activations rounded to bf16 first, f32 accumulation.
- *   block types:  weights dequantized exactly (cart_to_f32) and multiplied by
- *                 the f32 activations; GGML instead quantizes the activations
- *                 to q8_0 / q8_K, so results differ from llama.cpp by that
- *                 rounding, and agree with dequantize-then-f32 matmul.
- * The backward pass uses f32 activations (dy) for every dtype: training
- * gradients are not meant to mimic an inference engine's rounding.
+ *   q4_0 q4_1 q5_0 q5_1 q8_0 iq4_nl q2_K q3_K q4_K q5_K q6_K iq4_xs: each
+ *                 activation row is quantized as GGML quantizes it for that
+ *                 weight type (q8_1 for q4_1 and q5_1, q8_0 for the other
+ *                 blocks of 32, q8_K for the blocks of 256), then every
+ *                 output is a sum over the row's blocks of exact integer dot
+ *                 products times the blocks' scales. Rounding is to nearest,
+ *                 ties to even, on every level (GGML's x86 rule; its plain C
+ *                 q8_0 rounds ties away). engine/kernels/qdot.h writes out
+ *                 every step: it is the contract, and a row's output depends
+ *                 on nothing but that row, whatever n, the path, the thread
+ *                 count, the level or the layout (GGUF rows or repacked).
+ *   other block types (q8_1, q8_K as weights): dequantized exactly
+ *                 (cart_to_f32) and multiplied by the f32 activations.
+ * cart_matmul_forward_exact is the forward without activation quantization:
+ * every block type dequantized exactly and multiplied by f32 activations.
+ * The training passes use it (train.c, params.c) with the backward, which
+ * multiplies f32 dy by the exactly dequantized weights: a quantized
+ * activation is a step function of the input, whose derivative is zero
+ * almost everywhere, so the gradient is taken of the smooth product the
+ * quantization approximates (what a straight-through estimator does), and
+ * finite differences of cart_matmul_forward_exact check it. Inference
+ * (cart_model_forward and what is built on it) uses cart_matmul_forward.
  *
  * Work is split over `pool` (NULL: the default pool). Results do not depend
  * on the thread count, nor on the ISA level (cpu.h): every level computes
  * the same arithmetic.
  *
- * Batch invariance (every level): with n <= 16 the memory-bound GEMV
+ * Batch invariance (every level): for the integer block products every
+ * path gives the same bits (each row's sums are exact, its scale steps
+ * fixed). For f32, f16 and bf16 weights, with n <= 16 the memory-bound GEMV
  * kernels run and each row's output is bitwise what it would be computed
  * alone; with n > 16 the GEMM kernels run and a row's output again does not
  * depend on n or on its place in the batch. Between the two regimes results
@@ -56,12 +74,26 @@ typedef struct cart_weight {
     int64_t rows;       /* output features */
     int64_t cols;       /* input features; a multiple of the dtype's block size */
     uint64_t row_bytes; /* bytes per stored row */
+    const void *packed; /* NULL, or the matrix repacked by cart_weight_repack (owned by its caller) */
 } cart_weight;
 
 /* Fills *w for `data` holding rows x cols elements of `dtype`. CART_E_ARG when
  * cols is not a whole number of blocks or a dimension is negative;
  * CART_E_UNSUPPORTED when the dtype cannot be dequantized. */
 int cart_weight_init(cart_weight *w, int32_t dtype, const void *data, int64_t rows, int64_t cols);
+
+/* The weight's rows repacked for the integer products (kernels/qdot.h: rows
+ * in groups of 16, each group's blocks interleaved so that one 64-byte load
+ * holds 4 elements of 16 rows, scales regrouped beside them); w->packed
+ * points at the copy, which cart_weight_free_packed frees. Products give the
+ * same bits with it as without; reading contiguous groups is what makes
+ * them fast. The GGUF rows (w->data) stay what the exact forward, the
+ * backward and writers read. For a dtype the integer products do not cover
+ * it does nothing (packed stays NULL). *bytes (may be NULL) receives the
+ * copy's size. CART_E_NOMEM when it cannot be allocated; CART_E_ARG for a
+ * weight cart_weight_init would refuse. */
+int cart_weight_repack(cart_weight *w, uint64_t *bytes, cart_pool *pool);
+void cart_weight_free_packed(cart_weight *w);
 
 /* y[i, :] = W @ x[i, :] for i in [0, n). ldx >= cols and ldy >= rows are the
  * row pitches of x and y in floats. y must not overlap x. */
@@ -87,6 +119,11 @@ typedef enum cart_mm_path {
 /* The path CART_MM_AUTO takes for n tokens. */
 int32_t cart_matmul_path_for(int64_t n);
 
+/* 1 when a weight of this dtype gives every token the same bits on either
+ * path (the integer block products), so callers need not keep a batch's
+ * streams on their own paths. */
+int32_t cart_matmul_path_invariant(int32_t dtype);
+
 /* cart_matmul_forward and cart_matmul_forward_many on a fixed path. Every
  * token's output is then bitwise what the same path gives it alone, so a
  * batch of independent streams can run each stream's tokens on the path the
@@ -98,17 +135,12 @@ int cart_matmul_forward_many_path(int32_t count, float *const *y, const int64_t 
                                   int64_t ldx, const cart_weight *const *w, int64_t n, int32_t path,
                                   cart_pool *pool);
 
-/* y[i, :] = W @ x[i, :] for a q8_0 weight the way GGML's CPU backend
- * computes it: each activation row is first quantized to q8_0 (per block of
- * 32: d = max|x| / 127 kept as f16, q = x * (127 / max|x|) rounded to
- * nearest even, as GGML's x86 quantizer does), then every output is the sum
- * over blocks, in block order in f32, of the block's integer dot product
- * times d_weight * d_x. It matches llama.cpp on q8_0 models to the rounding
- * of that sum. Every row's output depends on that row alone (the same bits
- * whatever n, the batch or the path). The gemma4 forward uses it for its
- * q8_0 weights; CART_E_ARG for a weight of another dtype. */
-int cart_matmul_forward_q8(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
-                           int64_t n, cart_pool *pool);
+/* cart_matmul_forward with f32 activations for every dtype: block types
+ * dequantized exactly (cart_to_f32) and multiplied in f32 on the GEMV (n <=
+ * 16) or GEMM path, as the "Batch invariance" paragraph says of plain
+ * types. The training forward (see the numerics above). */
+int cart_matmul_forward_exact(float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w,
+                              int64_t n, cart_pool *pool);
 
 /* dx[i, :] += W^T @ dy[i, :] for i in [0, n). ldx >= cols, ldy >= rows. */
 int cart_matmul_backward(float *dx, int64_t ldx, const float *dy, int64_t ldy,

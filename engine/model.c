@@ -288,7 +288,7 @@ static int32_t layer_matrices(layer_weights *L, int32_t n_expert, cart_weight **
 
 static void free_layers(cart_model *m) {
     if (!m->layers) return;
-    cart_weight **ws = m->widened ? malloc(sizeof *ws * (size_t)(10 + 3 * m->cfg.n_expert)) : NULL;
+    cart_weight **ws = malloc(sizeof *ws * (size_t)(10 + 3 * m->cfg.n_expert));
     for (int32_t l = 0; l < m->cfg.n_layer; l++) {
         layer_weights *L = &m->layers[l];
         free(L->attn_norm);
@@ -297,7 +297,10 @@ static void free_layers(cart_model *m) {
         free(L->k_norm);
         if (ws) {
             int32_t n = layer_matrices(L, m->cfg.n_expert, ws);
-            for (int32_t i = 0; i < n; i++) cart_weight_free_data(ws[i]);
+            for (int32_t i = 0; i < n; i++) {
+                cart_weight_free_packed(ws[i]);
+                if (m->widened) cart_weight_free_data(ws[i]);
+            }
         }
         gemma4_free_layer(L);
     }
@@ -309,6 +312,8 @@ static void free_layers(cart_model *m) {
 void cart_model_free(cart_model *m) {
     if (!m) return;
     free_layers(m);
+    cart_weight_free_packed(&m->output);
+    cart_weight_free_packed(&m->pl_model_proj);
     free(m->output_norm);
     free(m->rope_freqs);
     free(m->pl_proj_norm);
@@ -329,6 +334,32 @@ static int widen(cart_weight *w, uint64_t *bytes) {
     *w = wide;
     *bytes += (uint64_t)wide.rows * (uint64_t)wide.cols * 4;
     return CART_OK;
+}
+
+/* Repacks every block-type matrix the forward multiplies (matmul.h), not
+ * the embedding tables, which are read by row. */
+static int repack_all(cart_model *m) {
+    const double t0 = cart_now_seconds();
+    cart_weight **ws = malloc(sizeof *ws * (size_t)(12 + 3 * m->cfg.n_expert));
+    if (!ws) return cart_fail(CART_E_NOMEM, "out of memory repacking the model");
+    int rc = CART_OK;
+    for (int32_t l = -1; l < m->cfg.n_layer && !rc; l++) {
+        int32_t n = 0;
+        if (l < 0) {
+            ws[n++] = &m->output;
+            if (m->pl_model_proj.rows > 0) ws[n++] = &m->pl_model_proj;
+        } else {
+            n = layer_matrices(&m->layers[l], m->cfg.n_expert, ws);
+        }
+        for (int32_t i = 0; i < n && !rc; i++) {
+            uint64_t bytes = 0;
+            rc = cart_weight_repack(ws[i], &bytes, cart_default_pool());
+            m->packed_bytes += bytes;
+        }
+    }
+    free(ws);
+    m->repack_seconds = cart_now_seconds() - t0;
+    return rc;
 }
 
 static int load_weights(cart_model *m, model_loader *ld, const cart_model_options *opts) {
@@ -360,7 +391,6 @@ static int load_weights(cart_model *m, model_loader *ld, const cart_model_option
             return cart_fail(CART_E_FORMAT, "%s: gemma4.vocab_size %u differs from token_embd's %d rows",
                              ld->path, vocab, c->n_vocab);
         if ((rc = gemma4_load_weights(m, ld))) return rc;
-        m->act_q8 = 1;
     } else {
         m->cfg.qk_norm = c->arch == CART_ARCH_QWEN3;
         char name[96];
@@ -403,6 +433,7 @@ static int load_weights(cart_model *m, model_loader *ld, const cart_model_option
         free(ws);
         if (rc) return rc;
     }
+    if (!(opts && opts->no_repack)) return repack_all(m);
     return CART_OK;
 }
 
@@ -482,6 +513,14 @@ uint64_t cart_model_weight_bytes(const cart_model *m) {
 
 uint64_t cart_model_widened_bytes(const cart_model *m) {
     return m->widened_bytes;
+}
+
+uint64_t cart_model_packed_bytes(const cart_model *m) {
+    return m->packed_bytes;
+}
+
+double cart_model_repack_seconds(const cart_model *m) {
+    return m->repack_seconds;
 }
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
@@ -730,18 +769,13 @@ static int forward_check(const cart_model *m, cart_kv *const *kvs, int32_t n_str
 /* y = x @ W^T over the pass's tokens, run by run: each stream's tokens on
  * the path its own count takes, so its outputs do not depend on the other
  * streams of the batch. count weights share the input (matmul.h _many).
- * gemma4's q8_0 weights take cart_matmul_forward_q8, whose every row is the
- * same bits on any path. */
+ * The integer block products give every row the same bits on any path, so
+ * their runs are one call. */
 static int linear_runs(const forward_state *s, int32_t count, float *const *y, const int64_t *ldy,
                        const float *x, int64_t ldx, const cart_weight *const *w, cart_pool *pool) {
     float *yr[3];
-    if (s->m->act_q8 && w[0]->dtype == CART_Q8_0) {
-        for (int32_t k = 0; k < count; k++) {
-            int rc = cart_matmul_forward_q8(y[k], ldy[k], x, ldx, w[k], s->T, pool);
-            if (rc) return rc;
-        }
-        return CART_OK;
-    }
+    if (cart_matmul_path_invariant(w[0]->dtype))
+        return cart_matmul_forward_many_path(count, y, ldy, x, ldx, w, s->T, CART_MM_AUTO, pool);
     for (int32_t r = 0; r < s->n_runs; r++) {
         for (int32_t k = 0; k < count; k++) yr[k] = y[k] + s->run_start[r] * ldy[k];
         int rc = cart_matmul_forward_many_path(count, yr, ldy, x + s->run_start[r] * ldx, ldx, w, s->run_len[r],
@@ -756,13 +790,6 @@ static int linear_runs(const forward_state *s, int32_t count, float *const *y, c
 static int linear_gathered(const forward_state *s, int32_t r, int32_t count, float *const *y,
                            const int64_t *ldy, const float *x, int64_t ldx, const cart_weight *const *w,
                            int64_t n, cart_pool *pool) {
-    if (s->m->act_q8 && w[0]->dtype == CART_Q8_0) {
-        for (int32_t k = 0; k < count; k++) {
-            int rc = cart_matmul_forward_q8(y[k], ldy[k], x, ldx, w[k], n, pool);
-            if (rc) return rc;
-        }
-        return CART_OK;
-    }
     return cart_matmul_forward_many_path(count, y, ldy, x, ldx, w, n, s->run_path[r], pool);
 }
 
@@ -885,12 +912,10 @@ static int moe_forward(forward_state *s, cart_pool *pool) {
     rmsnorm_forward(s->tmp, s->x, NULL, T, E, c->rms_eps);
     for (int64_t t = 0; t < T; t++)
         for (int64_t i = 0; i < E; i++) s->tmp[t * E + i] = s->tmp[t * E + i] * inv_sqrt * L->router_scale[i];
-    {
-        float *out[1] = {s->logits_r};
-        const int64_t ld[1] = {NE};
-        const cart_weight *w[1] = {&L->router};
-        if ((rc = linear_runs(s, 1, out, ld, s->tmp, E, w, pool))) return rc;
-    }
+    /* on the GEMV path for every token, whatever its stream's count: the
+     * choice of experts is then the same however a prompt is split into
+     * passes (a near-tie otherwise flips with the f32 summation order) */
+    if ((rc = cart_matmul_forward_path(s->logits_r, NE, s->tmp, E, &L->router, T, CART_MM_GEMV, pool))) return rc;
     for (int64_t t = 0; t < T; t++)
         moe_route(s->sel + t * K, s->sel_w + t * K, s->logits_r + t * NE, (int32_t)NE, (int32_t)K);
     /* experts: gather each run's tokens that chose e into tmp (rows), run
@@ -1030,10 +1055,7 @@ static int forward_logits(forward_state *s, int32_t n_streams, const int64_t *lo
         }
         rmsnorm_forward(s->xn, s->xn, m->output_norm, chunk, E, c->rms_eps);
         float *out = logits + done * (int64_t)c->n_vocab;
-        if (m->act_q8 && m->output.dtype == CART_Q8_0)
-            rc = cart_matmul_forward_q8(out, c->n_vocab, s->xn, E, &m->output, chunk, pool);
-        else
-            rc = cart_matmul_forward_path(out, c->n_vocab, s->xn, E, &m->output, chunk, path, pool);
+        rc = cart_matmul_forward_path(out, c->n_vocab, s->xn, E, &m->output, chunk, path, pool);
         if (!rc && c->final_softcap > 0.0f) softcap_forward(out, chunk * (int64_t)c->n_vocab, c->final_softcap);
         done += chunk;
     }

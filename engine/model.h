@@ -28,15 +28,17 @@
  * tensor.
  *
  * Weights stay in the file's dtype and in the file's mapping (any dtype
- * cart_to_f32 handles); options.widen_f32 converts the matrices to f32 once at
- * load instead (cart_model_widened_bytes says what that costs).
+ * cart_to_f32 handles); block-type matrices are also repacked at load for
+ * the integer products (cart_model_packed_bytes says what that costs;
+ * options.no_repack skips it). options.widen_f32 converts the matrices to f32
+ * once at load instead (cart_model_widened_bytes says what that costs).
  *
  * Numerics mirror GGML's CPU backend (see matmul.h for the products):
  * RMSNorm sums in double; RoPE angles are built as GGML does (theta = pos,
  * then multiplied by base^(-2/n_rot) per pair, in f32); softmax in f32 with a
  * double sum; SiLU x / (1 + exp(-x)); GELU through GGML's f16 table (ops.h);
- * gemma4's q8_0 weights multiply activations quantized to q8_0 as GGML does
- * (cart_matmul_forward_q8, matmul.h).
+ * block-type weights multiply activations quantized as GGML quantizes them
+ * (matmul.h).
  *
  * A model may serve many caches, but forward calls on one model must not run
  * concurrently (they share the thread pool).
@@ -108,7 +110,8 @@ typedef struct cart_layer_config {
 
 typedef struct cart_model_options {
     int32_t widen_f32; /* 1: keep f32 copies of all matrices (faster prefill, more memory) */
-    int32_t reserved;  /* 0 */
+    int32_t no_repack; /* 1: multiply block-type matrices from the file's rows (the same bits,
+                          slower; for comparison) instead of repacked copies (matmul.h) */
 } cart_model_options;
 
 typedef struct cart_model cart_model;
@@ -134,6 +137,13 @@ int cart_model_layer(const cart_model *m, int32_t layer, cart_layer_config *out)
  * copies (0 unless widen_f32). */
 uint64_t cart_model_weight_bytes(const cart_model *m);
 uint64_t cart_model_widened_bytes(const cart_model *m);
+
+/* Bytes of the repacked copies of block-type matrices the load made
+ * (cart_weight_repack; 0 with no_repack or without such matrices), and the
+ * seconds repacking took. The file's own rows stay mapped beside them, for
+ * the training passes and writers. */
+uint64_t cart_model_packed_bytes(const cart_model *m);
+double cart_model_repack_seconds(const cart_model *m);
 
 /* A 64-bit fingerprint of the model: FNV-1a over the config, every tensor's
  * name, dtype and dims, and up to 4 KiB from the start and the end of each

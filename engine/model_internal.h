@@ -61,9 +61,10 @@ struct cart_model {
     cart_weight pl_tok_embd; /* [n_vocab, n_layer * n_embd_per_layer] per-layer token embeddings */
     cart_weight pl_model_proj; /* [n_layer * n_embd_per_layer, n_embd] */
     float *pl_proj_norm;   /* [n_embd_per_layer] */
-    int act_q8;            /* q8_0 weights multiply q8_0-quantized activations (GGML's way) */
     uint64_t weight_bytes;
     uint64_t widened_bytes;
+    uint64_t packed_bytes; /* repacked copies (cart_weight_repack) */
+    double repack_seconds;
     int widened;           /* matrices point at malloc'ed f32 copies */
 };
 

@@ -694,7 +694,7 @@ static int weight_grad_with(const wgrad_scratch *ws, float *dw, const float *dy,
     cart_weight w;
     transpose(ws->dyt, dy, ldy, T, rows);
     int rc = cart_weight_init(&w, CART_F32, ws->xt, cols, T);
-    if (!rc) rc = cart_matmul_forward(ws->g, cols, ws->dyt, T, &w, rows, cart_default_pool());
+    if (!rc) rc = cart_matmul_forward_exact(ws->g, cols, ws->dyt, T, &w, rows, cart_default_pool());
     if (!rc)
         for (int64_t i = 0; i < rows * cols; i++) dw[i] += ws->g[i];
     return rc;
@@ -1031,7 +1031,7 @@ static int moe_forward(pass *s, int64_t *list, float *rows_e, float *rows_fe) {
     for (int64_t t = 0; t < T; t++)
         for (int64_t i = 0; i < E; i++) s->tmp[t * E + i] = s->tmp[t * E + i] * inv_sqrt * L->router_scale[i];
     float *probs = s->ms.dlogits; /* [T, NE]; the backward's until then */
-    if ((rc = cart_matmul_forward(probs, NE, s->tmp, E, &L->router, T, pool))) return rc;
+    if ((rc = cart_matmul_forward_exact(probs, NE, s->tmp, E, &L->router, T, pool))) return rc;
     for (int64_t t = 0; t < T; t++) moe_route(a->sel + t * K, a->sel_w + t * K, probs + t * NE, (int32_t)NE, (int32_t)K);
     for (int32_t e = 0; e < NE; e++) {
         int64_t n = expert_slots(a, T, K, e, list);
@@ -1039,15 +1039,15 @@ static int moe_forward(pass *s, int64_t *list, float *rows_e, float *rows_fe) {
         for (int64_t i = 0; i < n; i++)
             memcpy(rows_e + i * E, a->xm + (list[i] / K) * E, sizeof(float) * (size_t)E);
         float *g = rows_fe, *u = rows_fe + n * FE;
-        if ((rc = cart_matmul_forward(g, FE, rows_e, E, &L->exp_gate[e], n, pool)) ||
-            (rc = cart_matmul_forward(u, FE, rows_e, E, &L->exp_up[e], n, pool)))
+        if ((rc = cart_matmul_forward_exact(g, FE, rows_e, E, &L->exp_gate[e], n, pool)) ||
+            (rc = cart_matmul_forward_exact(u, FE, rows_e, E, &L->exp_up[e], n, pool)))
             return rc;
         for (int64_t i = 0; i < n; i++) {
             memcpy(a->eg + list[i] * FE, g + i * FE, sizeof(float) * (size_t)FE);
             memcpy(a->eu + list[i] * FE, u + i * FE, sizeof(float) * (size_t)FE);
         }
         geglu_forward(g, g, u, n * FE); /* h in place of the gate rows */
-        if ((rc = cart_matmul_forward(rows_e, E, g, FE, &L->exp_down[e], n, pool))) return rc;
+        if ((rc = cart_matmul_forward_exact(rows_e, E, g, FE, &L->exp_down[e], n, pool))) return rc;
         const float scale = L->exp_scale ? L->exp_scale[e] : 1.0f;
         for (int64_t i = 0; i < n; i++)
             for (int64_t d = 0; d < E; d++) a->ey[list[i] * E + d] = rows_e[i * E + d] * scale;
@@ -1078,33 +1078,33 @@ static int layer_forward(pass *s, float *x_out) {
     int rc;
     rmsnorm_forward_keep(a->xn1, a->rstd1, a->x_in, L->attn_norm, T, E, c->rms_eps);
     float *vdst = gemma ? a->v_raw : a->v;
-    if ((rc = cart_matmul_forward(a->q_raw, HD, a->xn1, E, &L->wq, T, pool))) return rc;
-    if ((rc = cart_matmul_forward(a->k_raw, KD, a->xn1, E, &L->wk, T, pool))) return rc;
+    if ((rc = cart_matmul_forward_exact(a->q_raw, HD, a->xn1, E, &L->wq, T, pool))) return rc;
+    if ((rc = cart_matmul_forward_exact(a->k_raw, KD, a->xn1, E, &L->wk, T, pool))) return rc;
     if (L->wv.rows == 0) memcpy(vdst, a->k_raw, sizeof(float) * (size_t)(T * KD));
-    else if ((rc = cart_matmul_forward(vdst, KD, a->xn1, E, &L->wv, T, pool))) return rc;
+    else if ((rc = cart_matmul_forward_exact(vdst, KD, a->xn1, E, &L->wv, T, pool))) return rc;
     cart_pool_for(pool, T, 16, qk_prepare_range, s);
     cart_pool_for(pool, T * g->n_head_kv, 1, attention_range, s);
     if (!gemma) {
-        if ((rc = cart_matmul_forward(a->x_mid, E, a->att, HD, &L->wo, T, pool))) return rc;
+        if ((rc = cart_matmul_forward_exact(a->x_mid, E, a->att, HD, &L->wo, T, pool))) return rc;
         for (int64_t i = 0; i < T * E; i++) a->x_mid[i] += a->x_in[i];
         rmsnorm_forward_keep(a->xn2, a->rstd2, a->x_mid, L->ffn_norm, T, E, c->rms_eps);
-        if ((rc = cart_matmul_forward(a->gate, F, a->xn2, E, &L->wgate, T, pool))) return rc;
-        if ((rc = cart_matmul_forward(a->up, F, a->xn2, E, &L->wup, T, pool))) return rc;
+        if ((rc = cart_matmul_forward_exact(a->gate, F, a->xn2, E, &L->wgate, T, pool))) return rc;
+        if ((rc = cart_matmul_forward_exact(a->up, F, a->xn2, E, &L->wup, T, pool))) return rc;
         memcpy(a->h, a->gate, sizeof(float) * (size_t)(T * F));
         swiglu_forward(a->h, a->up, T * F);
-        if ((rc = cart_matmul_forward(x_out, E, a->h, F, &L->wdown, T, pool))) return rc;
+        if ((rc = cart_matmul_forward_exact(x_out, E, a->h, F, &L->wdown, T, pool))) return rc;
         for (int64_t i = 0; i < T * E; i++) x_out[i] += a->x_mid[i];
         return CART_OK;
     }
     /* gemma4: x_mid = x_in + norm(o(att)) */
-    if ((rc = cart_matmul_forward(a->o, E, a->att, HD, &L->wo, T, pool))) return rc;
+    if ((rc = cart_matmul_forward_exact(a->o, E, a->att, HD, &L->wo, T, pool))) return rc;
     rmsnorm_forward_keep(s->tmp, a->o_rstd, a->o, L->post_attn_norm, T, E, c->rms_eps);
     for (int64_t i = 0; i < T * E; i++) a->x_mid[i] = s->tmp[i] + a->x_in[i];
     rmsnorm_forward_keep(a->xn2, a->rstd2, a->x_mid, L->ffn_norm, T, E, c->rms_eps);
-    if ((rc = cart_matmul_forward(a->gate, F, a->xn2, E, &L->wgate, T, pool))) return rc;
-    if ((rc = cart_matmul_forward(a->up, F, a->xn2, E, &L->wup, T, pool))) return rc;
+    if ((rc = cart_matmul_forward_exact(a->gate, F, a->xn2, E, &L->wgate, T, pool))) return rc;
+    if ((rc = cart_matmul_forward_exact(a->up, F, a->xn2, E, &L->wup, T, pool))) return rc;
     geglu_forward(a->h, a->gate, a->up, T * F);
-    if ((rc = cart_matmul_forward(a->f, E, a->h, F, &L->wdown, T, pool))) return rc;
+    if ((rc = cart_matmul_forward_exact(a->f, E, a->h, F, &L->wdown, T, pool))) return rc;
     if (g->moe) {
         if ((rc = moe_forward(s, s->ms.list, s->ms.rows_e, s->ms.rows_fe))) return rc;
         /* fs = norm_1(f) + norm_2(msum) */
@@ -1120,11 +1120,11 @@ static int layer_forward(pass *s, float *x_out) {
     if (c->n_embd_per_layer > 0) {
         /* x += norm(proj(gelu(gate(x)) * per-layer input)) */
         const int64_t Ep = c->n_embd_per_layer, PL = (int64_t)c->n_layer * Ep;
-        if ((rc = cart_matmul_forward(a->pl_g, Ep, a->x_post, E, &L->pl_gate, T, pool))) return rc;
+        if ((rc = cart_matmul_forward_exact(a->pl_g, Ep, a->x_post, E, &L->pl_gate, T, pool))) return rc;
         float *hpl = s->tmp; /* [T, Ep] fits in [T, E]: Ep <= E is checked at load */
         for (int64_t t = 0; t < T; t++)
             geglu_forward(hpl + t * Ep, a->pl_g + t * Ep, s->pl_in + t * PL + (int64_t)s->layer * Ep, Ep);
-        if ((rc = cart_matmul_forward(a->pl_r, E, hpl, Ep, &L->pl_proj, T, pool))) return rc;
+        if ((rc = cart_matmul_forward_exact(a->pl_r, E, hpl, Ep, &L->pl_proj, T, pool))) return rc;
         rmsnorm_forward_keep(s->tmp, a->pl_rstd, a->pl_r, L->pl_post_norm, T, E, c->rms_eps);
         for (int64_t i = 0; i < T * E; i++) x_out[i] += s->tmp[i];
     }
@@ -1428,7 +1428,7 @@ static int trunk_forward(cart_trainer *t, pass *s, const int32_t *tokens, int ke
         /* gemma4's per-layer inputs: (norm(proj(x) / sqrt(E)) + embd_pl[token] *
          * sqrt(Ep)) / sqrt(2), as [T, n_layer, Ep]; constants of the pass */
         const int64_t Ep = c->n_embd_per_layer, PL = (int64_t)c->n_layer * Ep;
-        int rc = cart_matmul_forward(s->pl_in, PL, tr->layers[0].x_in, E, &m->pl_model_proj, T, cart_default_pool());
+        int rc = cart_matmul_forward_exact(s->pl_in, PL, tr->layers[0].x_in, E, &m->pl_model_proj, T, cart_default_pool());
         if (rc) return rc;
         const float proj_scale = 1.0f / sqrtf((float)E), tok_scale = sqrtf((float)Ep), in_scale = 1.0f / sqrtf(2.0f);
         float *row = s->pl_in + T * PL; /* pass_init leaves a row of room */
@@ -1475,7 +1475,7 @@ static int head_forward(const pass *s, const float *x_final, const int64_t *rows
     for (int64_t j = 0; j < n; j++)
         memcpy(xn + j * E, x_final + rows[j] * E, sizeof(float) * (size_t)E);
     rmsnorm_forward_keep(xn, rstd, xn, s->m->output_norm, n, E, c->rms_eps);
-    int rc = cart_matmul_forward(logits, c->n_vocab, xn, E, &s->m->output, n, cart_default_pool());
+    int rc = cart_matmul_forward_exact(logits, c->n_vocab, xn, E, &s->m->output, n, cart_default_pool());
     if (!rc && c->final_softcap > 0.0f) softcap_forward(logits, n * c->n_vocab, c->final_softcap);
     return rc;
 }

@@ -3,20 +3,23 @@
 --
 --   cartridge run recipes/bench_infer.lua                        # generated f16 model (~1.2 GB, once)
 --   cartridge run recipes/bench_infer.lua --dtype q8_0           # a generated Q8_0 (or q4_K, ...) model
---   cartridge run recipes/bench_infer.lua --vs-llama /tmp/llama-peer
+--   cartridge run recipes/bench_infer.lua --dtype all --vs-llama /tmp/llama-peer   # the whole table
 --   cartridge run recipes/bench_infer.lua --model models/gemma4-26b-a4b-q4_K.gguf --vs-llama /tmp/llama-peer
 --   CART_ISA=avx2 cartridge run recipes/bench_infer.lua          # a lower ISA level, for comparison
 --
 -- It first measures the machine: read bandwidth (integer sums over 512 MiB,
 -- best of 5 passes) and the f32 GEMM peak (a 1536^3 product through
--- OpenBLAS and through the engine's own kernels; the higher counts). Then it
--- times prefill of one prompt, single-stream decode and B lockstep streams,
--- best of --reps runs each, and prints every figure as a fraction of those
--- limits: prefill FLOP/s of the GEMM peak (prefill is compute-bound),
--- decode weight bytes per second of the read bandwidth (decode streams every
--- matrix once per token). With --vs-llama DIR it runs DIR/bench_llama.mjs
--- (see ../shared/bench/README.md: llama.cpp from npm, installed outside
--- this repository) on the same model and prints the ratios.
+-- OpenBLAS and through the engine's own kernels; the higher counts). Then,
+-- for each model, it prints what loading cost (seconds, and the repacked
+-- copies of block-type matrices: their bytes and seconds) and times prefill
+-- of one prompt, single-stream decode and B lockstep streams, best of --reps
+-- runs each, and prints every figure as a fraction of those limits: prefill
+-- FLOP/s of the GEMM peak (prefill is compute-bound), decode weight bytes
+-- per second of the read bandwidth (decode streams every matrix once per
+-- token). With --vs-llama DIR it runs DIR/bench_llama.mjs (see
+-- ../shared/bench/README.md: llama.cpp from npm, installed outside this
+-- repository) on the same model and prints the ratios. With several dtypes
+-- (--dtype all: f16 q8_0 q6_K q5_K q4_K) it ends with one table of them all.
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
@@ -30,7 +33,9 @@ local opts = options.parse(arg, {
     summary = "Inference speed at the Qwen3-0.6B shape against the machine's limits (and llama.cpp).",
     flags = {
         { "model", help = "GGUF to measure (default: a generated random Qwen3-0.6B-shaped model of --dtype)" },
-        { "dtype", default = "f16", help = "weight dtype of the generated model (f16, bf16, f32, q8_0, q4_0, q4_K, q6_K)" },
+        { "dtype", default = "f16", help = "weight dtype(s) of the generated model: one (f16, bf16, f32, q8_0, q4_0, q4_K, q5_K, q6_K, ...), a comma list, or all (f16,q8_0,q6_K,q5_K,q4_K)" },
+        { "preset", default = "qwen3-0.6b", help = "shape of the generated model (cartridge.randmodel's presets)" },
+        { "no-repack", type = "boolean", help = "multiply block-type matrices from the file's rows instead of repacked copies (the same bits, for comparison)" },
         { "threads", type = "int", default = 2, help = "threads" },
         { "prompt", type = "int", default = 512, help = "prefill prompt length" },
         { "decode", type = "int", default = 128, help = "decode steps" },
@@ -46,13 +51,24 @@ local opts = options.parse(arg, {
 cartridge.set_threads(opts.threads)
 local now = C.cart_now_seconds
 
-local path = opts.model
-if not path then
-    path = ("%s/models/bench-qwen3-0.6b-%s.gguf"):format(cartridge.root, opts.dtype)
+local DTYPES_ALL = { "f16", "q8_0", "q6_K", "q5_K", "q4_K" }
+local dtypes = {}
+if opts.dtype == "all" then dtypes = DTYPES_ALL
+else for d in opts.dtype:gmatch("[^,]+") do dtypes[#dtypes + 1] = d end end
+if opts.model and #dtypes > 1 then error("--model measures one file: give --dtype one value or leave it out", 0) end
+for _, d in ipairs(dtypes) do require("cartridge.dtype").id(d) end -- an unknown name stops here
+
+-- the file to measure for a dtype: --model, or a generated random model of
+-- the preset's shape (written once into models/)
+local function model_path(dtype)
+    if opts.model then return opts.model end
+    local suffix = opts.preset == "qwen3-0.6b" and "qwen3-0.6b" or opts.preset
+    local path = ("%s/models/bench-%s-%s.gguf"):format(cartridge.root, suffix, dtype)
     if not defaults.exists(path) then
         io.stderr:write("bench_infer: generating " .. path .. " (once)\n")
-        randmodel.write({ out = path, preset = "qwen3-0.6b", dtype = opts.dtype, seed = 7 })
+        randmodel.write({ out = path, preset = opts.preset, dtype = dtype, seed = 7 })
     end
+    return path
 end
 
 -- the machine's limits, measured now
@@ -64,8 +80,10 @@ print(("machine: %s; kernels %s; %d threads; read bandwidth %.1f GB/s; f32 GEMM 
     :format(ffi.string(C.cart_cpu_features()), cartridge.isa(), cartridge.threads(), bandwidth / 1e9,
         gemm_peak / 1e9, blas_gemm / 1e9, engine_gemm / 1e9))
 
-local function load_model(widen)
-    local m = cartridge.model.load(path, { widen = widen })
+local function load_model(path, widen)
+    local t0 = now()
+    local m = cartridge.model.load(path, { widen = widen, no_repack = opts.no_repack })
+    local load_s = now() - t0
     local c = m.config
     -- FLOPs of one token through the layers (the matrices a token runs --
     -- on an MoE layer its experts only -- and attention over the rows its
@@ -85,7 +103,7 @@ local function load_model(widen)
             flops = flops + 4 * g.n_head * g.head_dim * seen
         end
     end
-    return m, c, flops
+    return m, c, flops, load_s
 end
 
 local rng = ffi.new("cart_rng")
@@ -117,69 +135,66 @@ local function prefill(m, c, label, flops)
     return kv, tok_s
 end
 
-local m, c, flops = load_model(false)
-print(("model %s: %s, %d layers, hidden %d, %d heads / %d kv, vocab %d, weights %s, %s KV%s")
-    :format(path, c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
-        cartridge.fmt.bytes(m.weight_bytes), opts.kv,
-        c.n_expert > 0 and (", %d of %d experts per token"):format(c.n_expert_used, c.n_expert) or ""))
-
-local kv, prefill_tok_s = prefill(m, c, "(" .. opts.dtype .. ")", flops)
+-- bytes one decode step reads: every matrix but the embedding tables (one
+-- row each), and of the experts only the n_expert_used a token runs
+local function decode_bytes(m, c)
+    local bytes = m.weight_bytes
+    for _, t in ipairs(m.file:tensors()) do
+        if (t.name == "token_embd.weight" and not c.tied_output) or t.name == "per_layer_token_embd.weight" then
+            bytes = bytes - t.nbytes
+        elseif t.name:match("_exps%.weight$") then
+            bytes = bytes - t.nbytes * (1 - c.n_expert_used / c.n_expert)
+        end
+    end
+    return bytes
+end
 
 -- single-stream decode from the end of the prompt (the cache is cut back
 -- to the prompt between reps)
--- bytes one decode step reads: every matrix but the embedding tables (one
--- row each), and of the experts only the n_expert_used a token runs
-local bytes_per_token = m.weight_bytes
-for _, t in ipairs(m.file:tensors()) do
-    if (t.name == "token_embd.weight" and not c.tied_output) or t.name == "per_layer_token_embd.weight" then
-        bytes_per_token = bytes_per_token - t.nbytes
-    elseif t.name:match("_exps%.weight$") then
-        bytes_per_token = bytes_per_token - t.nbytes * (1 - c.n_expert_used / c.n_expert)
+local function decode_one(m, c, kv)
+    local bytes_per_token = decode_bytes(m, c)
+    local best = math.huge
+    for _ = 1, opts.reps do
+        kv:truncate(opts.prompt)
+        local id = 1
+        local t0 = now()
+        for _ = 1, opts.decode do id = m:argmax((m:forward(kv, { id }))) end
+        best = math.min(best, now() - t0)
     end
-end
-local best = math.huge
-for _ = 1, opts.reps do
-    kv:truncate(opts.prompt)
-    local id = 1
-    local t0 = now()
-    for _ = 1, opts.decode do id = m:argmax((m:forward(kv, { id }))) end
-    best = math.min(best, now() - t0)
-end
-local decode_tok_s = opts.decode / best
-print(("decode  1 stream     %4d steps   %7.1f tok/s  %6.1f GB/s   = %3.0f%% of the read bandwidth")
-    :format(opts.decode, decode_tok_s, bytes_per_token * decode_tok_s / 1e9,
-        100 * bytes_per_token * decode_tok_s / bandwidth))
-kv:free()
-
--- lockstep streams: each with its own short history, one weight pass per step
-for _, B in ipairs(opts.batch) do
-    local kvs, ids = {}, {}
-    for b = 1, B do
-        kvs[b] = m:new_kv(64 + opts.batch_steps + 8, opts.kv)
-        m:forward(kvs[b], random_ids(32 + b % 7, c.n_vocab), "none")
-        ids[b] = { b }
-    end
-    local t = now()
-    for _ = 1, opts.batch_steps do
-        local logits = m:forward_batch(kvs, ids, "last")
-        for b = 1, B do ids[b] = { m:argmax(logits, b - 1) } end
-    end
-    local d = now() - t
-    local agg = B * opts.batch_steps / d
-    print(("decode %2d streams    %4d steps   %7.1f tok/s aggregate, %.1f tok/s each")
-        :format(B, opts.batch_steps, agg, agg / B))
-    for b = 1, B do kvs[b]:free() end
-end
-m:free()
-
-if opts.widen then
-    local mw, cw, fw = load_model(true)
-    io.stderr:write(("widened weights to f32: +%s\n"):format(cartridge.fmt.bytes(mw.widened_bytes)))
-    prefill(mw, cw, "(widened f32)", fw):free()
-    mw:free()
+    local tok_s = opts.decode / best
+    local share = bytes_per_token * tok_s / bandwidth
+    print(("decode  1 stream     %4d steps   %7.1f tok/s  %6.1f GB/s   = %3.0f%% of the read bandwidth")
+        :format(opts.decode, tok_s, bytes_per_token * tok_s / 1e9, 100 * share))
+    return tok_s, share
 end
 
-if opts.vs_llama then
+-- lockstep streams: each with its own short history, one weight pass per
+-- step; the aggregate tok/s of each count
+local function decode_batches(m, c)
+    local agg = {}
+    for _, B in ipairs(opts.batch) do
+        local kvs, ids = {}, {}
+        for b = 1, B do
+            kvs[b] = m:new_kv(64 + opts.batch_steps + 8, opts.kv)
+            m:forward(kvs[b], random_ids(32 + b % 7, c.n_vocab), "none")
+            ids[b] = { b }
+        end
+        local t = now()
+        for _ = 1, opts.batch_steps do
+            local logits = m:forward_batch(kvs, ids, "last")
+            for b = 1, B do ids[b] = { m:argmax(logits, b - 1) } end
+        end
+        agg[B] = B * opts.batch_steps / (now() - t)
+        print(("decode %2d streams    %4d steps   %7.1f tok/s aggregate, %.1f tok/s each")
+            :format(B, opts.batch_steps, agg[B], agg[B] / B))
+        for b = 1, B do kvs[b]:free() end
+    end
+    return agg
+end
+
+-- llama.cpp's prefill and decode tok/s on the same file (nil without --vs-llama)
+local function llama(path)
+    if not opts.vs_llama then return nil end
     local script = opts.vs_llama .. "/bench_llama.mjs"
     if not defaults.exists(script) then
         error(("--vs-llama: %s not found; install llama.cpp's peer as ../shared/bench/README.md shows"):format(script), 0)
@@ -197,7 +212,63 @@ if opts.vs_llama then
     end
     print(("llama.cpp (%s): prefill %.1f tok/s, decode %.1f tok/s (best of %d)")
         :format(r.system_info or "?", r.best.pp_tok_s, r.best.tg_tok_s, opts.reps))
-    print(("ratio ours / llama.cpp: prefill %.2fx, decode %.2fx (%s kernels, %s weights)")
-        :format(prefill_tok_s / r.best.pp_tok_s, decode_tok_s / r.best.tg_tok_s, cartridge.isa(),
-            opts.model and "the file's" or opts.dtype))
+    return r.best
+end
+
+-- every figure of one model file
+local function measure(dtype)
+    local path = model_path(dtype)
+    local m, c, flops, load_s = load_model(path, false)
+    print(("model %s: %s, %d layers, hidden %d, %d heads / %d kv, vocab %d, weights %s, %s KV%s")
+        :format(path, c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
+            cartridge.fmt.bytes(m.weight_bytes), opts.kv,
+            c.n_expert > 0 and (", %d of %d experts per token"):format(c.n_expert_used, c.n_expert) or ""))
+    print(("load    %.2f s, of which repacking %.2f s: %s of repacked block-type matrices%s")
+        :format(load_s, m.repack_seconds, cartridge.fmt.bytes(m.packed_bytes),
+            opts.no_repack and " (--no-repack)" or ""))
+    -- the label names the weights the file holds (its first layer's q projection)
+    local q = m.file:tensor("blk.0.attn_q.weight")
+    local weights = q and q.dtype_name or dtype
+    local row = { dtype = weights }
+    local label = "(" .. weights .. ")"
+    local kv
+    kv, row.prefill = prefill(m, c, label, flops)
+    row.decode, row.share = decode_one(m, c, kv)
+    kv:free()
+    row.batch = decode_batches(m, c)
+    m:free()
+    if opts.widen then
+        local mw, cw, fw = load_model(path, true)
+        io.stderr:write(("widened weights to f32: +%s\n"):format(cartridge.fmt.bytes(mw.widened_bytes)))
+        prefill(mw, cw, "(widened f32)", fw):free()
+        mw:free()
+    end
+    row.llama = llama(path)
+    if row.llama then
+        print(("ratio ours / llama.cpp: prefill %.2fx, decode %.2fx (%s kernels, %s weights)")
+            :format(row.prefill / row.llama.pp_tok_s, row.decode / row.llama.tg_tok_s, cartridge.isa(), row.dtype))
+    end
+    return row
+end
+
+local rows = {}
+for i, d in ipairs(dtypes) do
+    if i > 1 then print("") end
+    rows[i] = measure(d)
+end
+
+-- the table of every dtype: ours, llama.cpp's, the ratios, the share of
+-- the read bandwidth, and the widest lockstep batch against one stream
+if #rows > 1 then
+    local B = opts.batch[#opts.batch]
+    print("")
+    print(("| weights | kernels | prefill tok/s (x llama.cpp) | decode tok/s (x llama.cpp) | decode, share of %.0f GB/s | %d streams, x one stream |")
+        :format(bandwidth / 1e9, B))
+    print("|---|---|---|---|---|---|")
+    local function ratio(ours, theirs) return theirs and (" (%.2fx)"):format(ours / theirs) or "" end
+    for _, r in ipairs(rows) do
+        print(("| %s | %s | %.1f%s | %.1f%s | %.0f%% | %.1f (%.1fx) |"):format(r.dtype, cartridge.isa(), r.prefill,
+            ratio(r.prefill, r.llama and r.llama.pp_tok_s), r.decode, ratio(r.decode, r.llama and r.llama.tg_tok_s),
+            100 * r.share, r.batch[B], r.batch[B] / r.decode))
+    end
 end

@@ -273,6 +273,162 @@ static inline int gk_dequant(const mm_src *w, float *dst, const uint8_t *src, in
     }
 }
 
+/* ---- integer block products (qgeneric.h): 16 lanes as two ymm ------------ */
+
+/* Lanes 0-7 in .a (bytes 0-31 of a quad vector), 8-15 in .b. Unsigned
+ * fields (< 64) go through vpmaddubsw + vpmaddwd, whose 16-bit pair sums
+ * cannot saturate below 64; signed weights through the sign trick (|w|
+ * times x with w's sign). The sums are exact, so the bits are the other
+ * levels'. */
+typedef struct { __m256i a, b; } qb;
+typedef qb qs; /* signed bytes, their magnitude and sign taken per product */
+typedef struct { __m256i a, b; } qi;
+typedef struct { __m256 a, b; } qf;
+
+#define QK_PRIM static inline __attribute__((always_inline))
+
+QK_PRIM qb qb_load(const uint8_t *p) {
+    qb r = {_mm256_load_si256((const __m256i *)(const void *)p), _mm256_load_si256((const __m256i *)(const void *)(p + 32))};
+    return r;
+}
+QK_PRIM qb qb_lo4(qb v) {
+    const __m256i m = _mm256_set1_epi8(15);
+    qb r = {_mm256_and_si256(v.a, m), _mm256_and_si256(v.b, m)};
+    return r;
+}
+QK_PRIM qb qb_hi4(qb v) {
+    const __m256i m = _mm256_set1_epi8(15);
+    qb r = {_mm256_and_si256(_mm256_srli_epi16(v.a, 4), m), _mm256_and_si256(_mm256_srli_epi16(v.b, 4), m)};
+    return r;
+}
+QK_PRIM qb qb_or(qb x, qb y) {
+    qb r = {_mm256_or_si256(x.a, y.a), _mm256_or_si256(x.b, y.b)};
+    return r;
+}
+QK_PRIM qb qb_field(qb v, int shift, int n, int to) {
+    const __m256i m = _mm256_set1_epi8((char)(((1 << n) - 1) << to));
+    qb r;
+    if (shift >= to) {
+        r.a = _mm256_and_si256(_mm256_srli_epi16(v.a, shift - to), m);
+        r.b = _mm256_and_si256(_mm256_srli_epi16(v.b, shift - to), m);
+    } else {
+        r.a = _mm256_and_si256(_mm256_slli_epi16(v.a, to - shift), m);
+        r.b = _mm256_and_si256(_mm256_slli_epi16(v.b, to - shift), m);
+    }
+    return r;
+}
+QK_PRIM qs qs_bytes(qb v) { return v; }
+QK_PRIM qs qs_levels(qb v) {
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)qk_iq4_levels));
+    qs r = {_mm256_shuffle_epi8(t, v.a), _mm256_shuffle_epi8(t, v.b)};
+    return r;
+}
+QK_PRIM __m256i qk_bcast4(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
+}
+QK_PRIM __m256i qk_madd(__m256i acc, __m256i u, __m256i sx) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, sx), _mm256_set1_epi16(1)));
+}
+QK_PRIM qi qi_dot(qi acc, qb u, const int8_t *x) {
+    const __m256i bx = qk_bcast4(x);
+    qi r = {qk_madd(acc.a, u.a, bx), qk_madd(acc.b, u.b, bx)};
+    return r;
+}
+QK_PRIM qi qi_dots(qi acc, qs w, const int8_t *x) {
+    const __m256i bx = qk_bcast4(x);
+    qi r = {qk_madd(acc.a, _mm256_abs_epi8(w.a), _mm256_sign_epi8(bx, w.a)),
+            qk_madd(acc.b, _mm256_abs_epi8(w.b), _mm256_sign_epi8(bx, w.b))};
+    return r;
+}
+QK_PRIM qi qi_dots_end(qi acc, int32_t xsum) {
+    (void)xsum;
+    return acc;
+}
+QK_PRIM qi qi_zero(void) {
+    qi r = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    return r;
+}
+QK_PRIM qi qi_set1(int32_t x) {
+    qi r = {_mm256_set1_epi32(x), _mm256_set1_epi32(x)};
+    return r;
+}
+QK_PRIM qi qi_add(qi x, qi y) {
+    qi r = {_mm256_add_epi32(x.a, y.a), _mm256_add_epi32(x.b, y.b)};
+    return r;
+}
+QK_PRIM qi qi_mul(qi x, qi y) {
+    qi r = {_mm256_mullo_epi32(x.a, y.a), _mm256_mullo_epi32(x.b, y.b)};
+    return r;
+}
+QK_PRIM qi qi_sub1(qi x, int32_t s) {
+    const __m256i v = _mm256_set1_epi32(s);
+    qi r = {_mm256_sub_epi32(x.a, v), _mm256_sub_epi32(x.b, v)};
+    return r;
+}
+QK_PRIM qi qi_load_u8(const uint8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+    qi r = {_mm256_cvtepu8_epi32(v), _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))};
+    return r;
+}
+QK_PRIM qi qi_load_i8(const uint8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+    qi r = {_mm256_cvtepi8_epi32(v), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))};
+    return r;
+}
+QK_PRIM qi qi_lo4(qi x) {
+    const __m256i m = _mm256_set1_epi32(15);
+    qi r = {_mm256_and_si256(x.a, m), _mm256_and_si256(x.b, m)};
+    return r;
+}
+QK_PRIM qi qi_hi4(qi x) {
+    const __m256i m = _mm256_set1_epi32(15);
+    qi r = {_mm256_and_si256(_mm256_srli_epi32(x.a, 4), m), _mm256_and_si256(_mm256_srli_epi32(x.b, 4), m)};
+    return r;
+}
+QK_PRIM qf qf_cvt(qi x) {
+    qf r = {_mm256_cvtepi32_ps(x.a), _mm256_cvtepi32_ps(x.b)};
+    return r;
+}
+QK_PRIM qf qf_load_f16(const uint8_t *p) {
+    qf r = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)),
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)))};
+    return r;
+}
+QK_PRIM qf qf_set1(float x) {
+    qf r = {_mm256_set1_ps(x), _mm256_set1_ps(x)};
+    return r;
+}
+QK_PRIM qf qf_zero(void) { return qf_set1(0.0f); }
+QK_PRIM qf qf_mul(qf x, qf y) {
+    qf r = {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)};
+    return r;
+}
+QK_PRIM qf qf_add(qf x, qf y) {
+    qf r = {_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)};
+    return r;
+}
+QK_PRIM qf qf_sub(qf x, qf y) {
+    qf r = {_mm256_sub_ps(x.a, y.a), _mm256_sub_ps(x.b, y.b)};
+    return r;
+}
+QK_PRIM void qf_store(float *p, qf v, int n) {
+    if (n == 16) {
+        _mm256_storeu_ps(p, v.a);
+        _mm256_storeu_ps(p + 8, v.b);
+        return;
+    }
+    float t[16];
+    _mm256_storeu_ps(t, v.a);
+    _mm256_storeu_ps(t + 8, v.b);
+    memcpy(p, t, (size_t)n * sizeof(float));
+}
+
+#define QK_T 2
+#define QK_FN qk_groups_avx2
+#include "qgeneric.h"
+
 #include "generic.h"
 
 #else

@@ -839,6 +839,14 @@ static void f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n) {
     }
 }
 
+/* ---- integer block products (qgeneric.h) ---------------------------------- */
+
+#define QK_VNNI 0
+#include "qk_avx512.h"
+#define QK_T 4
+#define QK_FN qk_groups_avx512
+#include "qgeneric.h"
+
 /* ---- the table ------------------------------------------------------------ */
 
 static const cart_kernels table = {
@@ -855,6 +863,7 @@ static const cart_kernels table = {
     .scores_f16 = rows_scores_f16,
     .values = rows_values,
     .values_f16 = rows_values_f16,
+    .qk_groups = qk_groups_avx512,
     .f16_to_f32 = f16_to_f32_n,
     .f32_to_f16 = f32_to_f16_n,
     .bf16_to_f32 = bf16_to_f32_n,

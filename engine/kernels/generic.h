@@ -724,6 +724,9 @@ static const cart_kernels gk_table = {
     .scores_f16 = gk_scores_f16,
     .values = gk_values,
     .values_f16 = gk_values_f16,
+#ifdef QK_FN
+    .qk_groups = QK_FN,
+#endif
     .f16_to_f32 = gk_f16_to_f32,
     .f32_to_f16 = gk_f32_to_f16,
     .bf16_to_f32 = gk_bf16_to_f32,

@@ -31,6 +31,8 @@
 
 #include <stdint.h>
 
+#include "qdot.h"
+
 #pragma GCC visibility push(hidden)
 
 enum {
@@ -63,6 +65,7 @@ typedef struct mm_src {
     int32_t block_size; /* elements per block (1 for plain types) */
     int32_t type_size;  /* bytes per block */
     int64_t rows, cols;
+    const uint8_t *packed; /* the qdot.h layout, or NULL */
 } mm_src;
 
 /* The kernels' scratch differs by path. */
@@ -143,6 +146,10 @@ typedef struct cart_kernels {
     void (*values_f16)(float *acc, const float *p, const uint16_t *v, int64_t stride, int64_t nt,
                        int32_t head_dim);
 
+    /* Integer products of packed block weights and quantized activations
+     * (qdot.h): the contract's arithmetic for every qk_supported type. */
+    qk_groups_fn qk_groups;
+
     /* Bulk conversions (any alignment), as the scalar functions of dtype.h. */
     void (*f16_to_f32)(float *dst, const uint16_t *src, int64_t n);
     void (*f32_to_f16)(uint16_t *dst, const float *src, int64_t n);
@@ -160,6 +167,7 @@ const cart_kernels *cart_kern(void);
 const cart_kernels *cart_kernels_scalar(void);
 const cart_kernels *cart_kernels_avx2(void);
 const cart_kernels *cart_kernels_avx512(void);
+const cart_kernels *cart_kernels_avx512vnni(void);
 const cart_kernels *cart_kernels_neon(void);
 
 #pragma GCC visibility pop

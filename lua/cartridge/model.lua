@@ -70,11 +70,14 @@ local function layer_tables(handle, n_layer)
     return out
 end
 
--- Loads a model. opts.widen = true keeps f32 copies of all matrices.
+-- Loads a model. opts.widen = true keeps f32 copies of all matrices;
+-- opts.no_repack = true multiplies block-type matrices from the file's rows
+-- (the same bits, slower) instead of the copies repacked at load.
 function model.load(path, opts)
     opts = opts or {}
     local o = ffi.new("cart_model_options")
     o.widen_f32 = opts.widen and 1 or 0
+    o.no_repack = opts.no_repack and 1 or 0
     local handle = core.new("cart_model", C.cart_model_load, C.cart_model_free, "model.load", path, o)
     local self = setmetatable({
         handle = handle,
@@ -82,6 +85,8 @@ function model.load(path, opts)
         config = config_table(C.cart_model_get_config(handle)),
         weight_bytes = core.int(C.cart_model_weight_bytes(handle)),
         widened_bytes = core.int(C.cart_model_widened_bytes(handle)),
+        packed_bytes = core.int(C.cart_model_packed_bytes(handle)),
+        repack_seconds = C.cart_model_repack_seconds(handle),
     }, Model)
     self.n_vocab = self.config.n_vocab
     self.layers = layer_tables(handle, self.config.n_layer)

@@ -2,6 +2,9 @@
  * test_matmul.c - cart_matmul_forward / _backward against naive double
  * references for every dtype the engine multiplies, on shapes that hit the
  * kernels' edges, plus thread-count independence, widening and errors.
+ * Block types go through cart_matmul_forward_exact here (dequantized
+ * weights, f32 activations: the training forward); test_qdot.c holds the
+ * integer products of cart_matmul_forward to their contract.
  *
  * Tolerance. The reference is exact up to double rounding: it uses the weights
  * as cart_to_f32 dequantizes them and the activations rounded as matmul.h
@@ -85,7 +88,7 @@ static void run_shape(int32_t dtype, const shape *s, uint64_t *seed, cart_pool *
     for (int p = 0; p < 3; p++) {
         y[p] = malloc(sizeof(float) * (size_t)(n * ldy));
         for (int64_t i = 0; i < n * ldy; i++) y[p][i] = -7.0f; /* padding sentinel */
-        CHECK_OK(cart_matmul_forward(y[p], ldy, x, ldx, &w, n, pools[p]));
+        CHECK_OK(cart_matmul_forward_exact(y[p], ldy, x, ldx, &w, n, pools[p]));
         dx[p] = malloc(sizeof(float) * (size_t)(n * ldx));
         memcpy(dx[p], dx0, sizeof(float) * (size_t)(n * ldx));
         CHECK_OK(cart_matmul_backward(dx[p], ldx, dy, ldy, &w, n, pools[p]));
@@ -211,8 +214,8 @@ static void test_widened_weights_multiply_bit_for_bit_like_the_originals(void) {
             for (int64_t i = 0; i < n * cols; i++) x[i] = contract_round(lcg_uniform(&seed), dtype);
             float *y = malloc(sizeof(float) * (size_t)(n * rows));
             float *yw = malloc(sizeof(float) * (size_t)(n * rows));
-            CHECK_OK(cart_matmul_forward(y, rows, x, cols, &w, n, NULL));
-            CHECK_OK(cart_matmul_forward(yw, rows, x, cols, &wide, n, NULL));
+            CHECK_OK(cart_matmul_forward_exact(y, rows, x, cols, &w, n, NULL));
+            CHECK_OK(cart_matmul_forward_exact(yw, rows, x, cols, &wide, n, NULL));
             differ |= memcmp(y, yw, sizeof(float) * (size_t)(n * rows)) != 0;
             float *dy = malloc(sizeof(float) * (size_t)(n * rows));
             for (int64_t i = 0; i < n * rows; i++) dy[i] = lcg_uniform(&seed);
@@ -289,8 +292,7 @@ static void test_gemv_of_block_types_gives_the_dequantized_rows_bits(void) {
                     CHECK_OK(cart_matmul_forward_path(want, ldy, x, ldx, &wide, n, CART_MM_GEMV,
                                                       pools[0]));
                     for (int p = 0; p < 3; p++) {
-                        CHECK_OK(cart_matmul_forward_path(got, ldy, x, ldx, &w, n, CART_MM_GEMV,
-                                                          pools[p]));
+                        CHECK_OK(cart_matmul_forward_exact(got, ldy, x, ldx, &w, n, pools[p]));
                         for (int64_t i = 0; i < n; i++)
                             for (int64_t r = 0; r < rows; r++) {
                                 const float a = got[i * ldy + r], b = want[i * ldy + r];
@@ -408,7 +410,8 @@ static void test_backward_matches_finite_differences_of_forward(void) {
             for (int side = 0; side < 2; side++) {
                 float keep = x[at];
                 x[at] = keep + (side ? -h : h);
-                CHECK_OK(cart_matmul_forward(y, rows, x, cols, &w, n, NULL));
+                /* the exact forward: the backward's own function (matmul.h) */
+                CHECK_OK(cart_matmul_forward_exact(y, rows, x, cols, &w, n, NULL));
                 x[at] = keep;
                 l[side] = 0;
                 for (int64_t i = 0; i < n * rows; i++) l[side] += (double)dy[i] * y[i];

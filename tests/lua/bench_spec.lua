@@ -31,6 +31,20 @@ describe("benchmark recipes at a tiny shape", function()
         assert.truthy(out:find("\ndecode  2 streams +2 steps +" .. NUM .. " tok/s aggregate"), out)
     end)
 
+    it("bench_infer: several dtypes in one run end with their table, repacking printed", function()
+        local out = bench("bench_infer", "--dtype", "q8_0,q4_K", "--preset", "default", "--prompt", "16", "--decode",
+            "4", "--reps", "1", "--batch", "2", "--batch-steps", "2", "--threads", "2")
+        if not out then return end
+        assert.truthy(out:find("\nload +" .. NUM .. " s, of which repacking " .. NUM .. " s: " .. NUM
+            .. " [KM]iB of repacked block%-type matrices"), out)
+        assert.truthy(out:find("\nprefill %(q4_K%) +16 tokens"), out)
+        assert.truthy(out:find("\n| weights | kernels | prefill tok/s %(x llama.cpp%) | decode tok/s", 1), out)
+        for _, d in ipairs({ "q8_0", "q4_K" }) do
+            assert.truthy(out:find("\n| " .. d .. " | %w+ | " .. NUM .. " | " .. NUM .. " | %d+%% | " .. NUM
+                .. " %(" .. NUM .. "x%) |"), out)
+        end
+    end)
+
     it("bench_selfstudy: seconds per conversation, its breakdown and its floor", function()
         local out = bench("bench_selfstudy", "--model", MODEL, "--corpus", helper.root .. "/README.md", "--p", "64",
             "--chunk-min", "32", "--chunk-max", "64", "--max-q", "12", "--max-a", "16", "--steps", "2", "--accum", "2")

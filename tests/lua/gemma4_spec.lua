@@ -44,7 +44,7 @@ describe("the gemma4 models", function()
                 if path then
                     local fx = fixture(name)
                     assert.are.equal(fx.model.sha256, sha256(path),
-                        name .. ": make_model.lua changed; run tools/gemma4_fixtures.mjs again")
+                        name .. ": make_model.lua changed; run tools/greedy_fixtures.mjs --set gemma4 again")
                 end
             end
         end

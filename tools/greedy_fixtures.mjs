@@ -1,49 +1,79 @@
-// gemma4_fixtures.mjs: llama.cpp's greedy continuations of the random-weight
-// gemma4 models (recipes/make_model.lua --arch gemma4), the parity fixtures
-// tests/fixtures/gemma4/*.json that `ctest -R model` checks the engine with.
+// greedy_fixtures.mjs: llama.cpp's greedy continuations of the engine's
+// random-weight models, the parity fixtures that `ctest -R model` and
+// `ctest -R gemma4` check the engine with. Two sets:
+//   --set gemma4  the gemma4 presets at f32, f16 and q8_0 (models/gemma4, made
+//                 by the build) -> tests/fixtures/gemma4
+//   --set quant   the qwen3 `default` preset in the block types people
+//                 download, q8_0 q6_K q5_K q4_K and q4_0 (models/quant, made
+//                 by the build) -> tests/fixtures/quant
 //
 //   cp -r ../shared/bench /tmp/llama-peer && (cd /tmp/llama-peer && npm install --no-audit --no-fund)
-//   cmake --build build          # writes models/gemma4/*.gguf
-//   node tools/gemma4_fixtures.mjs --peer /tmp/llama-peer --models models/gemma4 --out tests/fixtures/gemma4
+//   cmake --build build          # writes models/gemma4/*.gguf and models/quant/*.gguf
+//   node tools/greedy_fixtures.mjs --set gemma4 --peer /tmp/llama-peer
+//   node tools/greedy_fixtures.mjs --set quant --peer /tmp/llama-peer
 //
 // node-llama-cpp 3.22.1 (llama.cpp release v0.5.0) is a peer to compare with,
 // not a dependency: it is loaded from --peer. Settings as in
 // ../shared/reference: 2 threads, CPU, f32 K and V cache, flash attention
 // off, the whole prompt in one batch, then one token per decode call, greedy
-// (argmax of the raw logits, ties to the lowest id). Each prompt is longer
-// than the models' sliding window (32), so the sliding layers drop rows.
+// (argmax of the raw logits, ties to the lowest id). The gemma4 prompts are
+// longer than the models' sliding window (32), so the sliding layers drop rows.
 //
 // Each prompt also records how far llama.cpp lands from itself, over the
 // reported logits of every step: self_envelope with the prompt fed one token
-// per call, flash_envelope with its flash-attention kernel (test_gemma4.c
-// explains how the test uses them).
+// per call, flash_envelope with its flash-attention kernel (reference_check.h
+// explains how the tests use them).
 import { writeFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileEntry, fixtureHead, peerInfo } from './peer_fixture.mjs';
 
 const args = process.argv.slice(2);
 const opt = (name, def) => { const i = args.indexOf(name); return i >= 0 ? args[i + 1] : def; };
+const set = opt('--set', 'gemma4');
 const peer = opt('--peer', '/tmp/llama-peer');
-const modelsDir = opt('--models', 'models/gemma4');
-const outDir = opt('--out', 'tests/fixtures/gemma4');
 const steps = parseInt(opt('--steps', '32'), 10);
 const only = opt('--only', null); // one model name, e.g. tiny-moe-q8_0
+
+const STORY = 'Once upon a time the little dog went to the park with Tom and Lily. They were very happy, and the dog ' +
+  'ran after a red ball all day long. When the sun went down, they made their way back';
+const CARTRIDGE = 'What is a cartridge? A cartridge is a small trained prefix that a model reads in place of a long ' +
+  'corpus, so that it can answer each question about the corpus without reading it all again.';
+const QUESTION = 'What does the model read in place of the long corpus, and why is that faster than reading all of ' +
+  'the words again?';
+const SETS = {
+  gemma4: {
+    models: ['tiny-dense-f32', 'tiny-dense-f16', 'tiny-dense-q8_0', 'tiny-moe-f32', 'tiny-moe-f16', 'tiny-moe-q8_0'],
+    dir: 'models/gemma4', out: 'tests/fixtures/gemma4', bos: true,
+    madeBy: (preset, dtype) => `recipes/make_model.lua --arch gemma4 --preset ${preset} --dtype ${dtype}`,
+    prompts: [
+      { prompt: STORY, parse_special: false },
+      { prompt: CARTRIDGE, parse_special: false },
+      { prompt: `<|turn>system\nYou answer questions about the corpus.<turn|>\n<|turn>user\n${QUESTION}<turn|>\n` +
+                '<|turn>model\n<|channel>thought\n<channel|>', parse_special: true },
+    ],
+  },
+  quant: {
+    models: ['default-q8_0', 'default-q6_K', 'default-q5_K', 'default-q4_K', 'default-q4_0'],
+    dir: 'models/quant', out: 'tests/fixtures/quant', bos: false,
+    madeBy: (preset, dtype) => `recipes/make_model.lua --preset ${preset} --dtype ${dtype}`,
+    prompts: [
+      { prompt: STORY, parse_special: false },
+      { prompt: CARTRIDGE, parse_special: false },
+      { prompt: `<|im_start|>system\nYou answer questions about the corpus.<|im_end|>\n<|im_start|>user\n${QUESTION}` +
+                '<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n', parse_special: true },
+    ],
+  },
+};
+const S = SETS[set];
+if (!S) throw new Error(`--set ${set}: use one of ${Object.keys(SETS).join(', ')}`);
+const modelsDir = opt('--models', S.dir);
+const outDir = opt('--out', S.out);
+const MODELS = S.models;
+const PROMPTS = S.prompts;
 
 const { getLlama, LlamaLogLevel } = await import(join(peer, 'node_modules/node-llama-cpp/dist/index.js'));
 const info = peerInfo(peer);
 
-const PROMPTS = [
-  { prompt: 'Once upon a time the little dog went to the park with Tom and Lily. They were very happy, and the dog ' +
-            'ran after a red ball all day long. When the sun went down, they made their way back', parse_special: false },
-  { prompt: 'What is a cartridge? A cartridge is a small trained prefix that a model reads in place of a long ' +
-            'corpus, so that it can answer each question about the corpus without reading it all again.',
-    parse_special: false },
-  { prompt: '<|turn>system\nYou answer questions about the corpus.<turn|>\n<|turn>user\nWhat does the model read ' +
-            'in place of the long corpus, and why is that faster than reading all of the words again?<turn|>\n' +
-            '<|turn>model\n<|channel>thought\n<channel|>', parse_special: true },
-];
-
-const MODELS = ['tiny-dense-f32', 'tiny-dense-f16', 'tiny-dense-q8_0', 'tiny-moe-f32', 'tiny-moe-f16', 'tiny-moe-q8_0'];
 
 // the shortest decimal that reads back as the same float32
 const f32 = (x) => {
@@ -81,7 +111,7 @@ for (const name of MODELS) {
   const prompts = [];
   for (const p of PROMPTS) {
     await seq.clearHistory();
-    const ids = [model.tokens.bos, ...model.tokenize(p.prompt, p.parse_special)];
+    const ids = [...(S.bos ? [model.tokens.bos] : []), ...model.tokenize(p.prompt, p.parse_special)];
     const res = await seq.controlledEvaluate(ids.map((t, i) => (i === ids.length - 1 ? [t, greedy] : t)));
     let next = res[ids.length - 1].next;
     const out = [];
@@ -113,9 +143,9 @@ for (const name of MODELS) {
                    self_envelope: f32(self), flash_envelope: f32(fa), steps: out });
   }
   const fixture = {
-    ...fixtureHead('cartridge-reference/greedy-v1', 'tools/gemma4_fixtures.mjs', info, llama),
-    model: { ...fileEntry(file), architecture: 'gemma4',
-             bos_id: model.tokens.bos, made_by: `recipes/make_model.lua --arch gemma4 --preset ${name.replace(/-(f32|f16|q8_0)$/, '')} --dtype ${name.match(/(f32|f16|q8_0)$/)[1]}` },
+    ...fixtureHead('cartridge-reference/greedy-v1', `tools/greedy_fixtures.mjs --set ${set}`, info, llama),
+    model: { ...fileEntry(file), architecture: set === 'gemma4' ? 'gemma4' : 'qwen3',
+             bos_id: model.tokens.bos, made_by: S.madeBy(...name.match(/^(.*)-([a-z0-9_]+?)$/i).slice(1)) },
     settings: { threads: 2, kv_cache_type: 'f32', flash_attention: false, swa_full_cache: true,
                 sampling: 'greedy (temperature 0): argmax of the raw logits, ties to the lowest id',
                 context_size: 512, n_predict: steps, top_k_reported: 10,

@@ -1,0 +1,244 @@
+/*
+ * qgeneric.h - the integer block products of qdot.h, written once over a
+ * level's 16-lane primitives (lane = weight row of a packed group). A level
+ * file defines the primitives and QK_T, QK_FN, then includes this file,
+ * which defines QK_FN (a qk_groups_fn).
+ *
+ * Types the including file defines (any representation):
+ *   qb   64 bytes: 16 lanes of 4 bytes (a quad vector, qdot.h)
+ *   qi   16 int32 lanes;  qf  16 float lanes
+ *   qs   a quad vector of signed bytes, prepared for qi_dots
+ * Primitives (static inline):
+ *   qb qb_load(const uint8_t *p)            64 bytes, 64-byte aligned
+ *   qb qb_lo4(qb v), qb_hi4(qb v)           v & 15, v >> 4 per byte
+ *   qb qb_or(qb a, qb b)
+ *   qb qb_field(qb v, int shift, int n, int to)   ((v >> shift) & (2^n - 1)) << to
+ *                                           per byte; shift + n <= 8, n + to <= 8
+ *   qs qs_bytes(qb v)                       v's bytes as signed values
+ *   qs qs_levels(qb v)                      qk_iq4_levels[v] (v < 16 per byte)
+ *   qi qi_dot(qi acc, qb u, const int8_t *x)   acc + sum_i u[4l + i] x[i] for
+ *                                           each lane l (u < 64 per byte)
+ *   qi qi_dots(qi acc, qs w, const int8_t *x)  the same for signed w; the
+ *                                           lanes may hold a level's own
+ *                                           partial form until
+ *   qi qi_dots_end(qi acc, int32_t xsum)    the true sums of the qi_dots since
+ *                                           qi_zero(), whose activations sum to xsum
+ *   qi qi_zero(void), qi_set1(int32_t), qi_add(a, b), qi_mul(a, b) (low 32 bits),
+ *      qi_sub1(qi a, int32_t s) (a - s), qi_load_u8(p), qi_load_i8(p) (16 bytes
+ *      widened), qi_lo4(qi), qi_hi4(qi) (v & 15, v >> 4 of each lane's low byte)
+ *   qf qf_cvt(qi), qf_load_f16(const uint8_t *p) (16 halves), qf_set1(float),
+ *      qf_mul(a, b), qf_add(a, b), qf_sub(a, b), qf_zero(void)
+ *   void qf_store(float *p, qf v, int n)    the first n lanes
+ * Every step below is one of qdot.h's, in its order, so any level's
+ * primitives give the same bits.
+ */
+#include <string.h>
+
+#define QK_INLINE static inline __attribute__((always_inline))
+
+QK_INLINE int qk_bs(const int type) {
+    switch (type) {
+    case CART_Q2_K: case CART_Q3_K: case CART_Q4_K: case CART_Q5_K: case CART_Q6_K: case CART_IQ4_XS:
+        return 256;
+    default:
+        return 32;
+    }
+}
+
+/* The 8 quad vectors of unit s of a block whose quant vectors start at q
+ * (units: the block's units), as unsigned fields. */
+QK_INLINE void qk_unit(const int type, const uint8_t *q, const int units, const int s, qb w[8]) {
+    const int bits = qk_field_bits(type);
+    if (bits >= 4) {
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const qb n = qb_load(q + 256 * s + 64 * p);
+            w[p] = qb_lo4(n);
+            w[p + 4] = qb_hi4(n);
+        }
+        if (bits == 5) {
+            const qb h = qb_load(q + 256 * units + 64 * s);
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) w[g] = qb_or(w[g], qb_field(h, g, 1, 4));
+        } else if (bits == 6) {
+#pragma GCC unroll 2
+            for (int half = 0; half < 2; half++) {
+                const qb h = qb_load(q + 256 * units + 128 * s + 64 * half);
+#pragma GCC unroll 4
+                for (int g = 0; g < 4; g++)
+                    w[4 * half + g] = qb_or(w[4 * half + g], qb_field(h, 2 * g, 2, 4));
+            }
+        }
+        return;
+    }
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; half++) { /* 2- and 3-bit: the low two bits */
+        const qb l = qb_load(q + 128 * s + 64 * half);
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) w[4 * half + g] = qb_field(l, 2 * g, 2, 0);
+    }
+    if (bits == 3) {
+        const qb h = qb_load(q + 128 * units + 64 * s);
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) w[g] = qb_or(w[g], qb_field(h, g, 1, 2));
+    }
+}
+
+/* sum over quads [g0, g1) of the unit of u (or, signed, w) times the
+ * activations at x. */
+QK_INLINE qi qk_dot(qi acc, const qb *u, const int8_t *x, const int g0, const int g1) {
+#pragma GCC unroll 8
+    for (int g = g0; g < g1; g++) acc = qi_dot(acc, u[g], x + 4 * g);
+    return acc;
+}
+
+QK_INLINE qi qk_dots(qi acc, const qs *w, const int8_t *x) {
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) acc = qi_dots(acc, w[g], x + 4 * g);
+    return acc;
+}
+
+/* ---- blocks of 32 --------------------------------------------------------- */
+
+QK_INLINE void qk_tile_32(const int type, const qk_src *w, const uint8_t *grp, const qk_act *a,
+                          int64_t t0, const int nt, qf *acc) {
+    const int64_t nb = w->nb, cols = w->cols;
+    const uint8_t *sc = grp + nb * w->qbytes;
+    const int signed_w = type == CART_Q8_0 || type == CART_IQ4_NL;
+    const int with_m = type == CART_Q4_1 || type == CART_Q5_1;
+    const int32_t off = type == CART_Q4_0 ? 8 : type == CART_Q5_0 ? 16 : 0;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
+        qb u[8];
+        qs ws[8];
+        if (type == CART_Q8_0) {
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) ws[g] = qs_bytes(qb_load(q + 64 * g));
+        } else {
+            qk_unit(type, q, 1, 0, u);
+            if (type == CART_IQ4_NL)
+#pragma GCC unroll 8
+                for (int g = 0; g < 8; g++) ws[g] = qs_levels(u[g]);
+        }
+        const qf dw = qf_load_f16(s);
+        const qf mw = with_m ? qf_load_f16(s + 32) : qf_zero();
+        for (int t = 0; t < nt; t++) {
+            const int64_t at = (t0 + t) * (cols / 32) + b;
+            const int8_t *x = a->q + (t0 + t) * cols + 32 * b;
+            qi d = qi_zero();
+            if (signed_w) d = qi_dots_end(qk_dots(d, ws, x), a->s[at]);
+            else d = qk_dot(d, u, x, 0, 8);
+            if (off) d = qi_sub1(d, off * a->s[at]);
+            const qf p = qf_mul(qf_cvt(d), qf_mul(dw, qf_set1(a->d[at])));
+            if (with_m) acc[t] = qf_add(acc[t], qf_add(p, qf_mul(mw, qf_set1(a->sf[at]))));
+            else acc[t] = qf_add(acc[t], p);
+        }
+    }
+}
+
+/* ---- blocks of 256 ---------------------------------------------------------- */
+
+/* One unit (32 elements) of a K block for nt tokens: adds to A (and B). */
+QK_INLINE void qk_unit_256(const int type, const uint8_t *q, const uint8_t *s, const int j,
+                           const qk_act *a, int64_t t0, const int nt, int64_t e0, qi *A, qi *B) {
+    const int64_t cols = a->cols;
+    qb u[8];
+    qk_unit(type, q, 8, j, u);
+    if (type == CART_IQ4_XS) {
+        qs ws[8];
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) ws[g] = qs_levels(u[g]);
+        const qi sc = qi_load_i8(s + 32 + 16 * j);
+        for (int t = 0; t < nt; t++) {
+            const int32_t *bs = a->s + (t0 + t) * (cols / 16) + e0 / 16;
+            const qi d = qi_dots_end(qk_dots(qi_zero(), ws, a->q + (t0 + t) * cols + e0), bs[0] + bs[1]);
+            A[t] = qi_add(A[t], qi_mul(sc, d));
+        }
+    } else if (type == CART_Q4_K || type == CART_Q5_K) {
+        const qi sc = qi_load_u8(s + 64 + 16 * j), mn = qi_load_u8(s + 192 + 16 * j);
+        for (int t = 0; t < nt; t++) {
+            const int32_t *bs = a->s + (t0 + t) * (cols / 16) + e0 / 16;
+            const qi d = qk_dot(qi_zero(), u, a->q + (t0 + t) * cols + e0, 0, 8);
+            A[t] = qi_add(A[t], qi_mul(sc, d));
+            B[t] = qi_add(B[t], qi_mul(mn, qi_set1(bs[0] + bs[1])));
+        }
+    } else { /* q6_K q3_K q2_K: two sub-blocks of 16, quads 0-3 and 4-7 */
+        const int base = type == CART_Q2_K ? 64 : 32;
+        const qi r0 = type == CART_Q2_K ? qi_load_u8(s + base + 32 * j) : qi_load_i8(s + base + 32 * j);
+        const qi r1 = type == CART_Q2_K ? qi_load_u8(s + base + 32 * j + 16) : qi_load_i8(s + base + 32 * j + 16);
+        const qi sc0 = type == CART_Q2_K ? qi_lo4(r0) : r0, sc1 = type == CART_Q2_K ? qi_lo4(r1) : r1;
+        const int32_t off = type == CART_Q6_K ? 32 : type == CART_Q3_K ? 4 : 0;
+        for (int t = 0; t < nt; t++) {
+            const int32_t *bs = a->s + (t0 + t) * (cols / 16) + e0 / 16;
+            const int8_t *x = a->q + (t0 + t) * cols + e0;
+            qi d0 = qk_dot(qi_zero(), u, x, 0, 4), d1 = qk_dot(qi_zero(), u, x, 4, 8);
+            if (off) {
+                d0 = qi_sub1(d0, off * bs[0]);
+                d1 = qi_sub1(d1, off * bs[1]);
+            }
+            A[t] = qi_add(qi_add(A[t], qi_mul(sc0, d0)), qi_mul(sc1, d1));
+            if (type == CART_Q2_K)
+                B[t] = qi_add(qi_add(B[t], qi_mul(qi_hi4(r0), qi_set1(bs[0]))), qi_mul(qi_hi4(r1), qi_set1(bs[1])));
+        }
+    }
+}
+
+QK_INLINE void qk_tile_256(const int type, const qk_src *w, const uint8_t *grp, const qk_act *a,
+                           int64_t t0, const int nt, qf *acc) {
+    const int64_t nb = w->nb, cols = w->cols;
+    const int mins = type == CART_Q4_K || type == CART_Q5_K || type == CART_Q2_K;
+    const uint8_t *sc = grp + nb * w->qbytes;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
+        qi A[QK_T], B[QK_T];
+        for (int t = 0; t < nt; t++) A[t] = B[t] = qi_zero();
+        for (int j = 0; j < 8; j++) qk_unit_256(type, q, s, j, a, t0, nt, 256 * b + 32 * j, A, B);
+        const qf dw = qf_load_f16(s);
+        const qf dm = mins ? qf_load_f16(s + 32) : qf_zero();
+        for (int t = 0; t < nt; t++) {
+            const qf xd = qf_set1(a->d[(t0 + t) * (cols / 256) + b]);
+            acc[t] = qf_add(acc[t], qf_mul(qf_cvt(A[t]), qf_mul(dw, xd)));
+            if (mins) acc[t] = qf_sub(acc[t], qf_mul(qf_cvt(B[t]), qf_mul(dm, xd)));
+        }
+    }
+}
+
+/* ---- the entry ------------------------------------------------------------ */
+
+QK_INLINE void qk_type(const int type, const qk_src *w, const qk_act *a, int64_t t0, int64_t t1,
+                       int64_t g0, int64_t g1, float *y, int64_t ldy) {
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *grp = w->data + (uint64_t)g * w->group_bytes;
+        const int64_t r0 = g * QK_ROWS;
+        const int nr = (int)(w->rows - r0 < QK_ROWS ? w->rows - r0 : QK_ROWS);
+        if (g + 1 < g1) /* the next group's first lines, while this one computes */
+            for (int k = 0; k < 8; k++) __builtin_prefetch(grp + w->group_bytes + 64 * k, 0, 3);
+        for (int64_t t = t0; t < t1; t += QK_T) {
+            const int nt = (int)(t1 - t < QK_T ? t1 - t : QK_T);
+            qf acc[QK_T];
+            for (int i = 0; i < nt; i++) acc[i] = qf_zero();
+            if (qk_bs(type) == 256) qk_tile_256(type, w, grp, a, t, nt, acc);
+            else qk_tile_32(type, w, grp, a, t, nt, acc);
+            for (int i = 0; i < nt; i++) qf_store(y + (t + i) * ldy + r0, acc[i], nr);
+        }
+    }
+}
+
+static void QK_FN(const qk_src *w, const qk_act *a, int64_t t0, int64_t t1, int64_t g0, int64_t g1,
+                  float *y, int64_t ldy) {
+    switch (w->dtype) {
+    case CART_Q4_0: qk_type(CART_Q4_0, w, a, t0, t1, g0, g1, y, ldy); break;
+    case CART_Q4_1: qk_type(CART_Q4_1, w, a, t0, t1, g0, g1, y, ldy); break;
+    case CART_Q5_0: qk_type(CART_Q5_0, w, a, t0, t1, g0, g1, y, ldy); break;
+    case CART_Q5_1: qk_type(CART_Q5_1, w, a, t0, t1, g0, g1, y, ldy); break;
+    case CART_Q8_0: qk_type(CART_Q8_0, w, a, t0, t1, g0, g1, y, ldy); break;
+    case CART_IQ4_NL: qk_type(CART_IQ4_NL, w, a, t0, t1, g0, g1, y, ldy); break;
+    case CART_Q2_K: qk_type(CART_Q2_K, w, a, t0, t1, g0, g1, y, ldy); break;
+    case CART_Q3_K: qk_type(CART_Q3_K, w, a, t0, t1, g0, g1, y, ldy); break;
+    case CART_Q4_K: qk_type(CART_Q4_K, w, a, t0, t1, g0, g1, y, ldy); break;
+    case CART_Q5_K: qk_type(CART_Q5_K, w, a, t0, t1, g0, g1, y, ldy); break;
+    case CART_Q6_K: qk_type(CART_Q6_K, w, a, t0, t1, g0, g1, y, ldy); break;
+    case CART_IQ4_XS: qk_type(CART_IQ4_XS, w, a, t0, t1, g0, g1, y, ldy); break;
+    default: break;
+    }
+}
