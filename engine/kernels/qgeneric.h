@@ -84,24 +84,50 @@ QK_INLINE void qk_unit(const int type, const uint8_t *q, const int units, const 
     }
 }
 
-/* sum over quads [g0, g1) of the unit of u (or, signed, w) times the
- * activations at x. */
-QK_INLINE qi qk_dot(qi acc, const qb *u, const int8_t *x, const int g0, const int g1) {
+/* Each token's sum over quads [g0, g1) of the unit of u (or, signed, w)
+ * times its activations x[t], for NT tokens. Several chains per token
+ * (quad g goes to chain g % QK_CH(NT), the chains added at the end: integer
+ * sums, so the same value) and the tokens interleaved, so that no product
+ * waits on the one before it. */
+#define QK_CH(NT) ((NT) == 1 ? 4 : 2)
+
+QK_INLINE void qk_dot(const int NT, qi *d, const qb *u, const int8_t *const *x, const int g0, const int g1) {
+    qi c[4][QK_T];
+    for (int k = 0; k < QK_CH(NT); k++)
+        for (int t = 0; t < NT; t++) c[k][t] = qi_zero();
 #pragma GCC unroll 8
-    for (int g = g0; g < g1; g++) acc = qi_dot(acc, u[g], x + 4 * g);
-    return acc;
+    for (int g = g0; g < g1; g++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) c[(g - g0) % QK_CH(NT)][t] = qi_dot(c[(g - g0) % QK_CH(NT)][t], u[g], x[t] + 4 * g);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        d[t] = c[0][t];
+        for (int k = 1; k < QK_CH(NT) && k < g1 - g0; k++) d[t] = qi_add(d[t], c[k][t]);
+    }
 }
 
-QK_INLINE qi qk_dots(qi acc, const qs *w, const int8_t *x) {
+/* The same for signed weights over a whole unit; xsum[t]: the sum of
+ * token t's 32 activations (qi_dots_end). */
+QK_INLINE void qk_dots(const int NT, qi *d, const qs *w, const int8_t *const *x, const int32_t *xsum) {
+    qi c[4][QK_T];
+    for (int k = 0; k < QK_CH(NT); k++)
+        for (int t = 0; t < NT; t++) c[k][t] = qi_zero();
 #pragma GCC unroll 8
-    for (int g = 0; g < 8; g++) acc = qi_dots(acc, w[g], x + 4 * g);
-    return acc;
+    for (int g = 0; g < 8; g++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) c[g % QK_CH(NT)][t] = qi_dots(c[g % QK_CH(NT)][t], w[g], x[t] + 4 * g);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        qi sum = c[0][t];
+        for (int k = 1; k < QK_CH(NT); k++) sum = qi_add(sum, c[k][t]);
+        d[t] = qi_dots_end(sum, xsum[t]);
+    }
 }
 
 /* ---- blocks of 32 --------------------------------------------------------- */
 
-QK_INLINE void qk_tile_32(const int type, const qk_src *w, const uint8_t *grp, const qk_act *a,
-                          int64_t t0, const int nt, qf *acc) {
+QK_INLINE void qk_tile_32(const int type, const int NT, const qk_src *w, const uint8_t *grp, const qk_act *a,
+                          int64_t t0, qf *acc) {
     const int64_t nb = w->nb, cols = w->cols;
     const uint8_t *sc = grp + nb * w->qbytes;
     const int signed_w = type == CART_Q8_0 || type == CART_IQ4_NL;
@@ -109,28 +135,40 @@ QK_INLINE void qk_tile_32(const int type, const qk_src *w, const uint8_t *grp, c
     const int32_t off = type == CART_Q4_0 ? 8 : type == CART_Q5_0 ? 16 : 0;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
-        qb u[8];
-        qs ws[8];
-        if (type == CART_Q8_0) {
+        const int8_t *x[QK_T];
+        int32_t xs[QK_T];
+        int64_t at[QK_T];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            at[t] = (t0 + t) * (cols / 32) + b;
+            x[t] = a->q + (t0 + t) * cols + 32 * b;
+            xs[t] = a->s[at[t]];
+        }
+        qi d[QK_T];
+        if (signed_w) {
+            qs ws[8];
+            if (type == CART_Q8_0) {
 #pragma GCC unroll 8
-            for (int g = 0; g < 8; g++) ws[g] = qs_bytes(qb_load(q + 64 * g));
-        } else {
-            qk_unit(type, q, 1, 0, u);
-            if (type == CART_IQ4_NL)
+                for (int g = 0; g < 8; g++) ws[g] = qs_bytes(qb_load(q + 64 * g));
+            } else {
+                qb u[8];
+                qk_unit(type, q, 1, 0, u);
 #pragma GCC unroll 8
                 for (int g = 0; g < 8; g++) ws[g] = qs_levels(u[g]);
+            }
+            qk_dots(NT, d, ws, x, xs);
+        } else {
+            qb u[8];
+            qk_unit(type, q, 1, 0, u);
+            qk_dot(NT, d, u, x, 0, 8);
         }
         const qf dw = qf_load_f16(s);
         const qf mw = with_m ? qf_load_f16(s + 32) : qf_zero();
-        for (int t = 0; t < nt; t++) {
-            const int64_t at = (t0 + t) * (cols / 32) + b;
-            const int8_t *x = a->q + (t0 + t) * cols + 32 * b;
-            qi d = qi_zero();
-            if (signed_w) d = qi_dots_end(qk_dots(d, ws, x), a->s[at]);
-            else d = qk_dot(d, u, x, 0, 8);
-            if (off) d = qi_sub1(d, off * a->s[at]);
-            const qf p = qf_mul(qf_cvt(d), qf_mul(dw, qf_set1(a->d[at])));
-            if (with_m) acc[t] = qf_add(acc[t], qf_add(p, qf_mul(mw, qf_set1(a->sf[at]))));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            if (off) d[t] = qi_sub1(d[t], off * xs[t]);
+            const qf p = qf_mul(qf_cvt(d[t]), qf_mul(dw, qf_set1(a->d[at[t]])));
+            if (with_m) acc[t] = qf_add(acc[t], qf_add(p, qf_mul(mw, qf_set1(a->sf[at[t]]))));
             else acc[t] = qf_add(acc[t], p);
         }
     }
@@ -138,29 +176,38 @@ QK_INLINE void qk_tile_32(const int type, const qk_src *w, const uint8_t *grp, c
 
 /* ---- blocks of 256 ---------------------------------------------------------- */
 
-/* One unit (32 elements) of a K block for nt tokens: adds to A (and B). */
-QK_INLINE void qk_unit_256(const int type, const uint8_t *q, const uint8_t *s, const int j,
-                           const qk_act *a, int64_t t0, const int nt, int64_t e0, qi *A, qi *B) {
+/* One unit (32 elements) of a K block for NT tokens: adds to A (and B). */
+QK_INLINE void qk_unit_256(const int type, const int NT, const uint8_t *q, const uint8_t *s, const int j,
+                           const qk_act *a, int64_t t0, int64_t e0, qi *A, qi *B) {
     const int64_t cols = a->cols;
+    const int8_t *x[QK_T];
+    const int32_t *bs[QK_T];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        x[t] = a->q + (t0 + t) * cols + e0;
+        bs[t] = a->s + (t0 + t) * (cols / 16) + e0 / 16;
+    }
     qb u[8];
     qk_unit(type, q, 8, j, u);
+    qi d[QK_T];
     if (type == CART_IQ4_XS) {
         qs ws[8];
 #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) ws[g] = qs_levels(u[g]);
+        int32_t xs[QK_T];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) xs[t] = bs[t][0] + bs[t][1];
+        qk_dots(NT, d, ws, x, xs);
         const qi sc = qi_load_i8(s + 32 + 16 * j);
-        for (int t = 0; t < nt; t++) {
-            const int32_t *bs = a->s + (t0 + t) * (cols / 16) + e0 / 16;
-            const qi d = qi_dots_end(qk_dots(qi_zero(), ws, a->q + (t0 + t) * cols + e0), bs[0] + bs[1]);
-            A[t] = qi_add(A[t], qi_mul(sc, d));
-        }
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) A[t] = qi_add(A[t], qi_mul(sc, d[t]));
     } else if (type == CART_Q4_K || type == CART_Q5_K) {
+        qk_dot(NT, d, u, x, 0, 8);
         const qi sc = qi_load_u8(s + 64 + 16 * j), mn = qi_load_u8(s + 192 + 16 * j);
-        for (int t = 0; t < nt; t++) {
-            const int32_t *bs = a->s + (t0 + t) * (cols / 16) + e0 / 16;
-            const qi d = qk_dot(qi_zero(), u, a->q + (t0 + t) * cols + e0, 0, 8);
-            A[t] = qi_add(A[t], qi_mul(sc, d));
-            B[t] = qi_add(B[t], qi_mul(mn, qi_set1(bs[0] + bs[1])));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            A[t] = qi_add(A[t], qi_mul(sc, d[t]));
+            B[t] = qi_add(B[t], qi_mul(mn, qi_set1(bs[t][0] + bs[t][1])));
         }
     } else { /* q6_K q3_K q2_K: two sub-blocks of 16, quads 0-3 and 4-7 */
         const int base = type == CART_Q2_K ? 64 : 32;
@@ -168,34 +215,38 @@ QK_INLINE void qk_unit_256(const int type, const uint8_t *q, const uint8_t *s, c
         const qi r1 = type == CART_Q2_K ? qi_load_u8(s + base + 32 * j + 16) : qi_load_i8(s + base + 32 * j + 16);
         const qi sc0 = type == CART_Q2_K ? qi_lo4(r0) : r0, sc1 = type == CART_Q2_K ? qi_lo4(r1) : r1;
         const int32_t off = type == CART_Q6_K ? 32 : type == CART_Q3_K ? 4 : 0;
-        for (int t = 0; t < nt; t++) {
-            const int32_t *bs = a->s + (t0 + t) * (cols / 16) + e0 / 16;
-            const int8_t *x = a->q + (t0 + t) * cols + e0;
-            qi d0 = qk_dot(qi_zero(), u, x, 0, 4), d1 = qk_dot(qi_zero(), u, x, 4, 8);
+        qi d1[QK_T];
+        qk_dot(NT, d, u, x, 0, 4);
+        qk_dot(NT, d1, u, x, 4, 8);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            qi d0 = d[t], e1 = d1[t];
             if (off) {
-                d0 = qi_sub1(d0, off * bs[0]);
-                d1 = qi_sub1(d1, off * bs[1]);
+                d0 = qi_sub1(d0, off * bs[t][0]);
+                e1 = qi_sub1(e1, off * bs[t][1]);
             }
-            A[t] = qi_add(qi_add(A[t], qi_mul(sc0, d0)), qi_mul(sc1, d1));
+            A[t] = qi_add(qi_add(A[t], qi_mul(sc0, d0)), qi_mul(sc1, e1));
             if (type == CART_Q2_K)
-                B[t] = qi_add(qi_add(B[t], qi_mul(qi_hi4(r0), qi_set1(bs[0]))), qi_mul(qi_hi4(r1), qi_set1(bs[1])));
+                B[t] = qi_add(qi_add(B[t], qi_mul(qi_hi4(r0), qi_set1(bs[t][0]))), qi_mul(qi_hi4(r1), qi_set1(bs[t][1])));
         }
     }
 }
 
-QK_INLINE void qk_tile_256(const int type, const qk_src *w, const uint8_t *grp, const qk_act *a,
-                           int64_t t0, const int nt, qf *acc) {
+QK_INLINE void qk_tile_256(const int type, const int NT, const qk_src *w, const uint8_t *grp, const qk_act *a,
+                           int64_t t0, qf *acc) {
     const int64_t nb = w->nb, cols = w->cols;
     const int mins = type == CART_Q4_K || type == CART_Q5_K || type == CART_Q2_K;
     const uint8_t *sc = grp + nb * w->qbytes;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
         qi A[QK_T], B[QK_T];
-        for (int t = 0; t < nt; t++) A[t] = B[t] = qi_zero();
-        for (int j = 0; j < 8; j++) qk_unit_256(type, q, s, j, a, t0, nt, 256 * b + 32 * j, A, B);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) A[t] = B[t] = qi_zero();
+        for (int j = 0; j < 8; j++) qk_unit_256(type, NT, q, s, j, a, t0, 256 * b + 32 * j, A, B);
         const qf dw = qf_load_f16(s);
         const qf dm = mins ? qf_load_f16(s + 32) : qf_zero();
-        for (int t = 0; t < nt; t++) {
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
             const qf xd = qf_set1(a->d[(t0 + t) * (cols / 256) + b]);
             acc[t] = qf_add(acc[t], qf_mul(qf_cvt(A[t]), qf_mul(dw, xd)));
             if (mins) acc[t] = qf_sub(acc[t], qf_mul(qf_cvt(B[t]), qf_mul(dm, xd)));
@@ -205,6 +256,22 @@ QK_INLINE void qk_tile_256(const int type, const qk_src *w, const uint8_t *grp, 
 
 /* ---- the entry ------------------------------------------------------------ */
 
+/* NT tokens from t of one group: their outputs stored. */
+QK_INLINE void qk_tile(const int type, const int NT, const qk_src *w, const uint8_t *grp, const qk_act *a,
+                       int64_t t, float *y, int64_t ldy, int64_t r0, int nr) {
+    qf acc[QK_T];
+#pragma GCC unroll 4
+    for (int i = 0; i < NT; i++) acc[i] = qf_zero();
+    if (qk_bs(type) == 256) qk_tile_256(type, NT, w, grp, a, t, acc);
+    else qk_tile_32(type, NT, w, grp, a, t, acc);
+#pragma GCC unroll 4
+    for (int i = 0; i < NT; i++) qf_store(y + (t + i) * ldy + r0, acc[i], nr);
+}
+
+#if QK_T != 2 && QK_T != 4
+#error "qgeneric.h: QK_T must be 2 or 4"
+#endif
+
 QK_INLINE void qk_type(const int type, const qk_src *w, const qk_act *a, int64_t t0, int64_t t1,
                        int64_t g0, int64_t g1, float *y, int64_t ldy) {
     for (int64_t g = g0; g < g1; g++) {
@@ -213,14 +280,11 @@ QK_INLINE void qk_type(const int type, const qk_src *w, const qk_act *a, int64_t
         const int nr = (int)(w->rows - r0 < QK_ROWS ? w->rows - r0 : QK_ROWS);
         if (g + 1 < g1) /* the next group's first lines, while this one computes */
             for (int k = 0; k < 8; k++) __builtin_prefetch(grp + w->group_bytes + 64 * k, 0, 3);
-        for (int64_t t = t0; t < t1; t += QK_T) {
-            const int nt = (int)(t1 - t < QK_T ? t1 - t : QK_T);
-            qf acc[QK_T];
-            for (int i = 0; i < nt; i++) acc[i] = qf_zero();
-            if (qk_bs(type) == 256) qk_tile_256(type, w, grp, a, t, nt, acc);
-            else qk_tile_32(type, w, grp, a, t, nt, acc);
-            for (int i = 0; i < nt; i++) qf_store(y + (t + i) * ldy + r0, acc[i], nr);
-        }
+        int64_t t = t0;
+        for (; t + QK_T <= t1; t += QK_T) qk_tile(type, QK_T, w, grp, a, t, y, ldy, r0, nr);
+        if (QK_T > 3 && t1 - t == 3) qk_tile(type, QK_T > 3 ? 3 : 1, w, grp, a, t, y, ldy, r0, nr);
+        else if (QK_T > 2 && t1 - t == 2) qk_tile(type, QK_T > 2 ? 2 : 1, w, grp, a, t, y, ldy, r0, nr);
+        else if (t1 - t == 1) qk_tile(type, 1, w, grp, a, t, y, ldy, r0, nr);
     }
 }
 

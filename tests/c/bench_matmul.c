@@ -20,7 +20,8 @@
  *                    and n = 64 tokens, and the fraction of the machine's f32
  *                    FMA peak (PEAK_GFLOPS per core: about 370 GFLOP/s on two
  *                    Zen 5 cores, measured by the project lead);
- *   gemv             forward at n = 1 in GB/s of weight bytes read, and the
+ *   gemv             forward at n = 1 in GB/s of weight bytes (the file's
+ *                    bytes; block types read their repacked copy), and the
  *                    fraction of the read bandwidth measured first at that
  *                    thread count (probe.h). Calls
  *                    cycle through copies of the weight worth >= 256 MiB, so
@@ -217,7 +218,9 @@ int main(int argc, char **argv) {
                     copy = malloc(bytes);
                     memcpy(copy, data, bytes);
                 }
-                if (cart_weight_init(&w[c], dtype, copy, rows, cols) != 0) {
+                /* block types repacked as a model load repacks them */
+                if (cart_weight_init(&w[c], dtype, copy, rows, cols) != 0 ||
+                    cart_weight_repack(&w[c], NULL, NULL) != 0) {
                     fprintf(stderr, "%s\n", cart_last_error());
                     return 1;
                 }
@@ -260,7 +263,10 @@ int main(int argc, char **argv) {
                 fflush(stdout);
                 cart_pool_free(pool);
             }
-            for (int c = 0; c < n_copies; c++) free((void *)w[c].data);
+            for (int c = 0; c < n_copies; c++) {
+                cart_weight_free_packed(&w[c]);
+                free((void *)w[c].data);
+            }
         }
         free(x), free(y), free(dy), free(src);
     }
