@@ -17,7 +17,7 @@
 #include "train.h"
 
 /* per process: ctest runs this program once per ISA level, in parallel */
-static char QWEN_PATH[64], LLAMA_PATH[64];
+static char QWEN_PATH[64], LLAMA_PATH[64], Q8_PATH[64], Q4K_PATH[64];
 
 static double rel_err(double a, double b) {
     double scale = fmax(fmax(fabs(a), fabs(b)), 1e-3);
@@ -168,6 +168,14 @@ static void test_qwen3_stack_gradients_match_finite_differences(void) {
 
 static void test_llama_stack_gradients_match_finite_differences(void) {
     check_stack_gradients(LLAMA_PATH, "llama (adjacent-pair RoPE, GQA 2)", stack_lens, 2, 5, 1e-2f, 3e-2);
+}
+
+/* Block-type weights: the training forward multiplies f32 activations by
+ * the exactly dequantized weights (matmul.h: cart_matmul_forward_exact),
+ * so its backward holds to finite differences as at f32. */
+static void test_quantized_stack_gradients_match_finite_differences(void) {
+    check_stack_gradients(Q8_PATH, "qwen3 at q8_0 (256 wide)", stack_lens, 2, 5, 1e-2f, 3e-2);
+    check_stack_gradients(Q4K_PATH, "qwen3 at q4_K (256 wide)", stack_lens, 2, 5, 1e-2f, 3e-2);
 }
 
 static void test_fused_loss_equals_the_unfused_computation(void) {
@@ -573,7 +581,14 @@ int main(void) {
     l.qwen3 = 0, l.tied = 0, l.seed = 6, l.head_dim = 8;
     snprintf(QWEN_PATH, sizeof QWEN_PATH, "/tmp/cart_test_train_qwen3.%d.gguf", (int)getpid());
     snprintf(LLAMA_PATH, sizeof LLAMA_PATH, "/tmp/cart_test_train_llama.%d.gguf", (int)getpid());
-    if (write_tiny_model(QWEN_PATH, &q) || write_tiny_model(LLAMA_PATH, &l)) {
+    tiny_shape k = q; /* block types: every row a whole number of 256-blocks */
+    k.embd = 256, k.head_dim = 64, k.ff = 256, k.seed = 7, k.dtype = CART_Q8_0;
+    tiny_shape k4 = k;
+    k4.dtype = CART_Q4_K, k4.seed = 8;
+    snprintf(Q8_PATH, sizeof Q8_PATH, "/tmp/cart_test_train_q8_0.%d.gguf", (int)getpid());
+    snprintf(Q4K_PATH, sizeof Q4K_PATH, "/tmp/cart_test_train_q4_K.%d.gguf", (int)getpid());
+    if (write_tiny_model(QWEN_PATH, &q) || write_tiny_model(LLAMA_PATH, &l) || write_tiny_model(Q8_PATH, &k) ||
+        write_tiny_model(Q4K_PATH, &k4)) {
         printf("cannot write the test models: %s\n", cart_last_error());
         return 1;
     }
@@ -583,6 +598,7 @@ int main(void) {
     RUN(test_attention_backward_matches_finite_differences);
     RUN(test_qwen3_stack_gradients_match_finite_differences);
     RUN(test_llama_stack_gradients_match_finite_differences);
+    RUN(test_quantized_stack_gradients_match_finite_differences);
     RUN(test_fused_loss_equals_the_unfused_computation);
     RUN(test_packed_segments_match_one_at_a_time);
     RUN(test_gradient_exports_in_the_optimizer_order_and_imports_back);
@@ -596,5 +612,7 @@ int main(void) {
     RUN(test_bad_targets_and_segments_are_refused);
     remove(QWEN_PATH);
     remove(LLAMA_PATH);
+    remove(Q8_PATH);
+    remove(Q4K_PATH);
     return check_finish("train");
 }

@@ -179,6 +179,37 @@ describe("recipes/equiv.lua", function()
         end
     end)
 
+    it("passes bitwise on quantized models (integer products) at every ISA level", function()
+        -- the build's qwen3 `default` preset in block types (models/quant):
+        -- the activations are quantized per row, so a row's bits do not
+        -- depend on the batch, and the gate holds at f32 and f16 KV
+        local levels = {}
+        for isa = 0, cartridge.C.CART_ISA_COUNT - 1 do
+            if cartridge.C.cart_isa_supported(isa) == 1 then
+                levels[#levels + 1] = cartridge.ffi.string(cartridge.C.cart_isa_name(isa))
+            end
+        end
+        for _, dtype in ipairs({ "q4_K", "q8_0", "q6_K" }) do
+            local path = helper.root .. "/models/quant/default-" .. dtype .. ".gguf"
+            if not helper.exists(path) then return pending(path .. " not found (the build writes it)") end
+            if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+            -- every level for q4_K, the best one for the others
+            for _, isa in ipairs(dtype == "q4_K" and levels or { levels[#levels] }) do
+                for _, kv in ipairs({ "f32", "f16" }) do
+                    local args = { "run", "recipes/equiv.lua", "--model", path, "--corpus", "README.md", "--p", "128",
+                        "--suffix-max", "64", "--kv", kv }
+                    for k, a in ipairs(args) do args[k] = helper.q(a) end
+                    local rc, out, err = helper.run("CART_ISA=" .. isa .. " " .. helper.q(helper.bin) .. " "
+                        .. table.concat(args, " ") .. " </dev/null")
+                    assert.are.equal(0, rc, err)
+                    assert.truthy(out:find("max |dlogit| 0.000000, mean 0.0000000, greedy agreement 64/64", 1, true),
+                        dtype .. " " .. isa .. " " .. kv .. ": " .. out)
+                    print(("  %s, %s, %s KV: %s"):format(dtype, isa, kv, out:match("max |dlogit|[^\n]*")))
+                end
+            end
+        end
+    end)
+
     it("says CorpusTooShort with the count and the fix", function()
         helper.write_file(tmp .. "/tiny.txt", "hello there")
         local rc, _, err = equiv("--model", model_path, "--corpus", tmp .. "/tiny.txt", "--p", "256")
