@@ -130,6 +130,31 @@ describe("recipes/equiv.lua", function()
         return helper.cartridge("run", "recipes/equiv.lua", ...)
     end
 
+    -- the ISA levels this machine has, by name
+    local function isa_levels()
+        local levels = {}
+        for isa = 0, cartridge.C.CART_ISA_COUNT - 1 do
+            if cartridge.C.cart_isa_supported(isa) == 1 then
+                levels[#levels + 1] = cartridge.ffi.string(cartridge.C.cart_isa_name(isa))
+            end
+        end
+        return levels
+    end
+
+    -- the gate at one level on --p 128 --suffix-max 64: asserts it is bitwise
+    -- and prints its line
+    local function gate_at(isa, path, kv, label)
+        local args = { "run", "recipes/equiv.lua", "--model", path, "--corpus", "README.md", "--p", "128",
+            "--suffix-max", "64", "--kv", kv }
+        for i, a in ipairs(args) do args[i] = helper.q(a) end
+        local rc, out, err = helper.run("CART_ISA=" .. isa .. " " .. helper.q(helper.bin) .. " "
+            .. table.concat(args, " ") .. " </dev/null")
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("max |dlogit| 0.000000, mean 0.0000000, greedy agreement 64/64", 1, true),
+            label .. ": " .. out)
+        print(("  %s: %s"):format(label, out:match("max |dlogit|[^\n]*")))
+    end
+
     it("passes bitwise on stories260K with f32 and f16 caches", function()
         local path, why = helper.fixture("models/stories260K.gguf")
         if not path then return pending(why) end
@@ -155,26 +180,13 @@ describe("recipes/equiv.lua", function()
 
     it("passes bitwise at every ISA level this machine has", function()
         -- the demo-sized model: head_dim 64, so attention runs the level's kernels too
-        local levels = {}
-        for isa = 0, cartridge.C.CART_ISA_COUNT - 1 do
-            if cartridge.C.cart_isa_supported(isa) == 1 then
-                levels[#levels + 1] = cartridge.ffi.string(cartridge.C.cart_isa_name(isa))
-            end
-        end
+        local levels = isa_levels()
         local path = tmp .. "/demo.gguf"
         require("cartridge.randmodel").write({ out = path, preset = "default", dtype = "f16", quiet = true })
         for _, isa in ipairs(levels) do
             for _, kv in ipairs({ "f32", "f16" }) do
                 if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
-                local args = { "run", "recipes/equiv.lua", "--model", path, "--corpus", "README.md", "--p", "128",
-                    "--suffix-max", "64", "--kv", kv }
-                for i, a in ipairs(args) do args[i] = helper.q(a) end
-                local rc, out, err = helper.run("CART_ISA=" .. isa .. " " .. helper.q(helper.bin) .. " "
-                    .. table.concat(args, " ") .. " </dev/null")
-                assert.are.equal(0, rc, err)
-                assert.truthy(out:find("max |dlogit| 0.000000, mean 0.0000000, greedy agreement 64/64", 1, true),
-                    isa .. " " .. kv .. ": " .. out)
-                print(("  %s, %s KV: %s"):format(isa, kv, out:match("max |dlogit|[^\n]*")))
+                gate_at(isa, path, kv, isa .. ", " .. kv .. " KV")
             end
         end
     end)
@@ -183,29 +195,14 @@ describe("recipes/equiv.lua", function()
         -- the build's qwen3 `default` preset in block types (models/quant):
         -- the activations are quantized per row, so a row's bits do not
         -- depend on the batch, and the gate holds at f32 and f16 KV
-        local levels = {}
-        for isa = 0, cartridge.C.CART_ISA_COUNT - 1 do
-            if cartridge.C.cart_isa_supported(isa) == 1 then
-                levels[#levels + 1] = cartridge.ffi.string(cartridge.C.cart_isa_name(isa))
-            end
-        end
+        local levels = isa_levels()
         for _, dtype in ipairs({ "q4_K", "q8_0", "q6_K" }) do
             local path = helper.root .. "/models/quant/default-" .. dtype .. ".gguf"
             if not helper.exists(path) then return pending(path .. " not found (the build writes it)") end
             if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
             -- every level for q4_K, the best one for the others
             for _, isa in ipairs(dtype == "q4_K" and levels or { levels[#levels] }) do
-                for _, kv in ipairs({ "f32", "f16" }) do
-                    local args = { "run", "recipes/equiv.lua", "--model", path, "--corpus", "README.md", "--p", "128",
-                        "--suffix-max", "64", "--kv", kv }
-                    for k, a in ipairs(args) do args[k] = helper.q(a) end
-                    local rc, out, err = helper.run("CART_ISA=" .. isa .. " " .. helper.q(helper.bin) .. " "
-                        .. table.concat(args, " ") .. " </dev/null")
-                    assert.are.equal(0, rc, err)
-                    assert.truthy(out:find("max |dlogit| 0.000000, mean 0.0000000, greedy agreement 64/64", 1, true),
-                        dtype .. " " .. isa .. " " .. kv .. ": " .. out)
-                    print(("  %s, %s, %s KV: %s"):format(dtype, isa, kv, out:match("max |dlogit|[^\n]*")))
-                end
+                for _, kv in ipairs({ "f32", "f16" }) do gate_at(isa, path, kv, dtype .. ", " .. isa .. ", " .. kv .. " KV") end
             end
         end
     end)
