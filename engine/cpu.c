@@ -18,7 +18,7 @@
 #define CART_ARM64 1
 #endif
 
-static const char *const isa_names[CART_ISA_COUNT] = {"scalar", "avx2", "avx512", "neon", "avx512vnni"};
+static const char *const isa_names[CART_ISA_COUNT] = {"scalar", "avx2", "avx512", "neon", "avx512vnni", "neondot"};
 
 const char *cart_isa_name(int32_t isa) {
     return isa >= 0 && isa < CART_ISA_COUNT ? isa_names[isa] : "unknown";
@@ -31,7 +31,7 @@ int cart_isa_parse(int32_t *isa, const char *name) {
             *isa = i;
             return CART_OK;
         }
-    return cart_fail(CART_E_ARG, "unknown ISA level '%s': use scalar, avx2, avx512, avx512vnni or neon", name);
+    return cart_fail(CART_E_ARG, "unknown ISA level '%s': use scalar, avx2, avx512, avx512vnni, neon or neondot", name);
 }
 
 /* ---- what the CPU has ----------------------------------------------------- */
@@ -39,7 +39,7 @@ int cart_isa_parse(int32_t *isa, const char *name) {
 typedef struct cpu_info {
     int avx2, fma, f16c, avx512; /* avx512: F, BW, VL, DQ with OS support for zmm state */
     int avx512vnni;
-    int neon;
+    int neon, neondot; /* neondot: SDOT (HWCAP_ASIMDDP) */
     char features[256];
 } cpu_info;
 
@@ -107,6 +107,7 @@ static void detect(void) {
 #endif
 #ifdef HWCAP_ASIMDDP
     add_feature("asimddp", (hw & HWCAP_ASIMDDP) != 0);
+    cpu.neondot = (hw & HWCAP_ASIMDDP) != 0;
 #endif
     (void)hw;
 #else
@@ -131,6 +132,8 @@ static const cart_kernels *table_of(int32_t isa) {
         return cart_kernels_neon();
     case CART_ISA_AVX512VNNI:
         return cart_kernels_avx512vnni();
+    case CART_ISA_NEONDOT:
+        return cart_kernels_neondot();
     default:
         return NULL;
     }
@@ -157,6 +160,9 @@ int32_t cart_isa_supported(int32_t isa) {
     case CART_ISA_AVX512VNNI:
         cpu_has = cpu.avx512vnni;
         break;
+    case CART_ISA_NEONDOT:
+        cpu_has = cpu.neondot;
+        break;
     default:
         break;
     }
@@ -164,7 +170,8 @@ int32_t cart_isa_supported(int32_t isa) {
 }
 
 int32_t cart_isa_best(void) {
-    static const int32_t order[] = {CART_ISA_AVX512VNNI, CART_ISA_AVX512, CART_ISA_AVX2, CART_ISA_NEON};
+    static const int32_t order[] = {CART_ISA_AVX512VNNI, CART_ISA_AVX512, CART_ISA_AVX2, CART_ISA_NEONDOT,
+                                    CART_ISA_NEON};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (cart_isa_supported(order[i])) return order[i];
     return CART_ISA_SCALAR;
@@ -177,7 +184,7 @@ static int build_has(int32_t isa) {
     return isa == CART_ISA_SCALAR || isa == CART_ISA_AVX2 || isa == CART_ISA_AVX512 ||
            isa == CART_ISA_AVX512VNNI;
 #elif CART_ARM64
-    return isa == CART_ISA_SCALAR || isa == CART_ISA_NEON;
+    return isa == CART_ISA_SCALAR || isa == CART_ISA_NEON || isa == CART_ISA_NEONDOT;
 #else
     return isa == CART_ISA_SCALAR;
 #endif

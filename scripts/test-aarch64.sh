@@ -1,7 +1,8 @@
 #!/bin/sh
 # Cross-builds the C engine and its C tests for AArch64 and runs the tests
-# under qemu-user, so the neon level (engine/kernels/neon.c) is compiled and
-# checked against the scalar level (tests/c/test_kernels.c) on an x86 machine.
+# under qemu-user, so the neon and neondot levels (engine/kernels/neon.c,
+# neondot.c) are compiled and checked against the scalar level
+# (tests/c/test_kernels.c) on an x86 machine.
 #
 # On Debian as root it installs what is missing (the arm64 architecture, the
 # cross compiler, qemu-user and the :arm64 libraries the engine links);
@@ -68,9 +69,10 @@ t2=$(date +%s)
 
 # ---- tests ------------------------------------------------------------------
 # Each test runs through qemu-aarch64 (CMAKE_CROSSCOMPILING_EMULATOR); the
-# test@scalar and test@neon entries force each level with CART_ISA.
+# test@scalar, test@neon and test@neondot entries force each level with
+# CART_ISA (qemu-user's default CPU has the dot-product instructions).
 status=0
-# The plain runs of those tests repeat the best level (neon): -LE skips them.
+# The plain runs of those tests repeat the best level: -LE skips them.
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -LE best-level-again || status=$?
 t3=$(date +%s)
 

@@ -169,6 +169,7 @@ const cart_kernels *cart_kernels_avx2(void);
 const cart_kernels *cart_kernels_avx512(void);
 const cart_kernels *cart_kernels_avx512vnni(void);
 const cart_kernels *cart_kernels_neon(void);
+const cart_kernels *cart_kernels_neondot(void);
 
 #pragma GCC visibility pop
 
