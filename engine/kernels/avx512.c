@@ -33,6 +33,7 @@
 
 #if defined(__x86_64__)
 
+#include <math.h>
 #include <string.h>
 
 #include "dtype.h"
@@ -703,81 +704,102 @@ static inline __m512 lane_sums(const __m512 *acc) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xdd));
 }
 
-/* score[i] = q . k[i] for i < nt: 16 keys at a time, 16 lane sums each over
- * d, then the fixed tree of lane_sums. */
-static void rows_scores(float *score, const float *q, const float *kt, int64_t stride,
-                        int32_t head_dim, int64_t nt) {
-    {
-        int32_t nv = head_dim / 16;
-        for (int64_t i0 = 0; i0 < nt; i0 += 16) {
-            __m512 acc[16];
-            int32_t m = nt - i0 < 16 ? (int32_t)(nt - i0) : 16; /* keys past nt stay zero */
-            for (int32_t i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-            for (int32_t v = 0; v < nv; v++) {
-                __m512 qv = _mm512_loadu_ps(q + 16 * v);
-                for (int32_t i = 0; i < m; i++)
-                    acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kt + (i0 + i) * stride + 16 * v), acc[i]);
-            }
-            __m512 out = lane_sums(acc);
-            if (m == 16) _mm512_storeu_ps(score + i0, out);
-            else _mm512_mask_storeu_ps(score + i0, (__mmask16)((1u << m) - 1), out);
+/* 16 keys' scores (M < 16: the first M; the rest of acc stays zero) from
+ * rows of f32 (F16 0) or f16 (F16 1): per key one chain of fused
+ * multiply-adds over d in 16 lanes, then the fixed tree of lane_sums. M and
+ * NV are constants where it matters, so that the 16 accumulators stay in
+ * registers. */
+static ALWAYS_INLINE __m512 scores_block(const int M, const int NV, const int F16, const float *q, const void *k,
+                                         int64_t stride) {
+    __m512 acc[16];
+    for (int32_t i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int32_t v = 0; v < NV; v++) {
+        const __m512 qv = _mm512_loadu_ps(q + 16 * v);
+        for (int32_t i = 0; i < M; i++) {
+            const __m512 kv = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256(
+                                        (const __m256i *)((const uint16_t *)k + i * stride + 16 * v)))
+                                  : _mm512_loadu_ps((const float *)k + i * stride + 16 * v);
+            acc[i] = _mm512_fmadd_ps(qv, kv, acc[i]);
         }
-        return;
     }
+    return lane_sums(acc);
+}
+
+static ALWAYS_INLINE void scores_rows(const int NV, const int F16, float *score, const float *q, const void *k,
+                                      int64_t stride, int32_t head_dim, int64_t nt) {
+    const int64_t esize = F16 ? 2 : 4;
+    const int32_t nv = NV ? NV : head_dim / 16;
+    int64_t i0 = 0;
+    for (; i0 + 16 <= nt; i0 += 16)
+        _mm512_storeu_ps(score + i0, NV ? scores_block(16, NV, F16, q, (const char *)k + i0 * stride * esize, stride)
+                                        : scores_block(16, nv, F16, q, (const char *)k + i0 * stride * esize, stride));
+    if (i0 < nt) { /* the last keys: past nt nothing is read */
+        const int32_t m = (int32_t)(nt - i0);
+        const __m512 out = scores_block(m, nv, F16, q, (const char *)k + i0 * stride * esize, stride);
+        _mm512_mask_storeu_ps(score + i0, (__mmask16)((1u << m) - 1), out);
+    }
+}
+
+/* acc[d] += sum over i < nt of p[i] * v[i][d], in i order: one chain of
+ * fused multiply-adds per output, NV (a constant where it matters) vectors
+ * of 16 outputs in registers. */
+static ALWAYS_INLINE void values_span(const int NV, const int F16, float *acc, const float *p, const void *v,
+                                      int64_t stride, int64_t nt) {
+    __m512 a[16];
+    for (int32_t j = 0; j < NV; j++) a[j] = _mm512_loadu_ps(acc + 16 * j);
+    for (int64_t i = 0; i < nt; i++) {
+        const __m512 b = _mm512_set1_ps(p[i]);
+        for (int32_t j = 0; j < NV; j++) {
+            const __m512 vv = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256(
+                                        (const __m256i *)((const uint16_t *)v + i * stride + 16 * j)))
+                                  : _mm512_loadu_ps((const float *)v + i * stride + 16 * j);
+            a[j] = _mm512_fmadd_ps(b, vv, a[j]);
+        }
+    }
+    for (int32_t j = 0; j < NV; j++) _mm512_storeu_ps(acc + 16 * j, a[j]);
+}
+
+static ALWAYS_INLINE void values_rows(const int F16, float *acc, const float *p, const void *v, int64_t stride,
+                                      int64_t nt, int32_t head_dim) {
+    const int64_t esize = F16 ? 2 : 4;
+    for (int32_t d0 = 0; d0 < head_dim; d0 += 256) { /* 256 outputs in registers at a time */
+        const int32_t nv = (head_dim - d0 < 256 ? head_dim - d0 : 256) / 16;
+        const void *vd = (const char *)v + d0 * esize;
+        if (nv == 16) values_span(16, F16, acc + d0, p, vd, stride, nt);
+        else if (nv == 8) values_span(8, F16, acc + d0, p, vd, stride, nt);
+        else if (nv == 4) values_span(4, F16, acc + d0, p, vd, stride, nt);
+        else values_span(nv, F16, acc + d0, p, vd, stride, nt);
+    }
+}
+
+/* score[i] = q . kt[i] for the keys i < nt (rows `stride` floats apart). */
+static void rows_scores(float *score, const float *q, const float *kt, int64_t stride, int32_t head_dim,
+                        int64_t nt) {
+    if (head_dim == 128) scores_rows(8, 0, score, q, kt, stride, head_dim, nt);
+    else if (head_dim == 64) scores_rows(4, 0, score, q, kt, stride, head_dim, nt);
+    else if (head_dim == 256) scores_rows(16, 0, score, q, kt, stride, head_dim, nt);
+    else scores_rows(0, 0, score, q, kt, stride, head_dim, nt);
 }
 
 /* acc[d] += sum over i < nt of p[i] * v[i][d], in i order. */
 static void rows_values(float *acc, const float *p, const float *vt, int64_t stride, int64_t nt,
                         int32_t head_dim) {
-    for (int32_t d0 = 0; d0 < head_dim; d0 += 256) { /* 256 outputs in registers at a time */
-        __m512 a[16];
-        int32_t nv = (head_dim - d0 < 256 ? head_dim - d0 : 256) / 16;
-        for (int32_t v = 0; v < nv; v++) a[v] = _mm512_loadu_ps(acc + d0 + 16 * v);
-        for (int64_t i = 0; i < nt; i++) {
-            __m512 b = _mm512_set1_ps(p[i]);
-            const float *vi = vt + i * stride + d0;
-            for (int32_t v = 0; v < nv; v++) a[v] = _mm512_fmadd_ps(b, _mm512_loadu_ps(vi + 16 * v), a[v]);
-        }
-        for (int32_t v = 0; v < nv; v++) _mm512_storeu_ps(acc + d0 + 16 * v, a[v]);
-    }
+    values_rows(0, acc, p, vt, stride, nt, head_dim);
 }
 
 /* rows_scores and rows_values straight from f16 rows (widened in registers):
  * the same products and sums, so the same bits. */
 static void rows_scores_f16(float *score, const float *q, const uint16_t *k, int64_t stride,
                             int32_t head_dim, int64_t nt) {
-    int32_t nv = head_dim / 16;
-    for (int64_t i0 = 0; i0 < nt; i0 += 16) {
-        __m512 acc[16];
-        int32_t m = nt - i0 < 16 ? (int32_t)(nt - i0) : 16;
-        for (int32_t i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-        for (int32_t v = 0; v < nv; v++) {
-            __m512 qv = _mm512_loadu_ps(q + 16 * v);
-            for (int32_t i = 0; i < m; i++)
-                acc[i] = _mm512_fmadd_ps(
-                    qv, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + (i0 + i) * stride + 16 * v))),
-                    acc[i]);
-        }
-        __m512 out = lane_sums(acc);
-        if (m == 16) _mm512_storeu_ps(score + i0, out);
-        else _mm512_mask_storeu_ps(score + i0, (__mmask16)((1u << m) - 1), out);
-    }
+    if (head_dim == 128) scores_rows(8, 1, score, q, k, stride, head_dim, nt);
+    else if (head_dim == 64) scores_rows(4, 1, score, q, k, stride, head_dim, nt);
+    else if (head_dim == 256) scores_rows(16, 1, score, q, k, stride, head_dim, nt);
+    else scores_rows(0, 1, score, q, k, stride, head_dim, nt);
 }
 
 static void rows_values_f16(float *acc, const float *p, const uint16_t *v, int64_t stride, int64_t nt,
                             int32_t head_dim) {
-    for (int32_t d0 = 0; d0 < head_dim; d0 += 256) {
-        __m512 a[16];
-        int32_t nv = (head_dim - d0 < 256 ? head_dim - d0 : 256) / 16;
-        for (int32_t j = 0; j < nv; j++) a[j] = _mm512_loadu_ps(acc + d0 + 16 * j);
-        for (int64_t i = 0; i < nt; i++) {
-            __m512 b = _mm512_set1_ps(p[i]);
-            const uint16_t *vi = v + i * stride + d0;
-            for (int32_t j = 0; j < nv; j++)
-                a[j] = _mm512_fmadd_ps(b, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vi + 16 * j))), a[j]);
-        }
-        for (int32_t j = 0; j < nv; j++) _mm512_storeu_ps(acc + d0 + 16 * j, a[j]);
-    }
+    values_rows(1, acc, p, v, stride, nt, head_dim);
 }
 
 /* ---- conversions ---------------------------------------------------------- */
@@ -839,6 +861,91 @@ static void f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n) {
     }
 }
 
+/* ---- activations quantized for the integer products (qdot.h) ------------- */
+
+/* 1 when the n floats (a multiple of 16) are all finite. */
+static int all_finite(const float *x, int64_t n) {
+    __mmask16 bad = 0;
+    const __m512 inf = _mm512_set1_ps(INFINITY);
+    for (int64_t k = 0; k < n; k += 16) {
+        const __m512 v = _mm512_abs_ps(_mm512_loadu_ps(x + k));
+        bad |= _mm512_cmp_ps_mask(v, inf, _CMP_NLT_UQ); /* inf, or NaN (unordered) */
+    }
+    return bad == 0;
+}
+
+/* 16 floats times s, rounded to nearest even (the default MXCSR; values of
+ * magnitude at most 128, where this is GGML's nearest_int). */
+static inline __m512i scaled_rne(const float *x, __m512 s) {
+    return _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), s));
+}
+
+static void quantize_row_32(qk_act *a, const float *x, int64_t i) {
+    const int64_t nb = a->cols / 32;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + 32 * b;
+        const float amax = _mm512_reduce_max_ps(
+            _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb)), _mm512_abs_ps(_mm512_loadu_ps(xb + 16))));
+        const float d = amax / 127.0f;
+        const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        const __m512i q0 = scaled_rne(xb, id), q1 = scaled_rne(xb + 16, id);
+        int8_t *q = a->q + i * a->cols + 32 * b;
+        _mm_storeu_si128((__m128i *)(void *)q, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(void *)(q + 16), _mm512_cvtepi32_epi8(q1));
+        const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        a->d[i * nb + b] = cart_f16_to_f32(cart_f32_to_f16(d));
+        a->s[i * nb + b] = sum;
+        if (a->sf) a->sf[i * nb + b] = cart_f16_to_f32(cart_f32_to_f16((float)sum * d));
+    }
+}
+
+static void quantize_row_256(qk_act *a, const float *x, int64_t i) {
+    const int64_t nb = a->cols / 256;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + 256 * b;
+        int8_t *q = a->q + i * a->cols + 256 * b;
+        int32_t *s = a->s + i * (a->cols / 16) + 16 * b;
+        __m512 m = _mm512_setzero_ps();
+        for (int j = 0; j < 16; j++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * j)));
+        const float amax = _mm512_reduce_max_ps(m);
+        if (amax == 0.0f) {
+            memset(q, 0, 256);
+            memset(s, 0, 16 * sizeof *s);
+            a->d[i * nb + b] = 0.0f;
+            continue;
+        }
+        int at = 0; /* the first element of magnitude amax */
+        for (int j = 0; j < 16; j++) {
+            const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(xb + 16 * j)),
+                                                     _mm512_set1_ps(amax), _CMP_EQ_OQ);
+            if (hit) {
+                at = 16 * j + __builtin_ctz(hit);
+                break;
+            }
+        }
+        const float iscale = -127.0f / xb[at];
+        const __m512 sc = _mm512_set1_ps(iscale);
+        for (int j = 0; j < 16; j++) {
+            const __m512i v = _mm512_min_epi32(scaled_rne(xb + 16 * j, sc), _mm512_set1_epi32(127));
+            _mm_storeu_si128((__m128i *)(void *)(q + 16 * j), _mm512_cvtepi32_epi8(v));
+            s[j] = _mm512_reduce_add_epi32(v);
+        }
+        a->d[i * nb + b] = 1.0f / iscale;
+    }
+}
+
+/* qdot.h's rules, 16 lanes at a time; a row holding a NaN or an infinity
+ * takes the plain C (qk_quantize_rows_c), whose rules for them are the
+ * contract's. */
+static void qk_quantize_rows_512(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++) {
+        const float *xr = x + i * ldx;
+        if (!all_finite(xr, a->cols)) qk_quantize_rows_c(a, x, ldx, i, i + 1);
+        else if (a->kind == QK_ACT_Q8_K) quantize_row_256(a, xr, i);
+        else quantize_row_32(a, xr, i);
+    }
+}
+
 /* ---- integer block products (qgeneric.h) ---------------------------------- */
 
 #define QK_VNNI 0
@@ -864,6 +971,7 @@ static const cart_kernels table = {
     .values = rows_values,
     .values_f16 = rows_values_f16,
     .qk_groups = qk_groups_avx512,
+    .qk_quantize = qk_quantize_rows_512,
     .f16_to_f32 = f16_to_f32_n,
     .f32_to_f16 = f32_to_f16_n,
     .bf16_to_f32 = bf16_to_f32_n,

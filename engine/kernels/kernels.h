@@ -149,6 +149,8 @@ typedef struct cart_kernels {
     /* Integer products of packed block weights and quantized activations
      * (qdot.h): the contract's arithmetic for every qk_supported type. */
     qk_groups_fn qk_groups;
+    /* The activations' quantization (qdot.h); NULL: qk_quantize_rows_c. */
+    qk_quantize_fn qk_quantize;
 
     /* Bulk conversions (any alignment), as the scalar functions of dtype.h. */
     void (*f16_to_f32)(float *dst, const uint16_t *src, int64_t n);

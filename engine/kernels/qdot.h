@@ -144,8 +144,12 @@ void qk_pack_groups(uint8_t *dst, int32_t dtype, const uint8_t *rows_data, uint6
 size_t qk_act_bytes(int32_t kind, int64_t n, int64_t cols);
 /* Lays *a out over buf (qk_act_bytes of it). */
 void qk_act_init(qk_act *a, void *buf, int32_t kind, int64_t n, int64_t cols);
-/* Quantizes rows [i0, i1) of x (pitch ldx) into a. */
+/* Quantizes rows [i0, i1) of x (pitch ldx) into a: the level's kernel
+ * (cart_kernels.qk_quantize) where it has one, else qk_quantize_rows_c,
+ * the rules above in plain C. Every level gives the same bytes. */
 void qk_quantize(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1);
+void qk_quantize_rows_c(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1);
+typedef void (*qk_quantize_fn)(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1);
 
 /* y[t, 16 g + r] for tokens [t0, t1) and groups [g0, g1) of w (rows past
  * w->rows are not written): the contract's arithmetic. A level's entry. */

@@ -379,6 +379,8 @@ static void test_the_contract_is_the_product_up_to_the_activations_rounding(void
  * reference quantizer's (cart_from_f32 follows it bit for bit), on values
  * with ties, zeros, a block of zeros, negatives as the largest, and
  * non-finite values (a NaN block quantizes to zeros with a NaN scale). */
+static void check_activation_kinds(const float *x, int nonfinite);
+
 static void test_activations_are_quantized_by_the_contracts_rules(void) {
     enum { COLS = 1024 };
     uint64_t seed = 8;
@@ -389,6 +391,17 @@ static void test_activations_are_quantized_by_the_contracts_rules(void) {
     x[200] = -3.0f;                                               /* the largest is negative */
     x[300] = NAN;                                                 /* a NaN block */
     x[700] = INFINITY;
+    for (int pass = 0; pass < 2; pass++) {
+        /* the second pass without the non-finite values: a level may take
+         * another road for finite rows (avx512's vector quantizer) */
+        if (pass == 1) x[300] = 0.75f, x[700] = -1.25f;
+        check_activation_kinds(x, pass == 0);
+    }
+}
+
+/* q8_0, q8_1 and q8_K activations of x against the reference. */
+static void check_activation_kinds(const float *x, int nonfinite) {
+    enum { COLS = 1024 };
     for (int kind = 0; kind < 3; kind++) {
         const int32_t dtype = kind == 0 ? CART_Q8_0 : kind == 1 ? CART_Q4_1 : CART_Q4_K;
         const int32_t ak = qk_act_kind_of(dtype);
@@ -405,7 +418,7 @@ static void test_activations_are_quantized_by_the_contracts_rules(void) {
         if (ak == QK_ACT_Q8_1)
             for (int b = 0; b < nd; b++) bad |= memcmp(&a.sf[b], &r.sf[b], 4) != 0 && !(isnan(a.sf[b]) && isnan(r.sf[b]));
         CHECK_MSG(!bad, "%s activations differ from the reference", kind == 0 ? "q8_0" : kind == 1 ? "q8_1" : "q8_K");
-        if (ak == QK_ACT_Q8_0) CHECK(isnan(a.d[300 / 32]) && a.q[300] == 0 && a.d[2] == 0.0f);
+        if (ak == QK_ACT_Q8_0 && nonfinite) CHECK(isnan(a.d[300 / 32]) && a.q[300] == 0 && a.d[2] == 0.0f);
         if (ak == QK_ACT_Q8_K) {
             /* GGML's reference q8_K of the finite part: the same q, d and sums */
             uint8_t ggml[292];
