@@ -179,6 +179,19 @@ void cart_f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n) {
     cart_kern()->f32_to_bf16(dst, src, n);
 }
 
+int64_t cart_f32_first_outside(const void *x, int64_t n, float bound) {
+    uint32_t limit;
+    memcpy(&limit, &bound, 4);
+    limit &= UINT32_C(0x7fffffff); /* finite magnitudes order as their bits do */
+    const unsigned char *p = x;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, p + (size_t)i * 4, 4);
+        if ((bits & UINT32_C(0x7fffffff)) > limit) return i; /* NaN and infinity lie above every finite bound */
+    }
+    return -1;
+}
+
 int64_t cart_f32_first_nonfinite(const void *x, int64_t n) {
     const unsigned char *p = x;
     for (int64_t i = 0; i < n; i++) {

@@ -104,6 +104,10 @@ void cart_f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n);
  * interpreter may take a NaN with a payload for a value of another type.) */
 int64_t cart_f32_first_nonfinite(const void *x, int64_t n);
 
+/* The same for the first value that is NaN, infinite or of magnitude above
+ * `bound` (by its bits: |x| is the value with the sign bit cleared). */
+int64_t cart_f32_first_outside(const void *x, int64_t n, float bound);
+
 /* Converts n elements of `dtype` at src (any alignment) to f32: plain floats
  * and integers are converted, block types are dequantized exactly as GGML
  * does. n must be a multiple of the block size. CART_E_UNSUPPORTED for a type

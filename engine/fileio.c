@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fs.h"
 #include "internal.h"
 
 int cart_map_file(cart_mapping *m, const char *path) {
@@ -56,6 +57,8 @@ static atomic_uint tmp_counter;
 
 int cart_afile_open(cart_afile *f, const char *path) {
     memset(f, 0, sizeof *f);
+    int checked = cart_fs_check_output(path);
+    if (checked) return checked;
     size_t n = strlen(path) + 64;
     f->path = cart_strdup(path, "output path");
     f->tmp_path = cart_malloc(n, "temporary path");

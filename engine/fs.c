@@ -28,6 +28,29 @@ int32_t cart_fs_path_kind(const char *path, int64_t *size) {
     return CART_PATH_FILE;
 }
 
+int cart_fs_check_output(const char *path) {
+    struct stat st;
+    if (!path || !*path) return cart_fail(CART_E_ARG, "the output path is empty");
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT) return CART_OK;
+        return cart_fail_errno(CART_E_IO, "%s: cannot examine the output path", path);
+    }
+    if (S_ISREG(st.st_mode)) return CART_OK;
+    if (S_ISLNK(st.st_mode)) {
+        char target[1024];
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        target[n > 0 ? n : 0] = '\0';
+        return cart_fail(CART_E_ARG, "%s is a symbolic link (to %s): writing an artifact would replace the link, "
+                         "not its target; give the target's path to write there (readlink -f %s), or remove "
+                         "the link", path, n > 0 ? target : "?", path);
+    }
+    const char *what = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                       : "not a regular file";
+    return cart_fail(CART_E_ARG, "%s is %s: an artifact replaces only a regular file; choose a file path", path,
+                     what);
+}
+
 int64_t cart_fs_mtime_ns(const char *path) {
     struct stat st;
     if (!path || stat(path, &st) != 0) {

@@ -48,6 +48,14 @@ int cart_fs_mkdirs(const char *path);
  * 1 yes, 0 no or one of them missing. */
 int32_t cart_fs_same_file(const char *a, const char *b);
 
+/* Whether an artifact may be written to `path`: CART_OK when nothing is
+ * there or a regular file is (which the atomic rename then replaces);
+ * CART_E_ARG, with a message naming what is there and the fix, for a
+ * directory, a symbolic link (renaming over it would replace the link, not
+ * its target), a FIFO, socket or device. Every atomic write checks it
+ * first; recipes call it before long work. */
+int cart_fs_check_output(const char *path);
+
 /* A regular file's last modification time in nanoseconds since the epoch,
  * or -1 when path is missing or not a regular file (cart_last_error says
  * why). */

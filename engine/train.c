@@ -147,9 +147,16 @@ int cart_cartridge_check_finite(const cart_cartridge *c, int32_t grads) {
         for (int32_t which = 0; which < 2; which++) {
             const float *x = base + block_offset(c, l, which);
             for (int64_t i = 0; i < c->p * c->row[l]; i++) {
-                if (isfinite(x[i])) continue;
+                const int finite = isfinite(x[i]);
+                if (finite && (grads || fabsf(x[i]) <= CART_CARTRIDGE_MAX_ABS)) continue;
                 int64_t r = i / c->row[l];
                 int sink = r < c->frozen;
+                if (finite)
+                    return cart_fail(CART_E_FORMAT, "the data of 'layers.%d.%s%s' row %lld holds %g: every value "
+                                     "must lie within +-%g, the largest an f16 KV cache holds (attention over "
+                                     "larger keys or values overflows)", (int)l, which ? "v" : "k",
+                                     sink ? "_sink" : "", (long long)(sink ? r : r - c->frozen), (double)x[i],
+                                     (double)CART_CARTRIDGE_MAX_ABS);
                 return cart_fail(CART_E_FORMAT, "%s of 'layers.%d.%s%s' row %lld holds %s: every value must be "
                                  "finite",
                                  grads ? "the gradient" : "the data", (int)l, which ? "v" : "k",

@@ -72,8 +72,13 @@ float *cart_cartridge_grad(cart_cartridge *c, int32_t layer, int32_t which);
 /* Sets every gradient to zero. */
 void cart_cartridge_zero_grad(cart_cartridge *c);
 
-/* Checks that every row value (grads = 0) or gradient value (grads = 1) is
- * finite. CART_OK, or CART_E_FORMAT naming the first NaN or infinity as the
+/* The largest magnitude a row value may have: the largest finite f16, what
+ * an f16 KV cache can hold (a larger key or value overflows attention). */
+#define CART_CARTRIDGE_MAX_ABS 65504.0f
+
+/* Checks that every row value (grads = 0) is finite and within
+ * +-CART_CARTRIDGE_MAX_ABS, or every gradient value (grads = 1) finite.
+ * CART_OK, or CART_E_FORMAT naming the first value that is not as the
  * artifact's tensor names it ("layers.3.v" or "layers.3.v_sink"), its row
  * and the value. */
 int cart_cartridge_check_finite(const cart_cartridge *c, int32_t grads);

@@ -179,6 +179,15 @@ if opts.resume then
         shape[0], shape[1] = c.p, c.frozen
     end
     dist.broadcast(shape, 16, 0)
+    -- the artifact's rows set p and frozen: a different --p or --frozen on
+    -- the command line is a conflict, never silently overridden
+    for _, f in ipairs({ { "p", tonumber(shape[0]) }, { "frozen", tonumber(shape[1]) } }) do
+        if options.given(opts, f[1]) and opts[f[1]] ~= f[2] then
+            fail(("--%s %d conflicts with --resume %s, whose cartridge has %s = %d (a resumed run keeps the "
+                .. "artifact's rows): leave --%s out, or start a new run without --resume")
+                :format(f[1], opts[f[1]], opts.resume, f[1], f[2], f[1]))
+        end
+    end
     if not dist.root() then c = cart.new(m, tonumber(shape[0]), tonumber(shape[1])) end
 else
     local ids, all = selfstudy.init_ids(tok, template, corpus.text, opts.p)
@@ -242,6 +251,10 @@ if dist.root() then
     fs.mkdirs(fs.parent(opts.save))
     fs.sweep_temps(opts.save) -- what a killed earlier run left beside the artifact
     metrics_path = opts.save:gsub("%.safetensors$", "") .. ".metrics.jsonl"
+    -- before any work: neither is ever written over a device, FIFO,
+    -- directory or symbolic link
+    fs.check_output(opts.save)
+    fs.check_output(metrics_path)
     metrics = assert(io.open(metrics_path, "w"))
 end
 record({ event = "start", settings = training })

@@ -335,6 +335,15 @@ local function open_checked(path, m, who)
                     mc.n_layer, g.n_head_kv, g.head_dim))
             end
         end
+        if draft then
+            for i = 0, #draft - 1 do
+                local id = draft:get(i)
+                if id >= m.n_vocab then
+                    fail(("'draft_reference' entry %d is token %d, beyond the model's vocabulary of %d ids; the file "
+                        .. "is damaged or was made for another model"):format(i, id, m.n_vocab))
+                end
+            end
+        end
         local want_fp = meta["cartridge.model_fingerprint"]
         if want_fp and want_fp ~= cart.fingerprint(m) then
             fail(("it was trained on model '%s' (fingerprint %s), and %s has fingerprint %s; use the "
@@ -404,11 +413,12 @@ function cart.map(path, m)
         for _, name in ipairs({ "k", "v", "k_sink", "v_sink" }) do
             local t = f:tensor(("layers.%d.%s"):format(l, name))
             if t then
-                local bad = tonumber(C.cart_f32_first_nonfinite(t.data, t.numel))
+                local bad = tonumber(C.cart_f32_first_outside(t.data, t.numel, 65504))
                 if bad >= 0 then
                     f:close()
-                    error(("cart.map: %s: '%s' holds a NaN or an infinity at element %d: every value must be finite; "
-                        .. "the file is damaged or its training diverged"):format(path, t.name, bad), 0)
+                    error(("cart.map: %s: '%s' holds a NaN, an infinity or a value beyond +-65504 (the largest an "
+                        .. "f16 KV cache holds) at element %d: every value must be finite and within it; the file "
+                        .. "is damaged or its training diverged"):format(path, t.name, bad), 0)
                 end
                 self[name][l] = ffi.cast("const float *", t.data)
             end

@@ -10,6 +10,7 @@
 --   fs.touch("a.txt")              -- modification time := now (never creates)
 --   fs.parent("out/c.safetensors") --> "out"
 --   fs.sweep_temps("out/c.safetensors")   -- prints one line when it removed any
+--   fs.check_output("out/c.safetensors")  -- raises unless nothing or a regular file is there
 --
 -- No shell is involved: any path works, spaces and quotes included.
 
@@ -75,6 +76,13 @@ end
 
 function fs.touch(path)
     core.check(C.cart_fs_touch(path), "touch")
+end
+
+-- Raises, naming what is there and the fix, unless an artifact may be
+-- written to path (nothing there, or a regular file): a directory, symbolic
+-- link, FIFO, socket or device is never replaced.
+function fs.check_output(path)
+    core.check(C.cart_fs_check_output(path), "output")
 end
 
 function fs.write_atomic(path, bytes)

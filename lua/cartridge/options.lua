@@ -27,6 +27,9 @@
 --       The same without raising or exiting: for tests and for callers that want
 --       to handle the error themselves. Errors in the spec itself (a programming
 --       mistake, not a user's) still raise.
+--   options.given(opts, key) -> boolean
+--       Whether the flag was on the command line (opts.key then holds the value
+--       given, not the default).
 --   options.help(spec, name) -> string
 --       The help text --help prints.
 --
@@ -57,6 +60,9 @@
 --   * Missing required positionals, extra positionals, unknown flags and missing
 --     values are errors. An unknown flag's message lists the valid ones.
 local M = {}
+
+-- for each opts table a parse made: the keys of the flags its command line gave
+local GIVEN = setmetatable({}, { __mode = "k" })
 
 local TYPES = { string = true, int = true, number = true, boolean = true }
 local METAVARS = { string = "STRING", int = "INT", number = "NUMBER" }
@@ -394,6 +400,9 @@ function M.try_parse(argv, spec)
     end
 
     -- Flags: given values, else defaults.
+    local given_keys = {}
+    for key in pairs(seen) do given_keys[key] = true end
+    GIVEN[opts] = given_keys
     for _, f in ipairs(c.flags) do
         local given = seen[f.key]
         if f.repeatable then
@@ -451,6 +460,14 @@ function M.try_parse(argv, spec)
             takes == "" and "this script takes no positional arguments" or ("arguments: " .. takes)))
     end
     return opts
+end
+
+--- True when the flag `key` (as opts names it: "frozen", "max_q") was on
+-- the command line of the parse that made opts, false when opts holds its
+-- default.
+function M.given(opts, key)
+    local keys = GIVEN[opts]
+    return keys ~= nil and keys[key] == true
 end
 
 --- Parses argv against spec; see the top of this file.

@@ -101,6 +101,40 @@ static void test_writes_whole_files_atomically(void) {
     CHECK_ERR(cart_fs_write_atomic(lost, "x", 1), CART_E_IO);
 }
 
+/* An artifact replaces only a regular file: a FIFO, a directory, a symbolic
+ * link (whose target must stay as it is) and a device are refused by name
+ * before anything is written, and nothing is left beside them. */
+static void test_refuses_to_write_over_what_is_not_a_regular_file(void) {
+    char fifo[512], dir[512], link[512], target[512];
+    path_in(fifo, sizeof fifo, "out.fifo");
+    path_in(dir, sizeof dir, "out.dir");
+    path_in(link, sizeof link, "out.link");
+    path_in(target, sizeof target, "link-target.txt");
+    CHECK(mkfifo(fifo, 0600) == 0);
+    CHECK(mkdir(dir, 0700) == 0);
+    put(target, "kept");
+    CHECK(symlink(target, link) == 0);
+    CHECK_ERR(cart_fs_write_atomic(fifo, "x", 1), CART_E_ARG);
+    CHECK_ERROR_MENTIONS("is a FIFO: an artifact replaces only a regular file");
+    CHECK(cart_fs_path_kind(fifo, NULL) == CART_PATH_OTHER);
+    CHECK_ERR(cart_fs_write_atomic(dir, "x", 1), CART_E_ARG);
+    CHECK_ERROR_MENTIONS("is a directory");
+    CHECK_ERR(cart_fs_write_atomic(link, "x", 1), CART_E_ARG);
+    CHECK_ERROR_MENTIONS("is a symbolic link (to ");
+    CHECK_ERROR_MENTIONS("readlink -f");
+    struct stat st;
+    CHECK(lstat(link, &st) == 0 && S_ISLNK(st.st_mode));
+    int64_t size = 0;
+    CHECK(cart_fs_path_kind(target, &size) == CART_PATH_FILE && size == 4);
+    CHECK_ERR(cart_fs_check_output("/dev/null"), CART_E_ARG);
+    CHECK_ERROR_MENTIONS("/dev/null is a device");
+    CHECK_OK(cart_fs_check_output(target));
+    char none[512];
+    path_in(none, sizeof none, "not-yet.txt");
+    CHECK_OK(cart_fs_check_output(none));
+    printf("  %s\n", cart_last_error());
+}
+
 static void test_reads_and_touches_modification_times(void) {
     char path[512], dir[512];
     path_in(path, sizeof path, "old.txt");
@@ -152,6 +186,7 @@ int main(void) {
     RUN(test_makes_nested_directories_with_odd_names);
     RUN(test_lists_a_directory_sorted);
     RUN(test_writes_whole_files_atomically);
+    RUN(test_refuses_to_write_over_what_is_not_a_regular_file);
     RUN(test_reads_and_touches_modification_times);
     RUN(test_sweeps_only_dead_processes_temp_files);
     char cmd[300];

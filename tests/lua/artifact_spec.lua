@@ -33,6 +33,27 @@ local function poke(path, offset, f)
     helper.write_file(path, bytes:sub(1, offset) .. string.char(f(b)) .. bytes:sub(offset + 2))
 end
 
+-- A saved file's tensors as copies (one value of tensor `name` set to
+-- `value` at `index`) and its metadata without the checksum: what an older
+-- writer, or a damaged file, would hold. Returns tensors, the copies' buffers
+-- in file order, metadata.
+local function copies_of(path, name, index, value)
+    local f = safetensors.open(path)
+    local tensors, keep, meta = {}, {}, {}
+    for k, v in pairs(f.metadata) do
+        if k ~= "cartridge.checksum" then meta[k] = v end
+    end
+    for _, t in ipairs(f:tensors()) do
+        local copy = ffi.new("uint8_t[?]", t.nbytes)
+        ffi.copy(copy, t.data, t.nbytes)
+        keep[#keep + 1] = copy
+        if t.name == name then ffi.cast("float *", copy)[index] = value end
+        tensors[#tensors + 1] = { name = t.name, dtype = t.dtype_name, shape = t.shape, data = copy }
+    end
+    f:close()
+    return tensors, keep, meta
+end
+
 describe("artifacts", function()
     it("carry a checksum of their tensor bytes, and a changed byte is refused naming the file", function()
         local path = saved("a.safetensors")
@@ -54,19 +75,7 @@ describe("artifacts", function()
     it("refuses non-finite rows naming the tensor, and an older file without a checksum loads with a notice", function()
         local path = saved("nan.safetensors")
         -- rewrite as an older writer would: the same tensors, NaN in one row, no checksum
-        local f = safetensors.open(path)
-        local tensors, keep, meta = {}, {}, {}
-        for k, v in pairs(f.metadata) do
-            if k ~= "cartridge.checksum" then meta[k] = v end
-        end
-        for _, t in ipairs(f:tensors()) do
-            local copy = ffi.new("uint8_t[?]", t.nbytes)
-            ffi.copy(copy, t.data, t.nbytes)
-            keep[#keep + 1] = copy
-            if t.name == "layers.2.v" then ffi.cast("float *", copy)[3 * 128 + 5] = 0 / 0 end
-            tensors[#tensors + 1] = { name = t.name, dtype = t.dtype_name, shape = t.shape, data = copy }
-        end
-        f:close()
+        local tensors, keep, meta = copies_of(path, "layers.2.v", 3 * 128 + 5, 0 / 0)
         local old = tmp .. "/old.safetensors"
         for i, t in ipairs(tensors) do
             if t.name == "layers.2.v" then
@@ -98,6 +107,34 @@ describe("artifacts", function()
         c:free()
     end)
 
+    it("refuses rows beyond the f16 range and draft ids beyond the vocabulary, naming the bound", function()
+        -- 3e38 is finite, but attention over it overflows (a served reply of
+        -- NaN logits); rewritten without a checksum, as an older writer would
+        local path = saved("huge.safetensors")
+        local tensors, _, meta = copies_of(path, "layers.1.k", 2 * 128 + 7, 3e38)
+        safetensors.write(path, tensors, meta)
+        local ok, err = pcall(cartridge.cart.load, path, m)
+        assert.is_false(ok)
+        print("  " .. err)
+        assert.truthy(err:find("'layers.1.k' row 2 holds 3e+38: every value must lie within +-65504", 1, true), err)
+        -- such rows are never saved either
+        local c = cartridge.cart.new(m, 4, 0)
+        c:rows(0, 1)[3] = -70000
+        ok, err = pcall(c.save, c, tmp .. "/never.safetensors", m)
+        assert.is_false(ok)
+        assert.truthy(err:find("'layers.0.v' row 0 holds -70000", 1, true), err)
+        -- a draft reference of ids the model does not have
+        local draft_path = tmp .. "/draft.safetensors"
+        c:rows(0, 1)[3] = 1
+        c:save(draft_path, m, { draft_reference = { 5, 2000000000, 7 } })
+        c:free()
+        ok, err = pcall(cartridge.cart.load, draft_path, m)
+        assert.is_false(ok)
+        print("  " .. err)
+        assert.truthy(err:find("'draft_reference' entry 1 is token 2000000000, beyond the model's vocabulary of "
+            .. m.n_vocab .. " ids", 1, true), err)
+    end)
+
     it("removes the temporary files of dead processes beside a target, on save and on load, and says so", function()
         local path = tmp .. "/t.safetensors"
         -- a pid that has just exited, and this process's own (alive)
@@ -106,7 +143,7 @@ describe("artifacts", function()
         p:close()
         local own = tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)"))
         local stale = ("%s.tmp.%d.0"):format(path, dead)
-        local live = ("%s.tmp.%d.7"):format(path, own)
+        local live = ("%s.tmp.%d.999999"):format(path, own) -- a counter no save here reaches
         local other = tmp .. "/unrelated.tmp.1.0"
         for _, f in ipairs({ stale, live, other }) do helper.write_file(f, "half a file") end
         local lines = {}

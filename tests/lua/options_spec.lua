@@ -55,6 +55,16 @@ describe("options.try_parse", function()
         assert.are.equal(0.5, opts.p)
     end)
 
+    it("says which flags the command line gave, a default equal to the value included", function()
+        local opts = assert(parse("f", "--max-array", "8", "--json", "--corpus", "a.txt"))
+        assert.is_true(options.given(opts, "max_array")) -- given, though equal to its default
+        assert.is_true(options.given(opts, "json"))
+        assert.is_true(options.given(opts, "corpus"))
+        assert.is_false(options.given(opts, "p"))
+        assert.is_false(options.given(opts, "dtype"))
+        assert.is_false(options.given({}, "p")) -- a table no parse made
+    end)
+
     it("keeps everything after the first = as the value", function()
         local opts = assert(parse("f", "--model=a=b"))
         assert.are.equal("a=b", opts.model)

@@ -201,6 +201,31 @@ describe("selfstudy.lua", function()
         m:free()
     end)
 
+    it("never writes its artifact or metrics over a FIFO, a directory or a symbolic link", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local fs = require("cartridge.fs")
+        os.execute("mkfifo " .. helper.q(tmp .. "/pipe.safetensors"))
+        fs.mkdirs(tmp .. "/a dir.safetensors")
+        helper.write_file(tmp .. "/kept.safetensors", "precious")
+        os.execute("ln -s " .. helper.q(tmp .. "/kept.safetensors") .. " " .. helper.q(tmp .. "/link.safetensors"))
+        os.execute("mkfifo " .. helper.q(tmp .. "/m.metrics.jsonl"))
+        local cases = {
+            { tmp .. "/pipe.safetensors", "is a FIFO" },
+            { tmp .. "/a dir.safetensors", "is a directory" },
+            { tmp .. "/link.safetensors", "is a symbolic link" },
+            { tmp .. "/m.safetensors", "m.metrics.jsonl is a FIFO" },
+        }
+        for _, case in ipairs(cases) do
+            local rc, out, err = selfstudy(args({ "--steps", "1", "--save", case[1] }))
+            assert.are_not.equal(0, rc, out)
+            assert.truthy(err:find(case[2], 1, true), err)
+            assert.is_nil(out:find("step 1/", 1, true), out) -- refused before any training
+        end
+        assert.are.equal("other", (fs.kind(tmp .. "/pipe.safetensors")))
+        assert.are.equal("precious", helper.read_file(tmp .. "/link.safetensors"))
+        assert.are.equal("missing", (fs.kind(tmp .. "/m.safetensors")))
+    end)
+
     it("takes corpus and output paths with spaces and quotes (no shell)", function()
         if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
         local fs = require("cartridge.fs")
@@ -239,6 +264,17 @@ describe("selfstudy.lua", function()
         rc, out, err = helper.cartridge("run", "recipes/selfstudy.lua", unpack(a))
         assert.are.equal(0, rc, err)
         assert.truthy(out:find("p = 16 rows/layer", 1, true), out)
+        -- the same --p is no conflict; another --p or --frozen is refused, never overridden
+        a[#a + 1], a[#a + 2] = "--p", "16"
+        rc, _, err = helper.cartridge("run", "recipes/selfstudy.lua", unpack(a))
+        assert.are.equal(0, rc, err)
+        for _, bad in ipairs({ { "--p", "41", "--p 41 conflicts with --resume" }, { "--frozen", "4", "--frozen 4 conflicts" } }) do
+            local b = { unpack(common) }
+            for _, x in ipairs({ "--resume", first, "--save", tmp .. "/r3.safetensors", bad[1], bad[2] }) do b[#b + 1] = x end
+            rc, out, err = helper.cartridge("run", "recipes/selfstudy.lua", unpack(b))
+            assert.are_not.equal(0, rc, out)
+            assert.truthy(err:find(bad[3], 1, true) and err:find("leave --", 1, true), err)
+        end
     end)
 
     -- What the docs may claim for each equivalent setting: the rows after 3
