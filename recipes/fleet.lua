@@ -64,6 +64,12 @@ local opts = options.parse(arg, {
 })
 
 local function fail(msg) error("fleet: " .. msg, 0) end
+local launched = require("cartridge.dist").launched_size()
+if launched > 1 then
+    fail(("fleet.lua trains and serves in one process, and a launcher started %d copies, which would all write the "
+        .. "same fleet: run it without mpirun (selfstudy.lua is the recipe that trains across processes)")
+        :format(launched))
+end
 if not opts.fleet then fail("--fleet DIR is required (where the fleet is written, or read with --ask)") end
 if #opts.oracle > 0 and not opts.ask then fail("--oracle picks the cartridges for --ask; pass --ask \"question\"") end
 if opts.rag_docs < 1 or opts.rag_chunks < 1 then fail("--rag-docs and --rag-chunks must be at least 1") end

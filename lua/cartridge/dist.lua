@@ -37,6 +37,14 @@ end
 
 function dist.root() return dist.rank == 0 end
 
+-- How many copies a launcher started, from its environment (Open MPI's
+-- OMPI_COMM_WORLD_SIZE, MPICH's and Slurm's PMI_SIZE), whether or not this
+-- process joins the job: 1 when none did. A recipe that runs in one process
+-- refuses more, rather than have its copies write one output twice.
+function dist.launched_size()
+    return tonumber(os.getenv("OMPI_COMM_WORLD_SIZE") or os.getenv("PMI_SIZE") or "") or 1
+end
+
 -- The MPI library's name and version, or that the build has none.
 function dist.library() return ffi.string(C.cart_dist_library()) end
 function dist.built_with_mpi() return C.cart_dist_built_with_mpi() ~= 0 end

@@ -214,6 +214,17 @@ function fleet.new_manifest(m, docs, opts)
     return man
 end
 
+-- nil when a document's cartridge file (its metadata meta) is that
+-- document's, else the message: a file of another document (swapped, or
+-- linked from elsewhere) is refused, never served or trained.
+function fleet.check_document(meta, d, path)
+    local holds = meta["fleet.document"]
+    if holds == d.name then return nil end
+    return ("fleet: %s holds %s, and the manifest puts document %s there; the fleet is damaged (files swapped or "
+        .. "linked from another fleet): train the fleet again, or put %s's own cartridge back"):format(path,
+        holds and ("document " .. holds .. "'s cartridge") or "a cartridge of no fleet document", d.name, d.name)
+end
+
 -- The index (1-based) of the document a manifest names `name`, or nil.
 function fleet.find(man, name)
     for i, d in ipairs(man.docs) do
@@ -307,6 +318,11 @@ function Manager:load(i, entered)
         c:free()
         error(("fleet: document %s: %s holds %d rows and the manifest says %d; the fleet is damaged"):format(d.name,
             path, c.p, d.rows), 0)
+    end
+    local why = fleet.check_document(info.metadata, d, path)
+    if why then
+        c:free()
+        error(why, 0)
     end
     local on_disk = tonumber(info.metadata["fleet.steps"] or "")
     if on_disk and on_disk ~= d.steps then

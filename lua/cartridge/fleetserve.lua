@@ -106,6 +106,11 @@ function Fleet:map(i)
         error(("fleetserve: %s holds %d rows and the manifest says %d; the fleet is damaged"):format(
             fleet.join(self.dir, d.cart_file), c.p, d.rows), 0)
     end
+    local why = fleet.check_document(c.metadata, d, fleet.join(self.dir, d.cart_file))
+    if why then
+        c:free()
+        error(why, 0)
+    end
     self.maps[i], self.mapped = c, self.mapped + 1
     self.stats.maps = self.stats.maps + 1
 end
@@ -139,9 +144,21 @@ function Prefix:acquire()
         end)
         for k = 1, f.mapped + need - f.budget do f:unmap(idle[k]) end
     end
+    -- map first, pin after: a document that cannot be mapped leaves nothing
+    -- pinned and nothing this call mapped (the error names the file)
+    local mapped_now = {}
+    for _, i in ipairs(self.docs) do
+        if not f.maps[i] then
+            local ok, err = pcall(f.map, f, i)
+            if not ok then
+                for _, j in ipairs(mapped_now) do f:unmap(j) end
+                error(err, 0)
+            end
+            mapped_now[#mapped_now + 1] = i
+        end
+    end
     f.clock = f.clock + 1
     for _, i in ipairs(self.docs) do
-        if not f.maps[i] then f:map(i) end
         f.pins[i] = (f.pins[i] or 0) + 1
         f.used[i] = f.clock
     end

@@ -16,8 +16,9 @@
 -- above, so that the last position sums the chunk up. Rows are L2-normalized;
 -- then their centroid is subtracted from every row and the rows normalized
 -- again (what all chunks share says nothing about which one a question
--- comes from). A query is embedded the same way, centred with the stored
--- centroid and normalized. Scores are dot products.
+-- comes from). A query is embedded the same way (its last `chunk` tokens at
+-- most), centred with the stored centroid and normalized. Scores are dot
+-- products.
 --
 -- index.safetensors: "embeddings" F32 [n, dim], "centroid" F32 [dim],
 -- "chunk_doc" I64 [n] (the 0-based document of each row); metadata: the
@@ -125,7 +126,11 @@ end
 function Index:query(m, text)
     local ids = m:tokenizer():encode_ids(text)
     local q = ffi.new("float[?]", self.dim)
-    embed_into(m, { piece(m, ids, 0, #ids) }, q)
+    -- a chunk's worth at most, the last one (where a question ends): the
+    -- rows were embedded from chunks that long, and a query's cost stays
+    -- bounded whatever the request's length
+    local len = math.min(#ids, self.chunk)
+    embed_into(m, { piece(m, ids, #ids - len, len) }, q)
     normalize(q, self.dim)
     for i = 0, self.dim - 1 do q[i] = q[i] - self.centroid[i] end
     normalize(q, self.dim)

@@ -1144,17 +1144,6 @@ function Server:make_job(id, req)
         text = prompt
         list = { { role = "user", content = prompt } }
     end
-    local documents
-    if cart and cart == self.fleet then
-        -- the fleet's cartridges for this conversation, retrieved over its user messages
-        local users = {}
-        for _, msg in ipairs(list) do
-            if msg.role == "user" then users[#users + 1] = msg.content end
-        end
-        if #users == 0 then reject(400, "a request to a fleet needs a user message to retrieve by", "messages") end
-        cart = self.fleet:select(users)
-        documents = cart.names
-    end
     local ids = self.tok:encode(text, { special = kind ~= "text", add_special = cart == nil })
     local what = kind == "text" and "prompt" or kind == "responses" and "input" or "messages"
     if #ids == 0 then reject(400, "the prompt is empty", what) end
@@ -1162,6 +1151,18 @@ function Server:make_job(id, req)
         reject(400, ("This request needs %d prompt tokens (its %s) + %d completion tokens, but the context holds %d; "
             .. "shorten the %s or lower max_tokens."):format(#ids, what, o.max_tokens, self.ctx, what), what,
             "context_length_exceeded")
+    end
+    local documents
+    if cart and cart == self.fleet then
+        -- the fleet's cartridges for this conversation, retrieved over its
+        -- user messages (after the length check: retrieval runs the model)
+        local users = {}
+        for _, msg in ipairs(list) do
+            if msg.role == "user" then users[#users + 1] = msg.content end
+        end
+        if #users == 0 then reject(400, "a request to a fleet needs a user message to retrieve by", "messages") end
+        cart = self.fleet:select(users)
+        documents = cart.names
     end
     self.counter = self.counter + 1
     -- a forced tool call is held to its tool's schema; otherwise the reply to the response format
@@ -1682,22 +1683,36 @@ end
 -- An error fails the jobs it touches, never the loop.
 function Server:admit()
     local started = {}
-    while #self.queue > 0 do
-        local job = self.queue[1]
+    local at = 1
+    while at <= #self.queue do
+        local job = self.queue[at]
         local slot = self:choose_slot(job)
         if not slot then break end
         if job.cart and job.cart.acquire and not job.held then
-            -- a fleet's cartridges are mapped within its budget: wait while others hold it
-            if not job.cart:acquire() then break end
+            -- a fleet's cartridges are mapped within its budget: this request
+            -- waits while others hold it, and the requests behind it that
+            -- need no more of it go first. A document that cannot be mapped
+            -- (missing, damaged, another model's) fails this request, named
+            -- and logged, and the queue goes on
+            local ok, got = pcall(job.cart.acquire, job.cart)
+            if not ok then
+                self:fail(job, got)
+                goto continue
+            end
+            if not got then
+                at = at + 1
+                goto continue
+            end
             job.held = true
         end
-        table.remove(self.queue, 1)
+        table.remove(self.queue, at)
         if self:guarded(job, function()
                 self:bind(job, slot)
                 if job.opts.stream then self:start_stream(job) end
             end) then
             started[#started + 1] = job
         end
+        ::continue::
     end
     if #started == 0 then return end
     local kvs, ids = {}, {}

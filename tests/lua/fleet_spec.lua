@@ -278,7 +278,7 @@ describe("the budget manager", function()
             local ids = d.corpus.ids:sub(0, p)
             local c = cart.new(m, p, 1)
             c:capture(m, ids)
-            c:save(dir .. "/" .. fleet.cart_file(i), m, { extra_meta = { ["fleet.steps"] = 0 } })
+            c:save(dir .. "/" .. fleet.cart_file(i), m, { extra_meta = { ["fleet.document"] = d.name, ["fleet.steps"] = 0 } })
             c:free()
         end
         fleet.write_manifest(dir, man)
@@ -796,6 +796,35 @@ describe("cartridge.fleetserve", function()
         assert.are.equal(bc.p, kv:len())
         kv:free()
         c:release(); bc:release()
+        -- a document that cannot be mapped: the error names its file, and
+        -- nothing is left pinned or mapped by the failed call
+        local d3 = fleet.join(dir, f.man.docs[3].cart_file)
+        local keep = helper.read_file(d3)
+        helper.write_file(d3, keep:sub(1, 100)) -- truncated
+        f:unmap(3)
+        local before = f.mapped
+        ok, e = pcall(f:prefix({ 2, 3 }).acquire, f:prefix({ 2, 3 }))
+        assert.is_false(ok)
+        print("  " .. e)
+        assert.truthy(e:find(f.man.docs[3].cart_file, 1, true), e)
+        assert.are.equal(before, f.mapped)
+        for i = 1, 3 do assert.are.equal(0, f.pins[i] or 0) end
+        helper.write_file(d3, keep)
+        assert.is_true(f:prefix({ 2, 3 }):acquire())
+        f:prefix({ 2, 3 }):release()
+        -- two documents' files swapped: refused by what each file holds
+        local d2 = fleet.join(dir, f.man.docs[2].cart_file)
+        local two = helper.read_file(d2)
+        helper.write_file(d2, keep)
+        helper.write_file(d3, two)
+        f:unmap(2); f:unmap(3)
+        ok, e = pcall(f:prefix({ 2 }).acquire, f:prefix({ 2 }))
+        assert.is_false(ok)
+        print("  " .. e)
+        assert.truthy(e:find("holds document " .. f.man.docs[3].name .. "'s cartridge, and the manifest puts document "
+            .. f.man.docs[2].name .. " there", 1, true), e)
+        helper.write_file(d2, two)
+        helper.write_file(d3, keep)
         -- a conversation keeps its first choice
         local first = f:select({ "Lily went to the park" })
         assert.are.equal(first, f:select({ "Lily went to the park", "and something else entirely" }))
@@ -894,6 +923,50 @@ describe("serve.lua --fleet", function()
         assert.truthy(helper.read_file(s.log):find("chat docs [" .. table.concat(cli_docs, ", ") .. "]", 1, true))
     end)
 
+    it("answers a damaged document, an overlong request and a budget wait without stalling anyone else", function()
+        if not helper.have("curl") then return pending("curl is not installed") end
+        local dir, where = small_fleet("damaged", 0)
+        if not dir then return pending(where) end
+        local man = fleet.read_manifest(dir)
+        -- every document's cartridge damaged: missing, truncated, a directory
+        os.remove(fleet.join(dir, man.docs[1].cart_file))
+        local f2 = fleet.join(dir, man.docs[2].cart_file)
+        helper.write_file(f2, helper.read_file(f2):sub(1, 200))
+        local f3 = fleet.join(dir, man.docs[3].cart_file)
+        os.remove(f3)
+        require("cartridge.fs").mkdirs(f3)
+        local s = servers:start(stories(), "--fleet", "docs=" .. dir, "--budget", "2", "--parallel", "2")
+        local function health_now()
+            local t = os.clock()
+            local status = servers:curl(s, "GET", "/health")
+            return status == 200
+        end
+        local question = helper.read_file(where .. "/doc1.md"):match("\n([^\n]+)\n")
+        for _, q in ipairs({ question, "Once upon a time" }) do
+            local status, body = servers:curl(s, "POST", "/v1/chat/completions", json.encode({ model = "docs",
+                max_tokens = 2, messages = { { role = "user", content = q } } }))
+            assert.are.equal(500, status, body)
+            assert.truthy(body:find("safetensors", 1, true), body) -- names the document's file
+            assert.is_true(health_now())
+        end
+        -- the bare model still answers, and so does a fleet request of 8,000 words: a 400 at once
+        local status, body = servers:curl(s, "POST", "/v1/chat/completions", json.encode({ model = "llama",
+            max_tokens = 2, messages = { { role = "user", content = "Once upon a time" } } }))
+        assert.are.equal(200, status, body)
+        local t0 = require("cartridge").C.cart_now_seconds()
+        status, body = servers:curl(s, "POST", "/v1/chat/completions", json.encode({ model = "docs", max_tokens = 2,
+            messages = { { role = "user", content = ("word "):rep(8000) } } }))
+        local took = require("cartridge").C.cart_now_seconds() - t0
+        print(("  an 8,000-word fleet request: %d in %.2f s"):format(status, took))
+        assert.are.equal(400, status, body)
+        assert.truthy(body:find("context_length_exceeded", 1, true), body)
+        assert.truthy(took < 1.0, took)
+        assert.is_true(health_now())
+        servers:stop(s)
+        local log = helper.read_file(s.log)
+        assert.truthy(log:find("internal error in request", 1, true), log) -- logged, with its request id
+    end)
+
     it("answers as the CLI does behind one retrieved document as behind two", function()
         -- on this data doc3's question finds only doc2's chunks among its 8
         -- best, so both compose one cartridge (the check above once read
@@ -925,6 +998,17 @@ describe("serve.lua --fleet", function()
             :format(counts[1], counts[2], counts[3]))
         assert.are.equal(1, counts[3], "doc3's question no longer retrieves one document: this test needs other data")
         servers:stop(s)
+    end)
+
+    it("fleet.lua refuses to run as several copies of a launcher (mpirun)", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        for _, var in ipairs({ "OMPI_COMM_WORLD_SIZE", "PMI_SIZE" }) do
+            local rc, out, err = helper.run(var .. "=2 " .. helper.q(helper.bin) .. " run recipes/fleet.lua --fleet "
+                .. helper.q(tmp .. "/never") .. " --corpus README.md </dev/null")
+            assert.are_not.equal(0, rc, out)
+            assert.truthy(err:find("a launcher started 2 copies", 1, true), err)
+            assert.is_false(helper.exists(tmp .. "/never"))
+        end
     end)
 
     it("refuses a fleet beside --cartridge or --kv-cache-dir, and a budget below --rag-docs", function()
