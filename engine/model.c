@@ -919,9 +919,15 @@ static int moe_forward(forward_state *s, cart_pool *pool) {
     for (int64_t t = 0; t < T; t++)
         moe_route(s->sel + t * K, s->sel_w + t * K, s->logits_r + t * NE, (int32_t)NE, (int32_t)K);
     /* experts: gather each run's tokens that chose e into tmp (rows), run
-     * them, scatter the scaled results into their slots */
-    for (int32_t r = 0; r < s->n_runs; r++) {
-        const int64_t t0 = s->run_start[r], t1 = t0 + s->run_len[r];
+     * them, scatter the scaled results into their slots. Experts of block
+     * types give every row the same bits on any path (matmul.h), so then
+     * the whole pass is one run: each expert's weights are read once per
+     * step, whatever the streams of the batch */
+    const int whole = cart_matmul_path_invariant(L->exp_gate[0].dtype) &&
+                      cart_matmul_path_invariant(L->exp_up[0].dtype) &&
+                      cart_matmul_path_invariant(L->exp_down[0].dtype);
+    for (int32_t r = 0; r < (whole ? 1 : s->n_runs); r++) {
+        const int64_t t0 = whole ? 0 : s->run_start[r], t1 = whole ? T : t0 + s->run_len[r];
         for (int32_t e = 0; e < NE; e++) {
             int64_t n = 0;
             for (int64_t t = t0; t < t1; t++)
