@@ -273,7 +273,8 @@ function Server:common_options(body)
     local stop = body.stop
     o.stop = {}
     if type(stop) == "string" then
-        if stop ~= "" then o.stop = { stop } end
+        if stop == "" then reject(400, 'stop must be a non-empty string (or omitted); got ""', "stop") end
+        o.stop = { stop }
     elseif json.kind(stop) == "array" then
         if #stop > 4 then reject(400, ("at most 4 stop sequences; got %d"):format(#stop), "stop") end
         for i, s in ipairs(stop) do
@@ -415,6 +416,10 @@ function Server:chat_tools(body, flat, extra)
         if f.description ~= nil and type(f.description) ~= "string" then
             reject(400, ("%sdescription must be a string"):format(pre), "tools")
         end
+        if names[f.name] then
+            reject(400, ("%sname %s repeats tools[%d]'s: tool names must be unique"):format(pre, shown(f.name),
+                names[f.name].index), "tools")
+        end
         names[f.name] = { f = f, index = k - 1, where = extra and extra[k].where or pre .. "parameters",
             strict = extra and extra[k].strict or f.strict == true }
         functions[#functions + 1] = names[f.name]
@@ -430,6 +435,9 @@ function Server:chat_tools(body, flat, extra)
         end
         check_utf8(text, ("tools[%d]"):format(k - 1))
         list[k] = text
+    end
+    if #list == 0 and (choice == "required" or json.kind(choice) == "object") then
+        reject(400, "tool_choice needs tools; tools is empty", "tool_choice")
     end
     if #list == 0 or choice == "none" then return nil end
     local forced = nil -- the tools a forced call may name
@@ -454,6 +462,21 @@ function Server:chat_tools(body, flat, extra)
     if not self.template.tools_system then
         reject(400, ("this model's chat template (%s) has no tool-call format; tools need a Qwen-style chatml template")
             :format(self.template.name or "custom"), "tools")
+    end
+    -- a strict function's schema must be one the engine can enforce, forced
+    -- or not (the docs promise a 400 for an unsupported keyword)
+    if not forced then
+        for _, t in ipairs(functions) do
+            if t.strict and t.f.parameters ~= nil then
+                local ok, g = pcall(grammar.schema, t.f.parameters, { lenient = false })
+                if not ok then
+                    reject(400, ("tools[%d]: strict: true, and %s cannot be enforced: %s (without strict: true "
+                        .. "unsupported keywords are ignored)"):format(t.index, t.where,
+                        (tostring(g):gsub("^grammar%.schema: ", ""))), "tools")
+                end
+                g:free()
+            end
+        end
     end
     local call_grammar = forced and self:call_grammar(forced)
     return { list = list, prefill = forced and "<tool_call>\n" or nil, parallel = body.parallel_tool_calls ~= false,
@@ -1468,6 +1491,13 @@ end
 
 local pending_stop = require("cartridge.generate").pending_stop
 
+-- A forced tool call (tool_choice required or named) cut short by
+-- max_tokens or a stop sequence: the reply holds no broken call, only its
+-- finish reason ("length" or "stop"), with empty content.
+function Server:drop_broken_call(job)
+    if job.call_close then job.text = "" end
+end
+
 -- Takes the sampled token of a running job; returns true when it finished.
 function Server:accept(job, id)
     if self.tok:is_eog(id) then
@@ -1484,6 +1514,7 @@ function Server:accept(job, id)
         if at then
             job.text = job.text:sub(1, at - 1)
             job.finish, job.stop_hit = "stop", s
+            self:drop_broken_call(job)
             return true
         end
     end
@@ -1496,6 +1527,7 @@ function Server:accept(job, id)
     if #job.out_ids >= job.opts.max_tokens then
         job.finish = "length"
         job.text = job.text .. job.stream:flush()
+        self:drop_broken_call(job)
         return true
     end
     if job.opts.stream then

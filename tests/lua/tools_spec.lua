@@ -216,6 +216,16 @@ describe("the server's chat completions with tools", function()
         _, body = serve({ messages = question, tools = tools, max_tokens = 100, tool_choice = "required" },
             '{"name": "get_weather", "arguments": {"city": "Lima"}}')
         assert.are.equal('{"city":"Lima"}', json.decode(body).choices[1].message.tool_calls[1]["function"].arguments)
+        -- a forced call cut by max_tokens or a stop sequence: its finish reason, no broken call as content
+        for _, cut in ipairs({ { max_tokens = 4 }, { max_tokens = 100, stop = "Li" } }) do
+            local req = { messages = question, tools = tools, max_tokens = cut.max_tokens, stop = cut.stop,
+                tool_choice = "required" }
+            _, body = serve(req, '{"name": "get_weather", "arguments": {"city": "Lima"}}')
+            choice = json.decode(body).choices[1]
+            assert.are.equal(cut.stop and "stop" or "length", choice.finish_reason, body)
+            assert.are.equal("", choice.message.content, body)
+            assert.is_nil(choice.message.tool_calls, body)
+        end
         -- none: the tools are not shown and nothing is parsed
         _, body = serve({ messages = question, tools = tools, max_tokens = 100, tool_choice = "none" }, CALL)
         assert.are.equal(CALL, json.decode(body).choices[1].message.content)
@@ -241,6 +251,12 @@ describe("the server's chat completions with tools", function()
             { { tools = tools, tool_choice = { type = "function", ["function"] = { name = "nope" } } }, "tool_choice",
                 "not among the tools" },
             { { tool_choice = "required" }, "tool_choice", "tool_choice needs tools" },
+            { { tools = json.array({}), tool_choice = "required" }, "tool_choice", "tool_choice needs tools; tools is empty" },
+            { { tools = { tools[1], tools[1] } }, "tools", "tools[1].function.name \"get_weather\" repeats tools[0]'s" },
+            { { tools = { { type = "function", ["function"] = { name = "f", strict = true, parameters = { type = "object",
+                properties = { x = { type = "string", format = "email" } } } } } }, tool_choice = "auto" }, "tools",
+                "tools[0]: strict: true, and tools[0].function.parameters cannot be enforced" },
+            { { stop = "" }, "stop", "stop must be a non-empty string" },
             { { tools = tools, parallel_tool_calls = "no" }, "parallel_tool_calls",
                 'parallel_tool_calls must be a boolean; got "no"' },
             { { parallel_tool_calls = 0 }, "parallel_tool_calls", "parallel_tool_calls must be a boolean; got 0" },
