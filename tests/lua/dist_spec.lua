@@ -258,7 +258,7 @@ describe("selfstudy.lua under mpirun", function()
     it("stops the job when one rank fails, naming it", function()
         local why = cannot()
         if why then return pending(why) end
-        -- rank 0 cannot write its checkpoint: a directory sits where the file goes
+        -- rank 0 fails at start: a directory sits where its artifact goes
         local save = tmp .. "/taken.safetensors"
         os.execute("mkdir -p " .. helper.q(save))
         local rc, out, err = ranks(2, tiny({ "--accum", "2", "--steps", "4", "--save-every", "2", "--threads", "1",
@@ -266,7 +266,8 @@ describe("selfstudy.lua under mpirun", function()
         assert.are_not.equal(0, rc)
         local line = err:match("cartridge: rank 0 of 2: [^\n]*") or ""
         print("  " .. line)
-        assert.truthy(line:find("Is a directory", 1, true), out .. err)
+        assert.truthy(line:find("taken.safetensors is a directory: an artifact replaces only a regular file", 1, true),
+            out .. err)
     end)
 
     it("stops when a rank dies, keeps the last checkpoint, and resumes with another number of ranks", function()
