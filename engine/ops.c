@@ -172,7 +172,7 @@ void softcap_backward(float *dy, const float *y, int64_t n, float cap) {
 
 /* ---- attention ----------------------------------------------------------- */
 
-enum { TILE = 64, LANES = 16, MAX_HEAD_DIM = 512, MAX_REP = 16, MAX_QUERIES = 16 };
+enum { TILE = 64, LANES = 16, MAX_HEAD_DIM = 512, MAX_REP = 16, MAX_QUERIES = 16, MAX_MQ = CART_ATTN_MAX_MQ };
 
 /* A dot product with LANES partial sums combined in a fixed order: the
  * compiler vectorizes it without reassociation flags, and the result does not
@@ -392,6 +392,78 @@ void attention_head_forward(float *out, float *lse, const float *q, const float 
     *lse = run_max + logf(run_sum);
 }
 
+/* The online softmax of one query over a tile whose scaled scores are in
+ * score[0 .. nt): attention_head_forward's steps between the scores and the
+ * values, leaving the weights in score. */
+static void softmax_tile(float *score, int64_t nt, float scale, float *run_max, float *run_sum, float *out,
+                         int32_t head_dim) {
+    float tile_max = -INFINITY;
+    for (int64_t j = 0; j < nt; j++) {
+        score[j] *= scale;
+        if (score[j] > tile_max) tile_max = score[j];
+    }
+    float new_max = tile_max > *run_max ? tile_max : *run_max;
+    float correction = expf(*run_max - new_max);
+    *run_sum *= correction;
+    for (int32_t d = 0; d < head_dim; d++) out[d] *= correction;
+    for (int64_t j = 0; j < nt; j++) {
+        score[j] = expf(score[j] - new_max);
+        *run_sum += score[j];
+    }
+    *run_max = new_max;
+}
+
+void attention_heads_forward(float *const *out, float *const *lse, const float *const *q, int32_t nq,
+                             const float *ka, const float *va, int64_t na, int64_t stride_a,
+                             const float *kb, const float *vb, const int64_t *nb, int64_t stride_b,
+                             int32_t head_dim, float scale) {
+    if (head_dim % 16 != 0 || nq > MAX_MQ) {
+        for (int32_t a = 0; a < nq; a++)
+            attention_head_forward(out[a], lse[a], q[a], ka, va, na, stride_a, kb, vb, nb[a], stride_b,
+                                   head_dim, scale);
+        return;
+    }
+    const cart_kernels *kern = cart_kern();
+    float score[MAX_MQ * TILE], run_max[MAX_MQ], run_sum[MAX_MQ];
+    const float *qs[MAX_MQ];
+    float *outs[MAX_MQ];
+    int64_t nts[MAX_MQ], n_max = 0;
+    for (int32_t a = 0; a < nq; a++) {
+        memset(out[a], 0, sizeof(float) * (size_t)head_dim);
+        run_max[a] = -INFINITY, run_sum[a] = 0.0f;
+        if (nb[a] > n_max) n_max = nb[a];
+    }
+    for (int32_t block = 0; block < 2; block++) {
+        const float *k = block ? kb : ka, *v = block ? vb : va;
+        int64_t n = block ? n_max : na, stride = block ? stride_b : stride_a;
+        for (int64_t t0 = 0; t0 < n; t0 += TILE) {
+            /* the queries that see this tile, each over its own rows of it */
+            int32_t m = 0, idx[MAX_MQ];
+            int64_t nt_max = 0;
+            for (int32_t a = 0; a < nq; a++) {
+                int64_t na_ = block ? nb[a] : na, nt = na_ - t0 < TILE ? na_ - t0 : TILE;
+                if (nt <= 0) continue;
+                idx[m] = a, qs[m] = q[a], outs[m] = out[a], nts[m] = nt, m++;
+                if (nt > nt_max) nt_max = nt;
+            }
+            kern->scores_mq(score, TILE, qs, m, k + t0 * stride, stride, head_dim, nt_max);
+            for (int32_t i = 0; i < m; i++)
+                softmax_tile(score + i * TILE, nts[i], scale, &run_max[idx[i]], &run_sum[idx[i]], outs[i], head_dim);
+            for (int32_t i = 0; i < m;) { /* runs of queries over as many rows */
+                int32_t e = i + 1;
+                while (e < m && nts[e] == nts[i]) e++;
+                kern->values_mq(outs + i, score + i * TILE, TILE, e - i, v + t0 * stride, stride, nts[i], head_dim);
+                i = e;
+            }
+        }
+    }
+    for (int32_t a = 0; a < nq; a++) {
+        float inv = 1.0f / run_sum[a];
+        for (int32_t d = 0; d < head_dim; d++) out[a][d] *= inv;
+        *lse[a] = run_max[a] + logf(run_sum[a]);
+    }
+}
+
 void attention_head_backward(float *dq, float *dka, float *dva, int64_t skip_a, float *dkb,
                              float *dvb, const float *dout, const float *out, float lse,
                              const float *q, const float *ka, const float *va, int64_t na,
@@ -438,10 +510,38 @@ void attention_tile_backward(float *dq, float *dkt, float *dvt, int64_t skip, co
     }
     rows_values(dq, ds, k, stride, nt, head_dim);
     if (!dkt) return;
+    if (head_dim % 16 == 0) {
+        cart_kern()->outer_add(dkt, dvt, ds, p, TILE, &q, &dout, 1, skip, nt, head_dim);
+        return;
+    }
     for (int64_t j = skip; j < nt; j++) {
         axpy(dkt + j * head_dim, ds[j], q, head_dim);
         axpy(dvt + j * head_dim, p[j], dout, head_dim);
     }
+}
+
+void attention_tiles_backward(float *const *dq, float *dkt, float *dvt, int64_t skip,
+                              const float *const *dout, const float *delta, const float *lse,
+                              const float *const *q, const float *k, const float *v, int64_t stride,
+                              int64_t nt, int32_t nq, int32_t head_dim, float scale) {
+    if (head_dim % 16 != 0 || nq > MAX_MQ) {
+        for (int32_t a = 0; a < nq; a++)
+            attention_tile_backward(dq[a], dkt, dvt, skip, dout[a], delta[a], lse[a], q[a], k, v, stride,
+                                    nt, head_dim, scale);
+        return;
+    }
+    float p[MAX_MQ * TILE], ds[MAX_MQ * TILE];
+    const cart_kernels *kern = cart_kern();
+    kern->scores_mq(p, TILE, q, nq, k, stride, head_dim, nt);
+    kern->scores_mq(ds, TILE, dout, nq, v, stride, head_dim, nt);
+    for (int32_t a = 0; a < nq; a++)
+        for (int64_t j = 0; j < nt; j++) {
+            float *pa = p + a * TILE, *da = ds + a * TILE;
+            pa[j] = expf(pa[j] * scale - lse[a]);
+            da[j] = pa[j] * (da[j] - delta[a]) * scale;
+        }
+    kern->values_mq(dq, ds, TILE, nq, k, stride, nt, head_dim);
+    if (dkt) kern->outer_add(dkt, dvt, ds, p, TILE, q, dout, nq, skip, nt, head_dim);
 }
 
 float attention_delta(const float *dout, const float *out, int32_t head_dim) {

@@ -160,6 +160,26 @@ void attention_tile_backward(float *dq, float *dkt, float *dvt, int64_t skip, co
                              const float *v, int64_t stride, int64_t nt, int32_t head_dim,
                              float scale);
 
+enum { CART_ATTN_MAX_MQ = 8 }; /* most query heads of one multi-query call */
+
+/* attention_head_forward for nq query heads over the same rows (the same
+ * bits for each): the same prefix block, and segment rows from the same
+ * first row, query a seeing nb[a] of them; the rows are read once for all
+ * of them, tile by tile. */
+void attention_heads_forward(float *const *out, float *const *lse, const float *const *q, int32_t nq,
+                             const float *ka, const float *va, int64_t na, int64_t stride_a,
+                             const float *kb, const float *vb, const int64_t *nb, int64_t stride_b,
+                             int32_t head_dim, float scale);
+
+/* Up to CART_ATTN_MAX_MQ query heads against the same tile, in order: for
+ * each a < nq what attention_tile_backward does with dq[a], dout[a],
+ * delta[a], lse[a], q[a] (the same bits, the rows added to in query order),
+ * the tile's rows read once for all of them. */
+void attention_tiles_backward(float *const *dq, float *dkt, float *dvt, int64_t skip,
+                              const float *const *dout, const float *delta, const float *lse,
+                              const float *const *q, const float *k, const float *v, int64_t stride,
+                              int64_t nt, int32_t nq, int32_t head_dim, float scale);
+
 /* dout . out, as attention_head_backward computes it. */
 float attention_delta(const float *dout, const float *out, int32_t head_dim);
 

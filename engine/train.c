@@ -758,24 +758,55 @@ static int64_t first_segment_row(const att_geom *ag, int64_t t, int64_t s0) {
     return t - ag->window + 1;
 }
 
-/* Forward attention for items [begin, end): item = token * G + kv head. */
+/* Forward attention for items [begin, end): item = token block * G + kv
+ * head, a block being FWD_TOKENS consecutive tokens. Tokens of a block that
+ * see the same prefix rows and the same first segment row run together
+ * (attention_heads_forward: each head the bits of its own pass). */
+enum { FWD_TOKENS = 4 };
+
 static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
     const att_geom ag = att_geometry(s);
     const int32_t D = ag.D, G = ag.G, rep = ag.rep;
     const int64_t KD = ag.KD, HD = ag.HD;
-    const float scale = ag.scale, *pk = ag.pk, *pv = ag.pv;
+    const float *pk = ag.pk, *pv = ag.pv;
     for (int64_t item = begin; item < end; item++) {
-        int64_t t = item / G, g = item % G;
-        int64_t s0 = s->seg_start[t];
-        int64_t j0 = first_prefix_row(s, &ag, t, s0), u0 = first_segment_row(&ag, t, s0);
-        int64_t na = j0 < s->p ? s->p - j0 : 0;
-        for (int32_t r = 0; r < rep; r++) {
-            int64_t h = g * rep + r;
-            attention_head_forward(s->a->att + t * HD + h * D, s->a->lse + t * ag.H + h,
-                         s->a->q + t * HD + h * D, na ? pk + j0 * KD + g * D : NULL,
-                         na ? pv + j0 * KD + g * D : NULL, na, KD, s->a->k + u0 * KD + g * D,
-                         s->a->v + u0 * KD + g * D, t - u0 + 1, KD, D, scale);
+        int64_t tb = item / G * FWD_TOKENS, g = item % G;
+        int64_t te = tb + FWD_TOKENS < s->T ? tb + FWD_TOKENS : s->T;
+        for (int64_t t = tb; t < te;) {
+            int64_t s0 = s->seg_start[t];
+            int64_t j0 = first_prefix_row(s, &ag, t, s0), u0 = first_segment_row(&ag, t, s0);
+            float *out[CART_ATTN_MAX_MQ], *lse[CART_ATTN_MAX_MQ];
+            const float *q[CART_ATTN_MAX_MQ];
+            int64_t nb[CART_ATTN_MAX_MQ];
+            int32_t n = 0;
+            for (; t < te; t++) { /* the run of tokens with these rows, rep heads each */
+                if (s->seg_start[t] != s0 || first_prefix_row(s, &ag, t, s0) != j0 ||
+                    first_segment_row(&ag, t, s0) != u0 || n + rep > CART_ATTN_MAX_MQ)
+                    break;
+                for (int32_t r = 0; r < rep; r++, n++) {
+                    int64_t h = g * rep + r;
+                    out[n] = s->a->att + t * HD + h * D, lse[n] = s->a->lse + t * ag.H + h;
+                    q[n] = s->a->q + t * HD + h * D, nb[n] = t - u0 + 1;
+                }
+            }
+            if (n == 0) { /* more heads than one call takes: one token alone */
+                for (int32_t r = 0; r < rep; r++) {
+                    int64_t h = g * rep + r;
+                    out[0] = s->a->att + t * HD + h * D, lse[0] = s->a->lse + t * ag.H + h;
+                    q[0] = s->a->q + t * HD + h * D, nb[0] = t - u0 + 1;
+                    int64_t na = j0 < s->p ? s->p - j0 : 0;
+                    attention_heads_forward(out, lse, q, 1, na ? pk + j0 * KD + g * D : NULL,
+                                            na ? pv + j0 * KD + g * D : NULL, na, KD, s->a->k + u0 * KD + g * D,
+                                            s->a->v + u0 * KD + g * D, nb, KD, D, ag.scale);
+                }
+                t++;
+                continue;
+            }
+            int64_t na = j0 < s->p ? s->p - j0 : 0;
+            attention_heads_forward(out, lse, q, n, na ? pk + j0 * KD + g * D : NULL, na ? pv + j0 * KD + g * D : NULL,
+                                    na, KD, s->a->k + u0 * KD + g * D, s->a->v + u0 * KD + g * D, nb, KD, D,
+                                    ag.scale);
         }
     }
 }
@@ -786,19 +817,66 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t threa
  * gradients sum over queries in token order, query gradients over tiles in
  * row order: the order of the plain per-query loop. A query on a sliding
  * layer reads only the part of a tile within its window. */
-enum { BTILE = 64 };
+enum { BTILE = 64, QB = CART_ATTN_MAX_MQ };
+
+/* Consecutive query heads (token, head) that see the same rows [lo, hi) of
+ * a tile, gathered so the tile is read once for all of them. */
+typedef struct qblock {
+    int32_t n;
+    int64_t lo, hi;
+    float *dq[QB];
+    const float *q[QB], *dout[QB];
+    float delta[QB], lse[QB];
+} qblock;
+
+/* The tile's rows (k, v at row lo of the tile), its gradient buffers (NULL:
+ * none) and the first row of it that takes gradients. */
+typedef struct btile {
+    const float *k, *v;
+    float *dkt, *dvt;
+    int64_t skip, stride;
+    int32_t D;
+    float scale;
+} btile;
+
+static void qblock_flush(qblock *b, const btile *bt) {
+    if (!b->n) return;
+    int64_t lo = b->lo, sk = bt->skip > lo ? bt->skip - lo : 0;
+    attention_tiles_backward(b->dq, bt->dkt ? bt->dkt + lo * bt->D : NULL, bt->dkt ? bt->dvt + lo * bt->D : NULL,
+                             sk, b->dout, b->delta, b->lse, b->q, bt->k + lo * bt->stride,
+                             bt->v + lo * bt->stride, bt->stride, b->hi - lo, b->n, bt->D, bt->scale);
+    b->n = 0;
+}
+
+/* Adds the rep heads of kv head g at token t, seeing rows [lo, hi). */
+static void qblock_add(qblock *b, const btile *bt, const pass *s, int64_t t, int64_t g, int32_t rep, int64_t lo,
+                       int64_t hi) {
+    const int32_t D = bt->D, H = s->m->layers[s->layer].g.n_head;
+    const int64_t HD = (int64_t)H * D;
+    for (int32_t r = 0; r < rep; r++) {
+        if (b->n == QB || (b->n && (b->lo != lo || b->hi != hi))) qblock_flush(b, bt);
+        int64_t h = g * rep + r, at = t * HD + h * D;
+        b->lo = lo, b->hi = hi;
+        b->dq[b->n] = s->dq + at;
+        b->q[b->n] = s->a->q + at;
+        b->dout[b->n] = s->datt + at;
+        b->delta[b->n] = s->delta[t * H + h];
+        b->lse[b->n] = s->a->lse[t * H + h];
+        b->n++;
+    }
+}
 
 static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
     const att_geom ag = att_geometry(s);
-    const int32_t D = ag.D, rep = ag.rep, H = ag.H;
-    const int64_t KD = ag.KD, HD = ag.HD;
-    const float scale = ag.scale, *pk = ag.pk, *pv = ag.pv;
+    const int32_t D = ag.D, rep = ag.rep;
+    const int64_t KD = ag.KD;
+    const float *pk = ag.pk, *pv = ag.pv;
     float *gk = s->grad_cart ? cart_cartridge_grad(s->grad_cart, s->layer, 0) : NULL;
     float *gv = s->grad_cart ? cart_cartridge_grad(s->grad_cart, s->layer, 1) : NULL;
     int64_t frozen = s->cart ? s->cart->frozen : 0;
-    const acts *a = s->a;
     float dkt[BTILE * 512], dvt[BTILE * 512]; /* head_dim <= 512 */
+    qblock b = {0};
     for (int64_t g = begin; g < end; g++) {
         /* the cartridge rows: a token sees those from its first prefix row on */
         for (int64_t t0 = 0; t0 < s->p; t0 += BTILE) {
@@ -809,19 +887,14 @@ static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int3
                 memset(dkt, 0, sizeof(float) * (size_t)(nt * D));
                 memset(dvt, 0, sizeof(float) * (size_t)(nt * D));
             }
+            btile bt = {pk + t0 * KD + g * D, pv + t0 * KD + g * D, want ? dkt : NULL, want ? dvt : NULL,
+                        skip, KD, D, ag.scale};
             for (int64_t t = 0; t < s->T; t++) {
                 int64_t j0 = first_prefix_row(s, &ag, t, s->seg_start[t]);
                 int64_t lo = j0 > t0 ? j0 - t0 : 0; /* within the tile */
-                if (lo >= nt) continue;
-                int64_t sk = skip > lo ? skip - lo : 0;
-                for (int32_t r = 0; r < rep; r++) {
-                    int64_t h = g * rep + r, at = t * HD + h * D;
-                    attention_tile_backward(s->dq + at, want ? dkt + lo * D : NULL, want ? dvt + lo * D : NULL,
-                                            sk, s->datt + at, s->delta[t * H + h], a->lse[t * H + h], a->q + at,
-                                            pk + (t0 + lo) * KD + g * D, pv + (t0 + lo) * KD + g * D, KD,
-                                            nt - lo, D, scale);
-                }
+                if (lo < nt) qblock_add(&b, &bt, s, t, g, rep, lo, nt);
             }
+            qblock_flush(&b, &bt);
             if (want)
                 for (int64_t j = skip; j < nt; j++)
                     for (int32_t d = 0; d < D; d++) {
@@ -837,19 +910,14 @@ static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int3
                 int64_t width = s1 - t0 < BTILE ? s1 - t0 : BTILE;
                 memset(dkt, 0, sizeof(float) * (size_t)(width * D));
                 memset(dvt, 0, sizeof(float) * (size_t)(width * D));
+                btile bt = {s->a->k + t0 * KD + g * D, s->a->v + t0 * KD + g * D, dkt, dvt, 0, KD, D, ag.scale};
                 for (int64_t t = t0; t < s1; t++) {
                     int64_t u0 = first_segment_row(&ag, t, s0);
                     int64_t lo = u0 > t0 ? u0 - t0 : 0;
                     int64_t hi = t - t0 + 1 < width ? t - t0 + 1 : width; /* rows [lo, hi) of the tile */
-                    if (lo >= hi) continue;
-                    for (int32_t r = 0; r < rep; r++) {
-                        int64_t h = g * rep + r, at = t * HD + h * D;
-                        attention_tile_backward(s->dq + at, dkt + lo * D, dvt + lo * D, 0, s->datt + at,
-                                                s->delta[t * H + h], a->lse[t * H + h], a->q + at,
-                                                a->k + (t0 + lo) * KD + g * D, a->v + (t0 + lo) * KD + g * D,
-                                                KD, hi - lo, D, scale);
-                    }
+                    if (lo < hi) qblock_add(&b, &bt, s, t, g, rep, lo, hi);
                 }
+                qblock_flush(&b, &bt);
                 for (int64_t j = 0; j < width; j++)
                     for (int32_t d = 0; d < D; d++) {
                         s->dk[(t0 + j) * KD + g * D + d] += dkt[j * D + d];
@@ -1090,7 +1158,7 @@ static int layer_forward(pass *s, float *x_out) {
     if (L->wv.rows == 0) memcpy(vdst, a->k_raw, sizeof(float) * (size_t)(T * KD));
     else if ((rc = cart_matmul_forward_exact(vdst, KD, a->xn1, E, &L->wv, T, pool))) return rc;
     cart_pool_for(pool, T, 16, qk_prepare_range, s);
-    cart_pool_for(pool, T * g->n_head_kv, 1, attention_range, s);
+    cart_pool_for(pool, (T + FWD_TOKENS - 1) / FWD_TOKENS * g->n_head_kv, 1, attention_range, s);
     if (!gemma) {
         if ((rc = cart_matmul_forward_exact(a->x_mid, E, a->att, HD, &L->wo, T, pool))) return rc;
         for (int64_t i = 0; i < T * E; i++) a->x_mid[i] += a->x_in[i];

@@ -49,6 +49,7 @@ local opts = options.parse(arg, {
         { "chunk-max", type = "int", default = 512, help = "longest chunk" },
         { "max-q", type = "int", default = 64, help = "bot A budget" },
         { "max-a", type = "int", default = 160, help = "bot B budget" },
+        { "gen-batch", type = "int", default = 0, help = "conversations per lockstep generation group (a multiple of --accum; 0: --accum)" },
         { "spec-b", type = "boolean", help = "bot B decodes speculatively" },
         { "teacher-pass", type = "boolean", help = "run the separate teacher pass" },
         { "ranks", type = "int", default = 0, help = "measure self-study alone and with this many processes (one thread each)" },
@@ -227,13 +228,25 @@ local synth = selfstudy.synthesizer(m, tok, corpus, {
 })
 local stepper = selfstudy.stepper(tr, c, opts.accum)
 
+local gen_batch = opts.gen_batch == 0 and opts.accum or opts.gen_batch
+if gen_batch < opts.accum or gen_batch % opts.accum ~= 0 then
+    fail(("--gen-batch %d must be a multiple of --accum %d"):format(gen_batch, opts.accum))
+end
+local steps_per_group = math.floor(gen_batch / opts.accum)
+local pending = {}
 local train_s, tokens, convos = 0, 0, 0
 local prefill_tokens, student_tokens, head_rows, decode_steps_a, decode_steps_b = 0, 0, 0, 0, 0
 local started = now()
 for step = 1, opts.steps do
-    local keys = {}
-    for i = 1, opts.accum do keys[i] = { step, i } end
-    local group = synth:group(keys)
+    if (step - 1) % steps_per_group == 0 then
+        local keys = {}
+        for s = step, math.min(step + steps_per_group - 1, opts.steps) do
+            for i = 1, opts.accum do keys[#keys + 1] = { s, i } end
+        end
+        pending = synth:group(keys)
+    end
+    local group = {}
+    for i = 1, opts.accum do group[i] = table.remove(pending, 1) end
     local t = now()
     stepper:step(group)
     opt:step()

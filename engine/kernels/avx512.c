@@ -802,6 +802,132 @@ static void rows_values_f16(float *acc, const float *p, const uint16_t *v, int64
     values_rows(1, acc, p, v, stride, nt, head_dim);
 }
 
+/* Four queries against four keys: the 16 accumulators of scores_block, one
+ * per (query, key), so each score is the same chain and tree; query a's four
+ * scores are the 128-bit lane a of the sums. */
+static ALWAYS_INLINE void scores_4x4(const int NV, float *score, int64_t ld, const float *const *q,
+                                     const float *k, int64_t stride) {
+    __m512 acc[16];
+    for (int32_t i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int32_t v = 0; v < NV; v++) {
+        __m512 kv[4];
+        for (int32_t i = 0; i < 4; i++) kv[i] = _mm512_loadu_ps(k + i * stride + 16 * v);
+        for (int32_t a = 0; a < 4; a++) {
+            const __m512 qv = _mm512_loadu_ps(q[a] + 16 * v);
+            for (int32_t i = 0; i < 4; i++) acc[4 * a + i] = _mm512_fmadd_ps(qv, kv[i], acc[4 * a + i]);
+        }
+    }
+    const __m512 sums = lane_sums(acc);
+    _mm_storeu_ps(score, _mm512_extractf32x4_ps(sums, 0));
+    _mm_storeu_ps(score + ld, _mm512_extractf32x4_ps(sums, 1));
+    _mm_storeu_ps(score + 2 * ld, _mm512_extractf32x4_ps(sums, 2));
+    _mm_storeu_ps(score + 3 * ld, _mm512_extractf32x4_ps(sums, 3));
+}
+
+static ALWAYS_INLINE void scores_mq_nv(const int NV, float *score, int64_t ld, const float *const *q, int32_t nq,
+                                       const float *k, int64_t stride, int32_t head_dim, int64_t nt) {
+    int32_t a = 0;
+    for (; a + 4 <= nq; a += 4) {
+        int64_t i = 0;
+        for (; i + 4 <= nt; i += 4) scores_4x4(NV, score + a * ld + i, ld, q + a, k + i * stride, stride);
+        if (i < nt) /* the last keys, one query at a time */
+            for (int32_t b = a; b < a + 4; b++) rows_scores(score + b * ld + i, q[b], k + i * stride, stride, head_dim, nt - i);
+    }
+    for (; a < nq; a++) rows_scores(score + a * ld, q[a], k, stride, head_dim, nt);
+}
+
+static void rows_scores_mq(float *score, int64_t ld, const float *const *q, int32_t nq, const float *k,
+                           int64_t stride, int32_t head_dim, int64_t nt) {
+    if (head_dim == 128) scores_mq_nv(8, score, ld, q, nq, k, stride, head_dim, nt);
+    else if (head_dim == 64) scores_mq_nv(4, score, ld, q, nq, k, stride, head_dim, nt);
+    else if (head_dim == 256) scores_mq_nv(16, score, ld, q, nq, k, stride, head_dim, nt);
+    else for (int32_t a = 0; a < nq; a++) rows_scores(score + a * ld, q[a], k, stride, head_dim, nt);
+}
+
+/* Four queries' outputs d0 .. d0 + 16 NV (NV <= 4) over the rows, in row
+ * order: values_span's chains, the row's vectors loaded once for the four. */
+static ALWAYS_INLINE void values_4q(const int NV, float *const *acc, int32_t d0, const float *p, int64_t ld,
+                                    const float *v, int64_t stride, int64_t nt) {
+    __m512 a[4][4];
+    for (int32_t b = 0; b < 4; b++)
+        for (int32_t j = 0; j < NV; j++) a[b][j] = _mm512_loadu_ps(acc[b] + d0 + 16 * j);
+    for (int64_t i = 0; i < nt; i++) {
+        __m512 vv[4];
+        for (int32_t j = 0; j < NV; j++) vv[j] = _mm512_loadu_ps(v + i * stride + d0 + 16 * j);
+        for (int32_t b = 0; b < 4; b++) {
+            const __m512 w = _mm512_set1_ps(p[b * ld + i]);
+            for (int32_t j = 0; j < NV; j++) a[b][j] = _mm512_fmadd_ps(w, vv[j], a[b][j]);
+        }
+    }
+    for (int32_t b = 0; b < 4; b++)
+        for (int32_t j = 0; j < NV; j++) _mm512_storeu_ps(acc[b] + d0 + 16 * j, a[b][j]);
+}
+
+static void rows_values_mq(float *const *acc, const float *p, int64_t ld, int32_t nq, const float *v,
+                           int64_t stride, int64_t nt, int32_t head_dim) {
+    int32_t a = 0;
+    for (; a + 4 <= nq; a += 4)
+        for (int32_t d0 = 0; d0 < head_dim; d0 += 64) {
+            const int32_t nv = (head_dim - d0 < 64 ? head_dim - d0 : 64) / 16;
+            if (nv == 4) values_4q(4, acc + a, d0, p + a * ld, ld, v, stride, nt);
+            else if (nv == 3) values_4q(3, acc + a, d0, p + a * ld, ld, v, stride, nt);
+            else if (nv == 2) values_4q(2, acc + a, d0, p + a * ld, ld, v, stride, nt);
+            else values_4q(1, acc + a, d0, p + a * ld, ld, v, stride, nt);
+        }
+    for (; a < nq; a++) rows_values(acc[a], p + a * ld, v, stride, nt, head_dim);
+}
+
+/* dk[j] += ds[a][j] q[a], dv[j] += p[a][j] dout[a] for the queries in
+ * order, 16 NV outputs of two rows in registers across the queries (NV a
+ * constant); products and sums rounded apart, as kernels.h says. */
+static ALWAYS_INLINE void outer_rows(const int NV, const int R, float *dst, const float *coef, int64_t ld,
+                                     const float *const *x, int32_t nq, int64_t j, int32_t d0, int32_t head_dim) {
+    __m512 acc[2][8];
+    for (int32_t r = 0; r < R; r++)
+        for (int32_t e = 0; e < NV; e++) acc[r][e] = _mm512_loadu_ps(dst + (j + r) * head_dim + d0 + 16 * e);
+    for (int32_t a = 0; a < nq; a++) {
+        __m512 c[2];
+        for (int32_t r = 0; r < R; r++) c[r] = _mm512_set1_ps(coef[a * ld + j + r]);
+        for (int32_t e = 0; e < NV; e++) {
+            const __m512 xv = _mm512_loadu_ps(x[a] + d0 + 16 * e);
+            for (int32_t r = 0; r < R; r++) acc[r][e] = _mm512_add_ps(acc[r][e], _mm512_mul_ps(c[r], xv));
+        }
+    }
+    for (int32_t r = 0; r < R; r++)
+        for (int32_t e = 0; e < NV; e++) _mm512_storeu_ps(dst + (j + r) * head_dim + d0 + 16 * e, acc[r][e]);
+}
+
+static ALWAYS_INLINE void outer_span(const int NV, float *dst, const float *coef, int64_t ld, const float *const *x,
+                                     int32_t nq, int64_t skip, int64_t nt, int32_t d0, int32_t head_dim) {
+    int64_t j = skip;
+    for (; j + 2 <= nt; j += 2) outer_rows(NV, 2, dst, coef, ld, x, nq, j, d0, head_dim);
+    if (j < nt) outer_rows(NV, 1, dst, coef, ld, x, nq, j, d0, head_dim);
+}
+
+static void outer_one(float *dst, const float *coef, int64_t ld, const float *const *x, int32_t nq, int64_t skip,
+                      int64_t nt, int32_t head_dim) {
+    for (int32_t d0 = 0; d0 < head_dim; d0 += 128) {
+        const int32_t nv = (head_dim - d0 < 128 ? head_dim - d0 : 128) / 16;
+        switch (nv) {
+        case 8: outer_span(8, dst, coef, ld, x, nq, skip, nt, d0, head_dim); break;
+        case 4: outer_span(4, dst, coef, ld, x, nq, skip, nt, d0, head_dim); break;
+        case 7: outer_span(7, dst, coef, ld, x, nq, skip, nt, d0, head_dim); break;
+        case 6: outer_span(6, dst, coef, ld, x, nq, skip, nt, d0, head_dim); break;
+        case 5: outer_span(5, dst, coef, ld, x, nq, skip, nt, d0, head_dim); break;
+        case 3: outer_span(3, dst, coef, ld, x, nq, skip, nt, d0, head_dim); break;
+        case 2: outer_span(2, dst, coef, ld, x, nq, skip, nt, d0, head_dim); break;
+        default: outer_span(1, dst, coef, ld, x, nq, skip, nt, d0, head_dim); break;
+        }
+    }
+}
+
+static void outer_add_512(float *dk, float *dv, const float *ds, const float *p, int64_t ld,
+                          const float *const *q, const float *const *dout, int32_t nq, int64_t skip,
+                          int64_t nt, int32_t head_dim) {
+    outer_one(dk, ds, ld, q, nq, skip, nt, head_dim);
+    outer_one(dv, p, ld, dout, nq, skip, nt, head_dim);
+}
+
 /* ---- conversions ---------------------------------------------------------- */
 
 static void f16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
@@ -970,6 +1096,9 @@ static const cart_kernels table = {
     .scores_f16 = rows_scores_f16,
     .values = rows_values,
     .values_f16 = rows_values_f16,
+    .scores_mq = rows_scores_mq,
+    .values_mq = rows_values_mq,
+    .outer_add = outer_add_512,
     .qk_groups = qk_groups_avx512,
     .qk_quantize = qk_quantize_rows_512,
     .f16_to_f32 = f16_to_f32_n,

@@ -708,6 +708,32 @@ static void gk_values_f16(float *acc, const float *p, const uint16_t *v, int64_t
     gk_values_kind(MM_W_F16, acc, p, (const uint8_t *)v, stride, nt, head_dim);
 }
 
+/* Several queries: each one the one-query kernel's arithmetic, in turn. */
+static void gk_scores_mq(float *score, int64_t ld, const float *const *q, int32_t nq, const float *k,
+                         int64_t stride, int32_t head_dim, int64_t nt) {
+    for (int32_t a = 0; a < nq; a++) gk_scores(score + a * ld, q[a], k, stride, head_dim, nt);
+}
+
+static void gk_values_mq(float *const *acc, const float *p, int64_t ld, int32_t nq, const float *v,
+                         int64_t stride, int64_t nt, int32_t head_dim) {
+    for (int32_t a = 0; a < nq; a++) gk_values(acc[a], p + a * ld, v, stride, nt, head_dim);
+}
+
+static void gk_outer_add(float *dk, float *dv, const float *ds, const float *p, int64_t ld,
+                         const float *const *q, const float *const *dout, int32_t nq, int64_t skip,
+                         int64_t nt, int32_t head_dim) {
+    for (int64_t j = skip; j < nt; j++) {
+        float *dkj = dk + j * head_dim, *dvj = dv + j * head_dim;
+        for (int32_t a = 0; a < nq; a++) {
+            const float s = ds[a * ld + j], w = p[a * ld + j], *qa = q[a], *da = dout[a];
+            for (int32_t d = 0; d < head_dim; d++) { /* -ffp-contract=off: never fused */
+                dkj[d] += s * qa[d];
+                dvj[d] += w * da[d];
+            }
+        }
+    }
+}
+
 /* ---- the table ------------------------------------------------------------ */
 
 static const cart_kernels gk_table = {
@@ -724,6 +750,9 @@ static const cart_kernels gk_table = {
     .scores_f16 = gk_scores_f16,
     .values = gk_values,
     .values_f16 = gk_values_f16,
+    .scores_mq = gk_scores_mq,
+    .values_mq = gk_values_mq,
+    .outer_add = gk_outer_add,
 #ifdef QK_FN
     .qk_groups = QK_FN,
 #endif
