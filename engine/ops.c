@@ -237,6 +237,76 @@ static void tile_values(float *acc, const float *p, const float *vt, int64_t nt,
     rows_values(acc, p, vt, head_dim, nt, head_dim);
 }
 
+/* The online softmax of one query over a tile whose scaled scores are in
+ * score[0 .. nt): attention_head_forward's steps between the scores and the
+ * values, leaving the weights in score. */
+static void softmax_tile(float *score, int64_t nt, float scale, float *run_max, float *run_sum, float *out,
+                         int32_t head_dim) {
+    float tile_max = -INFINITY;
+    for (int64_t j = 0; j < nt; j++) {
+        score[j] *= scale;
+        if (score[j] > tile_max) tile_max = score[j];
+    }
+    float new_max = tile_max > *run_max ? tile_max : *run_max;
+    float correction = expf(*run_max - new_max);
+    *run_sum *= correction;
+    for (int32_t d = 0; d < head_dim; d++) out[d] *= correction;
+    for (int64_t j = 0; j < nt; j++) {
+        score[j] = expf(score[j] - new_max);
+        *run_sum += score[j];
+    }
+    *run_max = new_max;
+}
+
+/* A run of query heads over the same rows [lo, lo + nt) of a converted tile
+ * (kt, vt: f32 rows head_dim apart): scores, online softmax, values, each
+ * head the arithmetic of its own pass. slot[i] indexes run_max and run_sum. */
+typedef struct head_run {
+    int32_t m;
+    int64_t lo, nt;
+    const float *q[MAX_MQ];
+    float *acc[MAX_MQ];
+    int32_t slot[MAX_MQ];
+} head_run;
+
+static void head_run_flush(head_run *hr, const float *kt, const float *vt, int32_t head_dim, float scale,
+                           float *run_max, float *run_sum) {
+    if (!hr->m) return;
+    const cart_kernels *kern = cart_kern();
+    float score[MAX_MQ * TILE];
+    const float *k = kt + hr->lo * head_dim, *v = vt + hr->lo * head_dim;
+    kern->scores_mq(score, TILE, hr->q, hr->m, k, head_dim, head_dim, hr->nt);
+    for (int32_t i = 0; i < hr->m; i++)
+        softmax_tile(score + i * TILE, hr->nt, scale, run_max + hr->slot[i], run_sum + hr->slot[i], hr->acc[i],
+                     head_dim);
+    kern->values_mq(hr->acc, score, TILE, hr->m, v, head_dim, hr->nt, head_dim);
+    hr->m = 0;
+}
+
+/* The query heads of a block that see the converted tile at t0, in runs of
+ * heads over the same rows. run_max and run_sum are [MAX_QUERIES][MAX_REP]. */
+static void tile_forward_mq(float *out, const float *q, int64_t q_stride, int32_t nq, int32_t g,
+                            int32_t n_rep, const int64_t *first, int64_t n_ctx0, int64_t t0, const float *kt,
+                            const float *vt, int32_t head_dim, float scale, float *run_max, float *run_sum) {
+    head_run hr;
+    hr.m = 0;
+    for (int32_t j = 0; j < nq; j++) {
+        int64_t n_ctx = n_ctx0 + j; /* query j sees rows first[j] .. n_ctx - 1 */
+        if (n_ctx <= t0 || first[j] >= t0 + TILE) continue;
+        int64_t lo = first[j] > t0 ? first[j] - t0 : 0;
+        int64_t nt = (n_ctx - t0 < TILE ? n_ctx - t0 : TILE) - lo;
+        if (hr.m && (lo != hr.lo || nt != hr.nt)) head_run_flush(&hr, kt, vt, head_dim, scale, run_max, run_sum);
+        hr.lo = lo, hr.nt = nt;
+        for (int32_t r = 0; r < n_rep; r++) {
+            if (hr.m == MAX_MQ) head_run_flush(&hr, kt, vt, head_dim, scale, run_max, run_sum);
+            hr.q[hr.m] = q + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
+            hr.acc[hr.m] = out + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
+            hr.slot[hr.m++] = j * MAX_REP + r;
+        }
+    }
+    head_run_flush(&hr, kt, vt, head_dim, scale, run_max, run_sum);
+}
+
 void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq, const void *k,
                        const void *v, int32_t dtype, int64_t n_ctx0, int64_t window, int64_t stride,
                        int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale) {
@@ -272,6 +342,11 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                 load_tile(kt, k, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
                 load_tile(vt, v, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
             }
+            if (!direct && head_dim % 16 == 0) {
+                tile_forward_mq(out, q, q_stride, nq, g, n_rep, first, n_ctx0, t0, kt, vt, head_dim, scale,
+                                &run_max[0][0], &run_sum[0][0]);
+                continue;
+            }
             for (int32_t j = 0; j < nq; j++) {
                 int64_t n_ctx = n_ctx0 + j; /* query j sees rows first[j] .. n_ctx - 1 */
                 if (n_ctx <= t0 || first[j] >= t0 + TILE) continue;
@@ -284,22 +359,9 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                     float *acc_h = out + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
                     if (direct) kern->scores_f16(score, qh, kh, stride, head_dim, nt);
                     else tile_scores(score, qh, kt + lo * head_dim, head_dim, nt);
-                    float tile_max = -INFINITY;
-                    for (int64_t i = 0; i < nt; i++) {
-                        score[i] *= scale;
-                        if (score[i] > tile_max) tile_max = score[i];
-                    }
-                    float new_max = tile_max > run_max[j][r] ? tile_max : run_max[j][r];
-                    float correction = expf(run_max[j][r] - new_max); /* 0 on the first tile */
-                    run_sum[j][r] *= correction;
-                    for (int32_t d = 0; d < head_dim; d++) acc_h[d] *= correction;
-                    for (int64_t i = 0; i < nt; i++) {
-                        score[i] = expf(score[i] - new_max); /* now the weights */
-                        run_sum[j][r] += score[i];
-                    }
+                    softmax_tile(score, nt, scale, &run_max[j][r], &run_sum[j][r], acc_h, head_dim);
                     if (direct) kern->values_f16(acc_h, score, vh, stride, nt, head_dim);
                     else tile_values(acc_h, score, vt + lo * head_dim, nt, head_dim);
-                    run_max[j][r] = new_max;
                 }
             }
         }
@@ -390,27 +452,6 @@ void attention_head_forward(float *out, float *lse, const float *q, const float 
     float inv = 1.0f / run_sum;
     for (int32_t d = 0; d < head_dim; d++) out[d] *= inv;
     *lse = run_max + logf(run_sum);
-}
-
-/* The online softmax of one query over a tile whose scaled scores are in
- * score[0 .. nt): attention_head_forward's steps between the scores and the
- * values, leaving the weights in score. */
-static void softmax_tile(float *score, int64_t nt, float scale, float *run_max, float *run_sum, float *out,
-                         int32_t head_dim) {
-    float tile_max = -INFINITY;
-    for (int64_t j = 0; j < nt; j++) {
-        score[j] *= scale;
-        if (score[j] > tile_max) tile_max = score[j];
-    }
-    float new_max = tile_max > *run_max ? tile_max : *run_max;
-    float correction = expf(*run_max - new_max);
-    *run_sum *= correction;
-    for (int32_t d = 0; d < head_dim; d++) out[d] *= correction;
-    for (int64_t j = 0; j < nt; j++) {
-        score[j] = expf(score[j] - new_max);
-        *run_sum += score[j];
-    }
-    *run_max = new_max;
 }
 
 void attention_heads_forward(float *const *out, float *const *lse, const float *const *q, int32_t nq,
