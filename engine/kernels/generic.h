@@ -708,30 +708,104 @@ static void gk_values_f16(float *acc, const float *p, const uint16_t *v, int64_t
     gk_values_kind(MM_W_F16, acc, p, (const uint8_t *)v, stride, nt, head_dim);
 }
 
-/* Several queries: each one the one-query kernel's arithmetic, in turn. */
+/* Several queries against the same rows, each score, output and row the
+ * one-query arithmetic: two queries by two keys share their loads (the
+ * chains and trees of gk_scores_kind), two queries' values share a row's
+ * loads, and outer_add keeps two rows' outputs in registers across the
+ * queries. A leftover query or key runs alone. */
+GK_INLINE void gk_scores_2x2(float *score, int64_t ld, const float *const *q, const float *k, int64_t stride,
+                             int32_t head_dim) {
+    vf acc[2][2][GK_NA];
+    for (int a = 0; a < 2; a++)
+        for (int i = 0; i < 2; i++)
+            for (int l = 0; l < GK_NA; l++) acc[a][i][l] = v_zero();
+    for (int32_t d = 0; d < head_dim; d += 16)
+#pragma GCC unroll 16
+        for (int l = 0; l < GK_NA; l++) {
+            const vf k0 = v_load(k + d + l * VW), k1 = v_load(k + stride + d + l * VW);
+            for (int a = 0; a < 2; a++) {
+                const vf qv = v_load(q[a] + d + l * VW);
+                acc[a][0][l] = v_fma(qv, k0, acc[a][0][l]);
+                acc[a][1][l] = v_fma(qv, k1, acc[a][1][l]);
+            }
+        }
+    for (int a = 0; a < 2; a++)
+        for (int i = 0; i < 2; i++) score[a * ld + i] = gk_tree_score(acc[a][i]);
+}
+
 static void gk_scores_mq(float *score, int64_t ld, const float *const *q, int32_t nq, const float *k,
                          int64_t stride, int32_t head_dim, int64_t nt) {
-    for (int32_t a = 0; a < nq; a++) gk_scores(score + a * ld, q[a], k, stride, head_dim, nt);
+    int32_t a = 0;
+    for (; a + 2 <= nq; a += 2) {
+        int64_t i = 0;
+        for (; i + 2 <= nt; i += 2) gk_scores_2x2(score + a * ld + i, ld, q + a, k + i * stride, stride, head_dim);
+        if (i < nt)
+            for (int32_t b = a; b < a + 2; b++) gk_scores(score + b * ld + i, q[b], k + i * stride, stride, head_dim, 1);
+    }
+    if (a < nq) gk_scores(score + a * ld, q[a], k, stride, head_dim, nt);
+}
+
+GK_INLINE void gk_values_2q(float *const *acc, int32_t d0, int32_t nvec, const float *p, int64_t ld, const float *v,
+                            int64_t stride, int64_t nt) {
+    vf a[2][32 / VW];
+    for (int b = 0; b < 2; b++)
+        for (int32_t j = 0; j < nvec; j++) a[b][j] = v_load(acc[b] + d0 + j * VW);
+    for (int64_t i = 0; i < nt; i++) {
+        const vf w0 = v_set1(p[i]), w1 = v_set1(p[ld + i]);
+        for (int32_t j = 0; j < nvec; j++) {
+            const vf x = v_load(v + i * stride + d0 + j * VW);
+            a[0][j] = v_fma(w0, x, a[0][j]);
+            a[1][j] = v_fma(w1, x, a[1][j]);
+        }
+    }
+    for (int b = 0; b < 2; b++)
+        for (int32_t j = 0; j < nvec; j++) v_store(acc[b] + d0 + j * VW, a[b][j]);
 }
 
 static void gk_values_mq(float *const *acc, const float *p, int64_t ld, int32_t nq, const float *v,
                          int64_t stride, int64_t nt, int32_t head_dim) {
-    for (int32_t a = 0; a < nq; a++) gk_values(acc[a], p + a * ld, v, stride, nt, head_dim);
+    int32_t a = 0;
+    for (; a + 2 <= nq; a += 2)
+        for (int32_t d0 = 0; d0 < head_dim; d0 += 32) {
+            const int32_t nd = head_dim - d0 < 32 ? head_dim - d0 : 32;
+            if (nd == 32) gk_values_2q(acc + a, d0, 32 / VW, p + a * ld, ld, v, stride, nt);
+            else gk_values_2q(acc + a, d0, nd / VW, p + a * ld, ld, v, stride, nt);
+        }
+    if (a < nq) gk_values(acc[a], p + a * ld, v, stride, nt, head_dim);
+}
+
+GK_INLINE void gk_outer_rows(float *dst, const float *coef, int64_t ld, const float *const *x, int32_t nq,
+                             int64_t j, int rows, int32_t d0, int32_t nvec, int32_t head_dim) {
+    vf acc[2][32 / VW];
+    for (int r = 0; r < rows; r++)
+        for (int32_t e = 0; e < nvec; e++) acc[r][e] = v_load(dst + (j + r) * head_dim + d0 + e * VW);
+    for (int32_t a = 0; a < nq; a++) {
+        const vf c0 = v_set1(coef[a * ld + j]), c1 = v_set1(rows > 1 ? coef[a * ld + j + 1] : 0.0f);
+        for (int32_t e = 0; e < nvec; e++) { /* the product rounded, then the sum */
+            const vf xv = v_load(x[a] + d0 + e * VW);
+            acc[0][e] = v_add(acc[0][e], v_mul(c0, xv));
+            if (rows > 1) acc[1][e] = v_add(acc[1][e], v_mul(c1, xv));
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int32_t e = 0; e < nvec; e++) v_store(dst + (j + r) * head_dim + d0 + e * VW, acc[r][e]);
+}
+
+static void gk_outer_one(float *dst, const float *coef, int64_t ld, const float *const *x, int32_t nq, int64_t skip,
+                         int64_t nt, int32_t head_dim) {
+    for (int32_t d0 = 0; d0 < head_dim; d0 += 32) {
+        const int32_t nvec = (head_dim - d0 < 32 ? head_dim - d0 : 32) / VW;
+        int64_t j = skip;
+        for (; j + 2 <= nt; j += 2) gk_outer_rows(dst, coef, ld, x, nq, j, 2, d0, nvec, head_dim);
+        if (j < nt) gk_outer_rows(dst, coef, ld, x, nq, j, 1, d0, nvec, head_dim);
+    }
 }
 
 static void gk_outer_add(float *dk, float *dv, const float *ds, const float *p, int64_t ld,
                          const float *const *q, const float *const *dout, int32_t nq, int64_t skip,
                          int64_t nt, int32_t head_dim) {
-    for (int64_t j = skip; j < nt; j++) {
-        float *dkj = dk + j * head_dim, *dvj = dv + j * head_dim;
-        for (int32_t a = 0; a < nq; a++) {
-            const float s = ds[a * ld + j], w = p[a * ld + j], *qa = q[a], *da = dout[a];
-            for (int32_t d = 0; d < head_dim; d++) { /* -ffp-contract=off: never fused */
-                dkj[d] += s * qa[d];
-                dvj[d] += w * da[d];
-            }
-        }
-    }
+    gk_outer_one(dk, ds, ld, q, nq, skip, nt, head_dim);
+    gk_outer_one(dv, p, ld, dout, nq, skip, nt, head_dim);
 }
 
 /* ---- the table ------------------------------------------------------------ */
