@@ -8,12 +8,18 @@
 --   cartridge run recipes/bench_selfstudy.lua --model models/default.gguf --ranks 2
 --
 -- Budgets default to the reference's demo: p 256, chunks 256-512, max-q 64,
--- max-a 160, accum 4, 8 steps. The floor: the FLOPs of a conversation (chunk
--- and prompt prefills, the training forward and backward) at this machine's
--- f32 GEMM peak, plus the bytes its lockstep decode steps read at its read
--- bandwidth. Both are measured here first (probe.h): the peak by a plain
--- 1536^3 GEMM (the faster of OpenBLAS and the engine's f32 kernel), not by the
--- engine's own prefill, and the bandwidth by integer sums over 512 MiB.
+-- max-a 160, accum 4, 8 steps. The floor is counted phase by phase from
+-- the work this run did: bot A's and bot B's prefills (every token they
+-- actually fed, and the cached rows each one attends to), each of their
+-- lockstep decode steps as it actually ran (its streams, the rows they
+-- read), the teacher pass when there is one, the training forward and
+-- backward of every student sequence through the cartridge, and Adam. A
+-- prefill or training term is its FLOPs at this machine's f32 GEMM peak; a
+-- decode step takes the longer of its FLOPs at the peak and its bytes (the
+-- weights once, every stream's cache rows) at the read bandwidth; Adam is
+-- bytes. Both rates are measured here first (probe.h): the peak by a plain
+-- 1536^3 GEMM (the faster of OpenBLAS and the engine's f32 kernel), not by
+-- the engine's own prefill, and the bandwidth by integer sums over 512 MiB.
 --
 -- --ranks N runs recipes/selfstudy.lua itself twice with these budgets and
 -- one thread per process: alone, then under `--mpirun` (default `mpirun
@@ -49,7 +55,7 @@ local opts = options.parse(arg, {
         { "chunk-max", type = "int", default = 512, help = "longest chunk" },
         { "max-q", type = "int", default = 64, help = "bot A budget" },
         { "max-a", type = "int", default = 160, help = "bot B budget" },
-        { "gen-batch", type = "int", default = 0, help = "conversations per lockstep generation group (a multiple of --accum; 0: --accum)" },
+        { "gen-batch", type = "int", default = 0, help = "conversations per lockstep generation group (a multiple of --accum; 0: as selfstudy.lua, the smallest multiple that is at least 16)" },
         { "spec-b", type = "boolean", help = "bot B decodes speculatively" },
         { "teacher-pass", type = "boolean", help = "run the separate teacher pass" },
         { "ranks", type = "int", default = 0, help = "measure self-study alone and with this many processes (one thread each)" },
@@ -225,17 +231,18 @@ local opt = cartridge.adam.new(c, { lr = 2e-3 })
 local synth = selfstudy.synthesizer(m, tok, corpus, {
     chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, max_q = opts.max_q, max_a = opts.max_a, top_k = 20,
     seed = 42, template = template, teacher_pass = opts.teacher_pass, trainer = tr, spec_b = opts.spec_b,
+    record_work = true,
 })
 local stepper = selfstudy.stepper(tr, c, opts.accum)
 
-local gen_batch = opts.gen_batch == 0 and opts.accum or opts.gen_batch
+local gen_batch = opts.gen_batch == 0 and opts.accum * math.ceil(16 / opts.accum) or opts.gen_batch
 if gen_batch < opts.accum or gen_batch % opts.accum ~= 0 then
     fail(("--gen-batch %d must be a multiple of --accum %d"):format(gen_batch, opts.accum))
 end
 local steps_per_group = math.floor(gen_batch / opts.accum)
 local pending = {}
 local train_s, tokens, convos = 0, 0, 0
-local prefill_tokens, student_tokens, head_rows, decode_steps_a, decode_steps_b = 0, 0, 0, 0, 0
+local student_tokens, student_pairs, head_rows, teacher_tokens, teacher_pairs = 0, 0, 0, 0, 0
 local started = now()
 for step = 1, opts.steps do
     if (step - 1) % steps_per_group == 0 then
@@ -251,17 +258,18 @@ for step = 1, opts.steps do
     stepper:step(group)
     opt:step()
     train_s = train_s + (now() - t)
-    local max_q_len, max_a_len = 0, 0
     for _, cv in ipairs(group) do
         convos = convos + 1
         tokens = tokens + cv.answer_len
-        prefill_tokens = prefill_tokens + #cv.sys_ids + #cv.prefix + 40 -- + bot A's instruction turn
-        student_tokens = student_tokens + #cv.student
+        local T = #cv.student
+        student_tokens = student_tokens + T
+        student_pairs = student_pairs + T * c.p + T * (T + 1) / 2 -- each token: the rows, then its own segment
         head_rows = head_rows + cv.answer_len
-        max_a_len = math.max(max_a_len, cv.answer_len)
+        if opts.teacher_pass then
+            local n = #cv.sys_ids + T
+            teacher_tokens, teacher_pairs = teacher_tokens + n, teacher_pairs + n * (n + 1) / 2
+        end
     end
-    decode_steps_a = decode_steps_a + opts.max_q -- lockstep: the group runs as long as its longest stream
-    decode_steps_b = decode_steps_b + max_a_len
     io.stderr:write(("\rstep %d/%d"):format(step, opts.steps))
 end
 io.stderr:write("\n")
@@ -272,18 +280,63 @@ print(("%d conversations, %d supervised answer tokens, %.1f s in all"):format(co
 print(("measured  %6.2f s/conversation: bot A %.2f, bot B %.2f, teacher %.2f, training step %.2f, other %.2f")
     :format(per(total), per(st.a), per(st.b), per(st.teacher), per(train_s),
         per(total - st.a - st.b - st.teacher - train_s)))
--- the floor
-local prefill_flops = 2 * layer_params * prefill_tokens
-local train_flops = 4 * layer_params * student_tokens + 4 * head_params * head_rows
-local decode_bytes = (decode_steps_a + decode_steps_b) * m.weight_bytes
-local floor = (prefill_flops + train_flops) / gemm_rate + decode_bytes / bandwidth
-print(("floor     %6.2f s/conversation: %.0f GFLOP at the %.0f GFLOP/s GEMM peak (%.2f s) + %.1f GB of decode reads at %.1f GB/s (%.2f s)")
-    :format(per(floor), per(prefill_flops + train_flops) / 1e9, gemm_rate / 1e9,
-        per(prefill_flops + train_flops) / gemm_rate, per(decode_bytes) / 1e9, bandwidth / 1e9,
-        per(decode_bytes) / bandwidth))
-print(("measured / floor: %.2fx"):format(total / floor))
+
+-- the floor, phase by phase
+local pair_flops = 4 * mc.n_layer * mc.n_head * mc.head_dim -- a query against a row: scores and values
+local kv_row_bytes = mc.n_layer * 2 * mc.n_head_kv * mc.head_dim * 2 -- f16 caches
+local token_flops = 2 * layer_params
+local function prefill_flops(w, streams)
+    return token_flops * w.prefill + pair_flops * w.prefill_rows + 2 * head_params * streams
+end
+local function decode_floor(w)
+    local s, flops, bytes, stream_steps = 0, 0, 0, 0
+    for _, step in ipairs(w.steps) do
+        local f = step[1] * (token_flops + 2 * head_params) + step[2] * pair_flops
+        local b = m.weight_bytes + step[2] * kv_row_bytes
+        s = s + math.max(f / gemm_rate, b / bandwidth)
+        flops, bytes, stream_steps = flops + f, bytes + b, stream_steps + step[1]
+    end
+    return s, flops, bytes, #w.steps, stream_steps
+end
+local wa, wb = synth.stats.work.a, synth.stats.work.b
+local a_pre = prefill_flops(wa, convos)
+local a_dec, a_dflops, a_dbytes, a_steps, a_ss = decode_floor(wa)
+local b_pre = prefill_flops(wb, convos)
+local b_dec, b_dflops, b_dbytes, b_steps, b_ss = decode_floor(wb)
+local teacher = opts.teacher_pass and token_flops * teacher_tokens + pair_flops * teacher_pairs
+    + 2 * head_params * head_rows or 0
+-- training: the forward, then the backward through the frozen weights (the
+-- input gradients only: as many FLOPs again) and attention's backward
+-- (five products of the forward's two: 2.5 times its FLOPs)
+local train_flops = 2 * (token_flops * student_tokens + 2 * head_params * head_rows) + 3.5 * pair_flops * student_pairs
+local adam_bytes = opts.steps * 7 * 4 * c:trainable_count() -- rows, gradient, two moments: read and written
+local terms = {
+    { "bot A prefill", a_pre / gemm_rate, ("%d tokens, %.0f GFLOP"):format(wa.prefill, a_pre / 1e9) },
+    { "bot A decode", a_dec, ("%d lockstep steps, %d stream-steps: %.0f GFLOP, %.1f GB"):format(a_steps, a_ss,
+        a_dflops / 1e9, a_dbytes / 1e9) },
+    { "bot B prefill", b_pre / gemm_rate, ("%d tokens, %.0f GFLOP"):format(wb.prefill, b_pre / 1e9) },
+    { "bot B decode", b_dec, ("%d lockstep steps, %d stream-steps: %.0f GFLOP, %.1f GB"):format(b_steps, b_ss,
+        b_dflops / 1e9, b_dbytes / 1e9) },
+    { "teacher pass", teacher / gemm_rate, opts.teacher_pass and ("%d tokens"):format(teacher_tokens)
+        or "none: bot B's logits are the targets" },
+    { "training", train_flops / gemm_rate, ("%d student tokens, %d supervised: %.0f GFLOP"):format(student_tokens,
+        head_rows, train_flops / 1e9) },
+    { "Adam", adam_bytes / bandwidth, ("%.2f GB"):format(adam_bytes / 1e9) },
+}
+local floor = 0
+for _, t in ipairs(terms) do floor = floor + t[2] end
+print(("floor     %6.2f s/conversation at the %.0f GFLOP/s GEMM peak and %.1f GB/s (a decode step: the longer of "
+    .. "its FLOPs and its bytes):"):format(per(floor), gemm_rate / 1e9, bandwidth / 1e9))
+for _, t in ipairs(terms) do print(("  %-14s %6.2f s/conversation  %s"):format(t[1], per(t[2]), t[3])) end
+print(("measured / floor: %.2fx (bots %.2fx, training step %.2fx)"):format(total / floor,
+    per(st.a + st.b) / per(terms[1][2] + terms[2][2] + terms[3][2] + terms[4][2]),
+    per(train_s) / per(terms[6][2] + terms[7][2])))
 -- OpenBLAS runs at the CPU's best level even when CART_ISA forces a lower one;
 -- the floor at the engine's own f32 GEMM rate is the level's own
-local level_floor = (prefill_flops + train_flops) / engine_gemm + decode_bytes / bandwidth
-print(("at this level's own f32 GEMM rate (%.0f GFLOP/s, %s): floor %.2f s/conversation, measured / floor %.2fx")
-    :format(engine_gemm / 1e9, cartridge.isa(), per(level_floor), total / level_floor))
+if engine_gemm < gemm_rate then
+    local flop_s = (a_pre + b_pre + teacher + train_flops) / gemm_rate
+    local level_floor = floor + flop_s * (gemm_rate / engine_gemm - 1)
+    print(("at this level's own f32 GEMM rate (%.0f GFLOP/s, %s; prefill and training terms only): floor %.2f "
+        .. "s/conversation, measured / floor %.2fx"):format(engine_gemm / 1e9, cartridge.isa(), per(level_floor),
+        total / level_floor))
+end

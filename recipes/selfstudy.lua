@@ -47,7 +47,7 @@ local opts = options.parse(arg, {
         { "resume", help = "start from a saved cartridge's rows (Adam restarts)" },
         { "init", choices = { "opening", "spread" }, default = "opening", help = "the rows' start: the model's K/V of the corpus opening (p tokens), or of p tokens spread evenly over the whole corpus, prefilled once (it must fit the model's context)" },
         { "draft-ref", type = "boolean", help = "embed the corpus token ids (for corpus-drafted serving)" },
-        { "gen-batch", type = "int", default = 0, help = "conversations generated per lockstep group (a multiple of --accum; 0: --accum)" },
+        { "gen-batch", type = "int", default = 0, help = "conversations generated per lockstep group (a multiple of --accum; 0: the smallest multiple that is at least 16); the same bits" },
         { "qa", help = "a JSONL file of {\"question\", \"answer\"} lines: exact-match accuracy of the cartridge as it trains" },
         { "qa-every", type = "int", default = 0, help = "with --qa: score every N steps (0: at the end only), with bare and ICL at the start" },
         { "threads", type = "int", default = 0, help = "threads (0: every core this process may use; under mpirun, the rank's)" },
@@ -76,7 +76,11 @@ if opts.load and dist.size > 1 then
 end
 if opts.steps < 1 then fail("--steps must be at least 1") end
 selfstudy.check_flags(opts, fail)
-local gen_batch = opts.gen_batch == 0 and opts.accum or opts.gen_batch
+-- A group of 16 streams reads each weight once per decode step for all 16
+-- (in groups of 4, a conversation's share of those reads is four times as
+-- large): the bots of the next steps' conversations, which do not depend on
+-- the training, decode together, the same bits in any group
+local gen_batch = opts.gen_batch == 0 and opts.accum * math.ceil(16 / opts.accum) or opts.gen_batch
 if gen_batch % opts.accum ~= 0 then
     fail(("--gen-batch %d must be a multiple of --accum %d"):format(gen_batch, opts.accum))
 end
@@ -349,8 +353,13 @@ for step = 1, opts.steps do
     answer_tokens = answer_tokens + tokens
     local dt = C.cart_now_seconds() - t0
     clear()
-    print(("step %3d/%d: distill loss %.4f (%d answer tokens so far, %.1f s)"):format(step, opts.steps, loss,
-        answer_tokens, dt))
+    -- the rate so far (generation groups make single steps uneven) and the
+    -- clock time the last step should end at
+    local so_far = C.cart_now_seconds() - train_started
+    local left = so_far / step * (opts.steps - step)
+    print(("step %3d/%d: distill loss %.4f (%d answer tokens so far, %.1f s); %.1f conversations/min, done at %s")
+        :format(step, opts.steps, loss, answer_tokens, dt, step * opts.accum / so_far * 60,
+            os.date("%H:%M:%S", os.time() + math.floor(left + 0.5))))
     io.stdout:flush()
     local rec = { step = step, steps = opts.steps, loss = loss, answer_tokens = answer_tokens, seconds = dt,
         lr = opts.lr, conversations = step * opts.accum }

@@ -261,6 +261,12 @@ local function concat(a, b)
     return ids_mod.from(a):extend(b)
 end
 
+-- The work of a phase's generation, for a floor of its cost: tokens
+-- prefilled and the rows they attend to, and per lockstep decode step the
+-- streams in it and the rows they read from their caches (a list of {
+-- streams, rows }).
+local function new_work() return { prefill = 0, prefill_rows = 0, steps = {} } end
+
 -- The synthesizer: holds the model, tokenizer, corpus and settings.
 local Synth = {}
 Synth.__index = Synth
@@ -269,13 +275,15 @@ Synth.__index = Synth
 -- conversation's draws come from (seed, step, index) alone: see
 -- Synth:group), teacher_pass (bool), trainer (for teacher_pass), template
 -- (chat template), spec_b (bool), seeds (a --seeds list; nil: the seven),
--- turns (exchanges per conversation, default 1).
+-- turns (exchanges per conversation, default 1), record_work (bool: keep
+-- each bot's generation work in stats.work.a and .b, new_work's fields).
 function selfstudy.synthesizer(m, tok, corpus, opts)
     local self = setmetatable({ m = m, tok = tok, corpus = corpus, o = opts }, Synth)
     self.template = opts.template or chat.for_model(m)
     self.stop_id = self.template.stop and tok:find(self.template.stop) or nil
     self.stats = { empty_questions = 0, stopped = 0, conversations = 0,
         time = { a = 0, b = 0, teacher = 0 } }
+    if opts.record_work then self.stats.work = { a = new_work(), b = new_work() } end
     self.kinds = selfstudy.seed_kinds(opts.seeds)
     self.turns = opts.turns or 1
     for _, k in ipairs(self.kinds) do self.focus = self.focus or k.focus end
@@ -365,16 +373,23 @@ local function decode(tok, ids)
     return tok:decode(ids, { special = true })
 end
 
+
 -- Runs lockstep generation over streams. Each stream: { kv, ids (prompt
 -- continuation to prefill), sampler or nil (greedy), max, on_row(stream,
 -- logits) optional }. Fills stream.out (a cartridge.ids sequence of the
--- generated ids, stop token excluded) and stream.stopped.
-function Synth:generate(streams)
+-- generated ids, stop token excluded) and stream.stopped. work (optional):
+-- what the generation computed is added to it (new_work).
+function Synth:generate(streams, work)
     local m, tok = self.m, self.tok
     local kvs, ids = {}, {}
     for i, s in ipairs(streams) do
         kvs[i], ids[i] = s.kv, s.ids
         s.out, s.stopped = ids_mod.new(s.max), false
+        if work then
+            local n, before = #s.ids, s.kv:len()
+            work.prefill = work.prefill + n
+            work.prefill_rows = work.prefill_rows + n * before + n * (n + 1) / 2
+        end
     end
     local logits = m:forward_batch(kvs, ids, "last")
     local active = {}
@@ -401,6 +416,11 @@ function Synth:generate(streams)
         end
         active = still
         if #active == 0 then break end
+        if work then
+            local rows = 0
+            for _, kv in ipairs(next_kvs) do rows = rows + kv:len() + 1 end
+            work.steps[#work.steps + 1] = { #next_kvs, rows }
+        end
         logits = m:forward_batch(next_kvs, next_ids, "last", counts)
     end
 end
@@ -481,7 +501,7 @@ function Synth:group(keys)
     end
     -- bot A: the questions
     local t0 = now()
-    self:generate(streams_a)
+    self:generate(streams_a, self.stats.work and self.stats.work.a)
     for _, st in ipairs(streams_a) do
         local tt = st.turn
         tt.question = selfstudy.clean(decode(tok, st.out))
@@ -553,7 +573,7 @@ function Synth:group(keys)
                 st.drafter:free()
             end
         else
-            self:generate(streams_b)
+            self:generate(streams_b, self.stats.work and self.stats.work.b)
         end
         for i, c in ipairs(convos) do
             local s, tt = streams_b[i], c.turns[t]

@@ -96,6 +96,45 @@ describe("selfstudy.lua", function()
         assert.truthy(out:find("%[ICL, %d+ KV rows — %d+%.%dx the cartridge"), out)
     end)
 
+    it("trains the same rows as before the conversation pipeline changed, at every level and thread count", function()
+        -- the sha256 of the rows (the tensor data, not the header: its metadata names paths and the
+        -- generation group) of this run, made by the build before the multi-query attention kernels and
+        -- the generation group's new default (--gen-batch was --accum, is now 16); the kernels give the
+        -- same bits on every level, so the pin holds on any CPU with this libm
+        local PIN = "cc1ecafda70e9eeb4edbda0891904009c907006a6b482f469e1b0d16e983e722"
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local function rows_sha(path)
+            local f = assert(io.open(path, "rb"))
+            local bytes = f:read("*a")
+            f:close()
+            local n = 0
+            for i = 8, 1, -1 do n = n * 256 + bytes:byte(i) end
+            local data = tmp .. "/rows.bin"
+            helper.write_file(data, bytes:sub(9 + n))
+            local p = io.popen("sha256sum " .. helper.q(data))
+            local h = p:read("*l"):match("^(%x+)")
+            p:close()
+            return h
+        end
+        local runs = { { "", "1" }, { "CART_ISA=scalar ", "2" }, { "CART_ISA=avx2 ", "2" }, { "", "2", "--gen-batch", "2" } }
+        for i, r in ipairs(runs) do
+            local isa = r[1]:match("CART_ISA=(%w+)")
+            local level = cartridge.ffi.new("int32_t[1]")
+            if not isa or (cartridge.C.cart_isa_parse(level, isa) == 0 and cartridge.C.cart_isa_supported(level[0]) ~= 0) then
+                local save = ("%s/pin%d.safetensors"):format(tmp, i)
+                local cmd = { helper.q(helper.bin), "run", "recipes/selfstudy.lua", "--model",
+                    helper.q(helper.root .. "/models/default.gguf"), "--steps", "3", "--threads", r[2], "--save", helper.q(save) }
+                for _, a in ipairs(TINY) do cmd[#cmd + 1] = helper.q(a) end
+                for j = 3, #r do cmd[#cmd + 1] = r[j] end
+                local rc, _, err = helper.run(r[1] .. table.concat(cmd, " ") .. " </dev/null")
+                assert.are.equal(0, rc, err)
+                local h = rows_sha(save)
+                print(("  %s%d threads%s: rows sha256 %s (pinned %s)"):format(r[1], r[2], r[3] and " --gen-batch 2" or "", h, PIN))
+                assert.are.equal(PIN, h)
+            end
+        end
+    end)
+
     it("trains the embedded demo model through its ChatML template", function()
         local rc, out, err = selfstudy(args({ "--steps", "2", "--save", tmp .. "/d.safetensors" }))
         if not rc then return pending("build/cartridge not built") end
