@@ -331,6 +331,12 @@ for _, t in ipairs(terms) do print(("  %-14s %6.2f s/conversation  %s"):format(t
 print(("measured / floor: %.2fx (bots %.2fx, training step %.2fx)"):format(total / floor,
     per(st.a + st.b) / per(terms[1][2] + terms[2][2] + terms[3][2] + terms[4][2]),
     per(train_s) / per(terms[6][2] + terms[7][2])))
+if m.weight_bytes < 1.9 * (layer_params + head_params) then
+    print(("note: %.2f bytes a weight: block-type weights, whose inference products (the bots) are integer dot "
+        .. "products on quantized activations, faster than the f32 peak (tests/c/bench_matmul); the bots' FLOP terms "
+        .. "above are then more than their floor, the training's (exact f32 products) are not")
+        :format(m.weight_bytes / (layer_params + head_params)))
+end
 -- OpenBLAS runs at the CPU's best level even when CART_ISA forces a lower one;
 -- the floor at the engine's own f32 GEMM rate is the level's own
 if engine_gemm < gemm_rate then

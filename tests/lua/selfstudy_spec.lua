@@ -101,7 +101,8 @@ describe("selfstudy.lua", function()
         -- generation group) of this run, made by the build before the multi-query attention kernels and
         -- the generation group's new default (--gen-batch was --accum, is now 16); the kernels give the
         -- same bits on every level, so the pin holds on any CPU with this libm
-        local PIN = "cc1ecafda70e9eeb4edbda0891904009c907006a6b482f469e1b0d16e983e722"
+        -- (the corpus is a frozen fixture, never the live README, so that editing the README moves nothing)
+        local PIN = "0b1803e5b04b0c2405dffa5165e17452a48d10e610d1d1c896b311559dc41092"
         if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
         local function rows_sha(path)
             local f = assert(io.open(path, "rb"))
@@ -124,7 +125,9 @@ describe("selfstudy.lua", function()
                 local save = ("%s/pin%d.safetensors"):format(tmp, i)
                 local cmd = { helper.q(helper.bin), "run", "recipes/selfstudy.lua", "--model",
                     helper.q(helper.root .. "/models/default.gguf"), "--steps", "3", "--threads", r[2], "--save", helper.q(save) }
-                for _, a in ipairs(TINY) do cmd[#cmd + 1] = helper.q(a) end
+                for _, a in ipairs(TINY) do
+                    cmd[#cmd + 1] = helper.q(a == "README.md" and "tests/fixtures/fleet/readme-1609e47.md" or a)
+                end
                 for j = 3, #r do cmd[#cmd + 1] = r[j] end
                 local rc, _, err = helper.run(r[1] .. table.concat(cmd, " ") .. " </dev/null")
                 assert.are.equal(0, rc, err)
