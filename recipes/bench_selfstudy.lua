@@ -21,10 +21,11 @@
 -- 1536^3 GEMM (the faster of OpenBLAS and the engine's f32 kernel), not by
 -- the engine's own prefill, and the bandwidth by integer sums over 512 MiB.
 --
--- --ranks N runs recipes/selfstudy.lua itself twice with these budgets and
--- one thread per process: alone, then under `--mpirun` (default `mpirun
--- --oversubscribe`) with N ranks. It prints the conversations per second of
--- each (from the per-step seconds of their metrics), the speed-up and the
+-- --ranks N runs recipes/selfstudy.lua itself three times with these
+-- budgets: one process of one thread, N ranks of one thread under
+-- `--mpirun` (default `mpirun --oversubscribe`), and one process of N
+-- threads (the same cores as threads). It prints the conversations per
+-- second of each (from the per-step seconds of their metrics), the speed-up and the
 -- efficiency (goal: at least 0.9 N), whether the two artifacts are the same
 -- bits, the bytes each step's gradient sum sends, and a projected speed-up
 -- for 8, 64 and 512 hosts from the measured compute per conversation and a
@@ -118,8 +119,7 @@ local function ranks_mode()
     local exe = host and host.executable or (cartridge.root .. "/build/cartridge")
     local function q(x) return "'" .. tostring(x):gsub("'", "'\\''") .. "'" end
     local args = { "--model", path, "--p", opts.p, "--steps", opts.steps, "--accum", opts.accum,
-        "--chunk-min", opts.chunk_min, "--chunk-max", opts.chunk_max, "--max-q", opts.max_q, "--max-a", opts.max_a,
-        "--threads", 1 }
+        "--chunk-min", opts.chunk_min, "--chunk-max", opts.chunk_max, "--max-q", opts.max_q, "--max-a", opts.max_a }
     for _, c in ipairs(opts.corpus) do args[#args + 1], args[#args + 2] = "--corpus", c end
     if opts.spec_b then args[#args + 1] = "--spec-b" end
     if opts.teacher_pass then args[#args + 1] = "--teacher-pass" end
@@ -129,12 +129,16 @@ local function ranks_mode()
     -- as root, Open MPI's mpirun wants its two confirmation variables
     pcall(cartridge.ffi.cdef, "unsigned int getuid(void);")
     local root_env = C.getuid() == 0 and "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " or ""
-    local runs = {}
-    for _, n in ipairs({ 1, N }) do
-        local save = ("%s/n%d.safetensors"):format(dir, n)
-        local cmd = recipe .. " --save " .. q(save)
+    -- one process with one thread, N ranks of one thread each, and one
+    -- process with N threads (the same cores shared the other way)
+    local runs, threaded = {}, nil
+    for _, run in ipairs({ { 1, 1 }, { N, 1 }, { 1, N } }) do
+        local n, threads = run[1], run[2]
+        local save = ("%s/n%d-t%d.safetensors"):format(dir, n, threads)
+        local cmd = recipe .. " --threads " .. threads .. " --save " .. q(save)
         if n > 1 then cmd = ("%s%s -np %d %s"):format(root_env, opts.mpirun, n, cmd) end
-        io.stderr:write(("bench_selfstudy: self-study with %d process%s ...\n"):format(n, n == 1 and "" or "es"))
+        io.stderr:write(("bench_selfstudy: self-study with %d process%s of %d thread%s ...\n"):format(n,
+            n == 1 and "" or "es", threads, threads == 1 and "" or "s"))
         local ok = os.execute(cmd .. " >" .. q(dir .. "/out") .. " 2>" .. q(dir .. "/err") .. " </dev/null")
         if ok ~= 0 and ok ~= true then
             for _, name in ipairs({ "/out", "/err" }) do
@@ -148,8 +152,9 @@ local function ranks_mode()
         end
         local total, collectives, steps = run_seconds(save:gsub("%.safetensors$", "") .. ".metrics.jsonl")
         local f = assert(io.open(save, "rb"))
-        runs[n] = { seconds = total, collectives = collectives, steps = steps, bytes = f:read("*a") }
+        local r = { seconds = total, collectives = collectives, steps = steps, bytes = f:read("*a") }
         f:close()
+        if threads > 1 then threaded = r else runs[n] = r end
     end
     local one, many = runs[1], runs[N]
     local conversations = opts.steps * opts.accum
@@ -160,10 +165,15 @@ local function ranks_mode()
         cartridge.ffi.string(C.cart_cpu_features()), C.cart_cpu_count()))
     print(("  N = 1: %6.1f s of steps, %.3f conversations/s"):format(one.seconds, rate1))
     print(("  N = %d: %6.1f s of steps, %.3f conversations/s (%s)"):format(N, many.seconds, rateN, opts.mpirun))
-    print(("  speed-up %.2fx, efficiency %.2f (goal 0.90)"):format(rateN / rate1, rateN / rate1 / N))
-    print(("  artifacts: %s"):format(one.bytes == many.bytes and "the same bits" or "DIFFERENT"))
+    print(("  speed-up %.2fx, efficiency %.2f (goal 0.90), against one process of one thread"):format(rateN / rate1,
+        rateN / rate1 / N))
+    local rateT = conversations / threaded.seconds
+    print(("  one process of %d threads: %6.1f s of steps, %.3f conversations/s; %d ranks of one thread are %.2fx it")
+        :format(N, threaded.seconds, rateT, N, rateN / rateT))
+    print(("  artifacts: %s"):format((one.bytes == many.bytes and one.bytes == threaded.bytes) and "the same bits, all three"
+        or "DIFFERENT"))
     -- the reduction each step: the trainable rows' gradient, summed reproducibly
-    local meta = require("cartridge.safetensors").open(dir .. "/n1.safetensors").metadata
+    local meta = require("cartridge.safetensors").open(dir .. "/n1-t1.safetensors").metadata
     local layers, kv_heads, head_dim = tonumber(meta["cartridge.n_layer"]), tonumber(meta["cartridge.kv_heads"]),
         tonumber(meta["cartridge.head_dim"])
     local p, frozen = tonumber(meta["cartridge.p"]), tonumber(meta["cartridge.frozen"])

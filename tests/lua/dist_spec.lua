@@ -153,7 +153,9 @@ describe("selfstudy.lua under mpirun", function()
         assert.are.equal(0, rc, out .. err)
         assert.truthy(out:find("N = 2: +%d+%.%d s of steps, %d+%.%d+ conversations/s"), out)
         assert.truthy(out:find("speed%-up %d+%.%d+x, efficiency %d+%.%d+ %(goal 0.90%)"), out)
-        assert.truthy(out:find("artifacts: the same bits", 1, true), out)
+        assert.truthy(out:find("one process of 2 threads: +%d+%.%d s of steps, %d+%.%d+ conversations/s; 2 ranks of "
+            .. "one thread are %d+%.%d+x it"), out)
+        assert.truthy(out:find("artifacts: the same bits, all three", 1, true), out)
         assert.truthy(out:find("= 78.75 KiB; the reproducible sum sends 196.88 KiB", 1, true), out)
         for _, hosts in ipairs({ 8, 64, 512 }) do
             assert.truthy(out:find(("\n +%d +%d +%%d+%%.%%d+ s +%%d+%%.%%d+ s +%%d+%%.%%dx +%%d%%.%%d+"):format(hosts,
