@@ -258,9 +258,9 @@ static void softmax_tile(float *score, int64_t nt, float scale, float *run_max, 
     *run_max = new_max;
 }
 
-/* A run of query heads over the same rows [lo, lo + nt) of a converted tile
- * (kt, vt: f32 rows head_dim apart): scores, online softmax, values, each
- * head the arithmetic of its own pass. slot[i] indexes run_max and run_sum. */
+/* A run of query heads over the same rows [lo, lo + nt) of a tile: scores,
+ * online softmax, values, each head the arithmetic of its own pass.
+ * slot[i] indexes run_max and run_sum. */
 typedef struct head_run {
     int32_t m;
     int64_t lo, nt;
@@ -269,22 +269,35 @@ typedef struct head_run {
     int32_t slot[MAX_MQ];
 } head_run;
 
-static void head_run_flush(head_run *hr, const float *kt, const float *vt, int32_t head_dim, float scale,
-                           float *run_max, float *run_sum) {
+/* The run over the tile whose rows are k and v, `stride` floats apart. */
+static void head_run_flush(head_run *hr, const float *k, const float *v, int64_t stride, int32_t head_dim,
+                           float scale, float *run_max, float *run_sum) {
     if (!hr->m) return;
     const cart_kernels *kern = cart_kern();
     float score[MAX_MQ * TILE];
-    const float *k = kt + hr->lo * head_dim, *v = vt + hr->lo * head_dim;
-    kern->scores_mq(score, TILE, hr->q, hr->m, k, head_dim, head_dim, hr->nt);
+    k += hr->lo * stride, v += hr->lo * stride;
+    kern->scores_mq(score, TILE, hr->q, hr->m, k, stride, head_dim, hr->nt);
     for (int32_t i = 0; i < hr->m; i++)
         softmax_tile(score + i * TILE, hr->nt, scale, run_max + hr->slot[i], run_sum + hr->slot[i], hr->acc[i],
                      head_dim);
-    kern->values_mq(hr->acc, score, TILE, hr->m, v, head_dim, hr->nt, head_dim);
+    kern->values_mq(hr->acc, score, TILE, hr->m, v, stride, hr->nt, head_dim);
     hr->m = 0;
 }
 
-/* The query heads of a block that see the converted tile at t0, in runs of
- * heads over the same rows. run_max and run_sum are [MAX_QUERIES][MAX_REP]. */
+/* Adds a head over rows [lo, lo + nt) to the run, first running the run
+ * when it covers other rows or is full. */
+static void head_run_add(head_run *hr, const float *q, float *acc, int32_t slot, int64_t lo, int64_t nt,
+                         const float *k, const float *v, int64_t stride, int32_t head_dim, float scale,
+                         float *run_max, float *run_sum) {
+    if (hr->m && (hr->m == MAX_MQ || lo != hr->lo || nt != hr->nt))
+        head_run_flush(hr, k, v, stride, head_dim, scale, run_max, run_sum);
+    hr->lo = lo, hr->nt = nt;
+    hr->q[hr->m] = q, hr->acc[hr->m] = acc, hr->slot[hr->m++] = slot;
+}
+
+/* The query heads of a block that see the converted tile at t0 (kt, vt: f32
+ * rows head_dim apart), in runs of heads over the same rows. run_max and
+ * run_sum are [MAX_QUERIES][MAX_REP]. */
 static void tile_forward_mq(float *out, const float *q, int64_t q_stride, int32_t nq, int32_t g,
                             int32_t n_rep, const int64_t *first, int64_t n_ctx0, int64_t t0, const float *kt,
                             const float *vt, int32_t head_dim, float scale, float *run_max, float *run_sum) {
@@ -295,16 +308,13 @@ static void tile_forward_mq(float *out, const float *q, int64_t q_stride, int32_
         if (n_ctx <= t0 || first[j] >= t0 + TILE) continue;
         int64_t lo = first[j] > t0 ? first[j] - t0 : 0;
         int64_t nt = (n_ctx - t0 < TILE ? n_ctx - t0 : TILE) - lo;
-        if (hr.m && (lo != hr.lo || nt != hr.nt)) head_run_flush(&hr, kt, vt, head_dim, scale, run_max, run_sum);
-        hr.lo = lo, hr.nt = nt;
         for (int32_t r = 0; r < n_rep; r++) {
-            if (hr.m == MAX_MQ) head_run_flush(&hr, kt, vt, head_dim, scale, run_max, run_sum);
-            hr.q[hr.m] = q + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
-            hr.acc[hr.m] = out + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
-            hr.slot[hr.m++] = j * MAX_REP + r;
+            int64_t at = j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
+            head_run_add(&hr, q + at, out + at, j * MAX_REP + r, lo, nt, kt, vt, head_dim, head_dim, scale, run_max,
+                         run_sum);
         }
     }
-    head_run_flush(&hr, kt, vt, head_dim, scale, run_max, run_sum);
+    head_run_flush(&hr, kt, vt, head_dim, head_dim, scale, run_max, run_sum);
 }
 
 void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq, const void *k,
@@ -458,44 +468,37 @@ void attention_heads_forward(float *const *out, float *const *lse, const float *
                              const float *ka, const float *va, int64_t na, int64_t stride_a,
                              const float *kb, const float *vb, const int64_t *nb, int64_t stride_b,
                              int32_t head_dim, float scale) {
-    if (head_dim % 16 != 0 || nq > MAX_MQ) {
+    if (head_dim % 16 != 0) {
         for (int32_t a = 0; a < nq; a++)
             attention_head_forward(out[a], lse[a], q[a], ka, va, na, stride_a, kb, vb, nb[a], stride_b,
                                    head_dim, scale);
         return;
     }
-    const cart_kernels *kern = cart_kern();
-    float score[MAX_MQ * TILE], run_max[MAX_MQ], run_sum[MAX_MQ];
-    const float *qs[MAX_MQ];
-    float *outs[MAX_MQ];
-    int64_t nts[MAX_MQ], n_max = 0;
+    if (nq > MAX_MQ) { /* in groups: each head is its own arithmetic anyway */
+        for (int32_t a = 0; a < nq; a += MAX_MQ)
+            attention_heads_forward(out + a, lse + a, q + a, nq - a < MAX_MQ ? nq - a : MAX_MQ, ka, va, na, stride_a,
+                                    kb, vb, nb + a, stride_b, head_dim, scale);
+        return;
+    }
+    float run_max[MAX_MQ], run_sum[MAX_MQ];
+    int64_t n_max = 0;
     for (int32_t a = 0; a < nq; a++) {
         memset(out[a], 0, sizeof(float) * (size_t)head_dim);
         run_max[a] = -INFINITY, run_sum[a] = 0.0f;
         if (nb[a] > n_max) n_max = nb[a];
     }
+    head_run hr;
+    hr.m = 0;
     for (int32_t block = 0; block < 2; block++) {
         const float *k = block ? kb : ka, *v = block ? vb : va;
         int64_t n = block ? n_max : na, stride = block ? stride_b : stride_a;
-        for (int64_t t0 = 0; t0 < n; t0 += TILE) {
-            /* the queries that see this tile, each over its own rows of it */
-            int32_t m = 0, idx[MAX_MQ];
-            int64_t nt_max = 0;
+        for (int64_t t0 = 0; t0 < n; t0 += TILE) { /* each query over its own rows of the tile */
+            const float *kt = k + t0 * stride, *vt = v + t0 * stride;
             for (int32_t a = 0; a < nq; a++) {
-                int64_t na_ = block ? nb[a] : na, nt = na_ - t0 < TILE ? na_ - t0 : TILE;
-                if (nt <= 0) continue;
-                idx[m] = a, qs[m] = q[a], outs[m] = out[a], nts[m] = nt, m++;
-                if (nt > nt_max) nt_max = nt;
+                int64_t rows = block ? nb[a] : na, nt = rows - t0 < TILE ? rows - t0 : TILE;
+                if (nt > 0) head_run_add(&hr, q[a], out[a], a, 0, nt, kt, vt, stride, head_dim, scale, run_max, run_sum);
             }
-            kern->scores_mq(score, TILE, qs, m, k + t0 * stride, stride, head_dim, nt_max);
-            for (int32_t i = 0; i < m; i++)
-                softmax_tile(score + i * TILE, nts[i], scale, &run_max[idx[i]], &run_sum[idx[i]], outs[i], head_dim);
-            for (int32_t i = 0; i < m;) { /* runs of queries over as many rows */
-                int32_t e = i + 1;
-                while (e < m && nts[e] == nts[i]) e++;
-                kern->values_mq(outs + i, score + i * TILE, TILE, e - i, v + t0 * stride, stride, nts[i], head_dim);
-                i = e;
-            }
+            head_run_flush(&hr, kt, vt, stride, head_dim, scale, run_max, run_sum);
         }
     }
     for (int32_t a = 0; a < nq; a++) {

@@ -762,7 +762,9 @@ static int64_t first_segment_row(const att_geom *ag, int64_t t, int64_t s0) {
  * head, a block being FWD_TOKENS consecutive tokens. Tokens of a block that
  * see the same prefix rows and the same first segment row run together
  * (attention_heads_forward: each head the bits of its own pass). */
-enum { FWD_TOKENS = 4 };
+/* FWD_HEADS: room for one token's heads of a KV head (at most 16, which
+ * the model loader enforces) or a full multi-query call */
+enum { FWD_TOKENS = 4, FWD_HEADS = CART_ATTN_MAX_MQ > 16 ? CART_ATTN_MAX_MQ : 16 };
 
 static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
@@ -776,32 +778,19 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t threa
         for (int64_t t = tb; t < te;) {
             int64_t s0 = s->seg_start[t];
             int64_t j0 = first_prefix_row(s, &ag, t, s0), u0 = first_segment_row(&ag, t, s0);
-            float *out[CART_ATTN_MAX_MQ], *lse[CART_ATTN_MAX_MQ];
-            const float *q[CART_ATTN_MAX_MQ];
-            int64_t nb[CART_ATTN_MAX_MQ];
+            float *out[FWD_HEADS], *lse[FWD_HEADS];
+            const float *q[FWD_HEADS];
+            int64_t nb[FWD_HEADS];
             int32_t n = 0;
-            for (; t < te; t++) { /* the run of tokens with these rows, rep heads each */
-                if (s->seg_start[t] != s0 || first_prefix_row(s, &ag, t, s0) != j0 ||
-                    first_segment_row(&ag, t, s0) != u0 || n + rep > CART_ATTN_MAX_MQ)
+            for (; t < te; t++) { /* the run of tokens with these rows, rep heads each (a token at least) */
+                if (n && (s->seg_start[t] != s0 || first_prefix_row(s, &ag, t, s0) != j0 ||
+                          first_segment_row(&ag, t, s0) != u0 || n + rep > CART_ATTN_MAX_MQ))
                     break;
                 for (int32_t r = 0; r < rep; r++, n++) {
                     int64_t h = g * rep + r;
                     out[n] = s->a->att + t * HD + h * D, lse[n] = s->a->lse + t * ag.H + h;
                     q[n] = s->a->q + t * HD + h * D, nb[n] = t - u0 + 1;
                 }
-            }
-            if (n == 0) { /* more heads than one call takes: one token alone */
-                for (int32_t r = 0; r < rep; r++) {
-                    int64_t h = g * rep + r;
-                    out[0] = s->a->att + t * HD + h * D, lse[0] = s->a->lse + t * ag.H + h;
-                    q[0] = s->a->q + t * HD + h * D, nb[0] = t - u0 + 1;
-                    int64_t na = j0 < s->p ? s->p - j0 : 0;
-                    attention_heads_forward(out, lse, q, 1, na ? pk + j0 * KD + g * D : NULL,
-                                            na ? pv + j0 * KD + g * D : NULL, na, KD, s->a->k + u0 * KD + g * D,
-                                            s->a->v + u0 * KD + g * D, nb, KD, D, ag.scale);
-                }
-                t++;
-                continue;
             }
             int64_t na = j0 < s->p ? s->p - j0 : 0;
             attention_heads_forward(out, lse, q, n, na ? pk + j0 * KD + g * D : NULL, na ? pv + j0 * KD + g * D : NULL,
