@@ -245,10 +245,7 @@ local synth = selfstudy.synthesizer(m, tok, corpus, {
 })
 local stepper = selfstudy.stepper(tr, c, opts.accum)
 
-local gen_batch = opts.gen_batch == 0 and opts.accum * math.ceil(16 / opts.accum) or opts.gen_batch
-if gen_batch < opts.accum or gen_batch % opts.accum ~= 0 then
-    fail(("--gen-batch %d must be a multiple of --accum %d"):format(gen_batch, opts.accum))
-end
+local gen_batch = selfstudy.gen_batch(opts.gen_batch, opts.accum, fail)
 local steps_per_group = math.floor(gen_batch / opts.accum)
 local pending = {}
 local train_s, tokens, convos = 0, 0, 0

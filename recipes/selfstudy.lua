@@ -76,14 +76,7 @@ if opts.load and dist.size > 1 then
 end
 if opts.steps < 1 then fail("--steps must be at least 1") end
 selfstudy.check_flags(opts, fail)
--- A group of 16 streams reads each weight once per decode step for all 16
--- (in groups of 4, a conversation's share of those reads is four times as
--- large): the bots of the next steps' conversations, which do not depend on
--- the training, decode together, the same bits in any group
-local gen_batch = opts.gen_batch == 0 and opts.accum * math.ceil(16 / opts.accum) or opts.gen_batch
-if gen_batch % opts.accum ~= 0 then
-    fail(("--gen-batch %d must be a multiple of --accum %d"):format(gen_batch, opts.accum))
-end
+local gen_batch = selfstudy.gen_batch(opts.gen_batch, opts.accum, fail)
 if opts.accum < dist.size then
     fail(("--accum %d is below the %d ranks: every rank needs a conversation each step; use --accum %d or a "
         .. "multiple of it"):format(opts.accum, dist.size, dist.size))

@@ -62,6 +62,17 @@ function selfstudy.flags(defaults)
     return out
 end
 
+-- The generation group for --gen-batch (0: the smallest multiple of accum
+-- that is at least 16). A group of 16 streams reads each weight once per
+-- decode step for all 16: the bots of the next steps' conversations, which
+-- do not depend on the training, decode together, the same bits in any
+-- group. fail(message) raises when given is no multiple of accum.
+function selfstudy.gen_batch(given, accum, fail)
+    local n = given == 0 and accum * math.ceil(16 / accum) or given
+    if n < accum or n % accum ~= 0 then fail(("--gen-batch %d must be a multiple of --accum %d"):format(n, accum)) end
+    return n
+end
+
 -- Checks the shared flags' values; fail(message) raises.
 function selfstudy.check_flags(opts, fail)
     if opts.accum < 1 then fail("--accum must be at least 1") end
