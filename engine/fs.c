@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -49,6 +51,60 @@ int cart_fs_check_output(const char *path) {
                        : "not a regular file";
     return cart_fail(CART_E_ARG, "%s is %s: an artifact replaces only a regular file; choose a file path", path,
                      what);
+}
+
+int64_t cart_fs_free_bytes(const char *path) {
+    if (!path || !*path) {
+        cart_fail(CART_E_ARG, "cart_fs_free_bytes: the path is empty");
+        return -1;
+    }
+    struct statvfs sv;
+    if (statvfs(path, &sv) != 0) {
+        /* a file not written yet: its directory */
+        char dir[4096] = ".";
+        const char *slash = strrchr(path, '/');
+        if (slash) {
+            size_t n = slash == path ? 1 : (size_t)(slash - path); /* "/x" lives in "/" */
+            if (n >= sizeof dir) n = sizeof dir - 1;
+            memcpy(dir, path, n);
+            dir[n] = '\0';
+        }
+        if (statvfs(dir, &sv) != 0) {
+            cart_fail_errno(CART_E_IO, "%s: cannot examine the free space of its filesystem", path);
+            return -1;
+        }
+    }
+    uint64_t bytes = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+    return bytes > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)bytes;
+}
+
+int cart_fs_lock(const char *path) {
+    if (!path || !*path) return cart_fail(CART_E_ARG, "cart_fs_lock: the path is empty");
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return cart_fail_errno(CART_E_IO, "%s: cannot open the lock file", path);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        char holder[32] = "";
+        ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+        holder[n > 0 ? n : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        close(fd);
+        if (err == EWOULDBLOCK)
+            return cart_fail(CART_E_STATE, "%s is held by process %s", path, *holder ? holder : "(unknown)");
+        errno = err;
+        return cart_fail_errno(CART_E_IO, "%s: cannot lock", path);
+    }
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len) {
+        close(fd);
+        return cart_fail_errno(CART_E_IO, "%s: cannot write this process's id into the lock file", path);
+    }
+    return fd;
+}
+
+void cart_fs_unlock(int fd) {
+    if (fd >= 0) close(fd);
 }
 
 int64_t cart_fs_mtime_ns(const char *path) {

@@ -56,6 +56,24 @@ int32_t cart_fs_same_file(const char *a, const char *b);
  * first; recipes call it before long work. */
 int cart_fs_check_output(const char *path);
 
+/* The bytes an unprivileged process may still write on the filesystem
+ * that holds `path` (a directory, or a file whose directory is used when the
+ * file does not exist yet): statvfs's f_bavail x f_frsize. -1 with
+ * CART_E_IO naming the path when it cannot be examined. Recipes check it
+ * before long work whose result they must save. */
+int64_t cart_fs_free_bytes(const char *path);
+
+/* Takes the lock file `path` for this process: creates it if missing,
+ * takes an exclusive flock on it without waiting and writes this process's
+ * id into it. Returns the open descriptor (>= 0), which holds the lock until
+ * cart_fs_unlock or the process ends (a crash releases it too). CART_E_STATE
+ * with a message naming the holder's process id when another open file
+ * holds it (another process, or another cart_fs_lock in this one);
+ * CART_E_IO when the file cannot be made. For directories one process at a
+ * time may own (a server's disk tier of KV caches). */
+int cart_fs_lock(const char *path);
+void cart_fs_unlock(int fd);
+
 /* A regular file's last modification time in nanoseconds since the epoch,
  * or -1 when path is missing or not a regular file (cart_last_error says
  * why). */

@@ -1877,8 +1877,20 @@ typedef struct fragment {
 
 /* Splits the text at special-token texts (tokenizer_st_partition); the
  * fragments land in *out (count *n_out), owned by the caller. */
+/* Whether [at, at + n) overlaps one of the sorted, disjoint byte ranges
+ * plain[2i] .. plain[2i + 1]. */
+static int in_plain(const int64_t *plain, int64_t n_plain, int64_t at, int64_t n) {
+    int64_t lo = 0, hi = n_plain; /* the first range that ends after at */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (plain[2 * mid + 1] <= at) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n_plain && plain[2 * lo] < at + n;
+}
+
 static int partition(const cart_tokenizer *t, const char *text, int64_t len, int parse_special,
-                     fragment **out, int64_t *n_out) {
+                     const int64_t *plain, int64_t n_plain, fragment **out, int64_t *n_out) {
     fragment *cur = NULL, *next = NULL;
     int64_t n = 0, cur_cap = 0, next_cap = 0;
     int rc = CART_OK;
@@ -1890,7 +1902,9 @@ static int partition(const cart_tokenizer *t, const char *text, int64_t len, int
     n = 1;
     for (int64_t si = 0; si < t->n_special; si++) {
         int32_t id = t->special[si];
-        if (!parse_special && (t->attr[id] & (ATTR_CONTROL | ATTR_UNKNOWN))) continue;
+        int control = (t->attr[id] & (ATTR_CONTROL | ATTR_UNKNOWN)) != 0;
+        if (!parse_special && control) continue;
+        int check_plain = control && n_plain > 0;
         const char *st = text_of(t, id);
         size_t sl = (size_t)text_len(t, id);
         int64_t m = 0;
@@ -1902,17 +1916,21 @@ static int partition(const cart_tokenizer *t, const char *text, int64_t len, int
                 next[m++] = cur[f];
                 continue;
             }
-            int64_t at = cur[f].off, end = cur[f].off + cur[f].len;
+            int64_t at = cur[f].off, end = cur[f].off + cur[f].len, from = at;
             for (;;) {
-                const char *hit = memmem(text + at, (size_t)(end - at), st, sl);
+                const char *hit = memmem(text + from, (size_t)(end - from), st, sl);
                 if (!hit) break;
                 int64_t h = hit - text;
+                if (check_plain && in_plain(plain, n_plain, h, (int64_t)sl)) {
+                    from = h + 1; /* plain text here: the bytes stay text */
+                    continue;
+                }
                 found = 1;
                 if ((rc = grow((void **)&next, &next_cap, m + 2, sizeof(fragment), "fragments")))
                     goto done;
                 if (h > at) next[m++] = (fragment){at, h - at, -1};
                 next[m++] = (fragment){h, (int64_t)sl, id};
-                at = h + (int64_t)sl;
+                at = from = h + (int64_t)sl;
             }
             if (at < end) {
                 if ((rc = grow((void **)&next, &next_cap, m + 1, sizeof(fragment), "fragments")))
@@ -1942,12 +1960,35 @@ done:
 
 int cart_tokenizer_encode(const cart_tokenizer *t, const char *text, int64_t len, int32_t flags,
                           int32_t *ids, int64_t cap, int64_t *n_out) {
+    return cart_tokenizer_encode_plain(t, text, len, flags, NULL, 0, ids, cap, n_out);
+}
+
+/* CART_E_ARG unless the ranges are within [0, len], sorted and disjoint. */
+static int check_plain_ranges(const int64_t *plain, int64_t n_plain, int64_t len) {
+    if (n_plain < 0 || (n_plain > 0 && !plain))
+        return cart_fail(CART_E_ARG, "cart_tokenizer_encode_plain: %lld ranges at %p", (long long)n_plain,
+                         (const void *)plain);
+    for (int64_t i = 0; i < n_plain; i++) {
+        int64_t a = plain[2 * i], b = plain[2 * i + 1];
+        if (a < 0 || b < a || b > len || (i > 0 && a < plain[2 * i - 1]))
+            return cart_fail(CART_E_ARG, "cart_tokenizer_encode_plain: range %lld [%lld, %lld) must lie within "
+                             "the text's %lld bytes and start at or after the end of the one before it", (long long)i, (long long)a,
+                             (long long)b, (long long)len);
+    }
+    return CART_OK;
+}
+
+int cart_tokenizer_encode_plain(const cart_tokenizer *t, const char *text, int64_t len, int32_t flags,
+                                const int64_t *plain, int64_t n_plain, int32_t *ids, int64_t cap,
+                                int64_t *n_out) {
     if (!t || !n_out || len < 0 || cap < 0 || (!text && len > 0) || (!ids && cap > 0))
         return cart_fail(CART_E_ARG,
                          "cart_tokenizer_encode: bad arguments (tokenizer %p, text "
                          "%p, len %lld, ids %p, cap %lld, n_out %p)",
                          (const void *)t, (const void *)text, (long long)len, (void *)ids,
                          (long long)cap, (void *)n_out);
+    int bad = check_plain_ranges(plain, n_plain, len);
+    if (bad) return bad;
     *n_out = 0;
     id_sink out = {ids, cap, 0};
     work w = {0};
@@ -1956,7 +1997,8 @@ int cart_tokenizer_encode(const cart_tokenizer *t, const char *text, int64_t len
     fragment *frags = NULL;
     int64_t n_frags = 0;
     int add_special = (flags & CART_TOKENIZE_ADD_SPECIAL) != 0;
-    int rc = partition(t, text, len, (flags & CART_TOKENIZE_PARSE_SPECIAL) != 0, &frags, &n_frags);
+    int rc = partition(t, text, len, (flags & CART_TOKENIZE_PARSE_SPECIAL) != 0, plain, n_plain, &frags,
+                       &n_frags);
     if (rc) return rc;
 
     if (add_special && t->add_bos) push(&out, t->bos);

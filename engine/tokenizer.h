@@ -93,6 +93,19 @@ int32_t cart_tokenizer_find(const cart_tokenizer *t, const char *text, int64_t l
 int cart_tokenizer_encode(const cart_tokenizer *t, const char *text, int64_t len, int32_t flags,
                           int32_t *ids, int64_t cap, int64_t *n_out);
 
+/* As cart_tokenizer_encode, except that a CONTROL (or unknown-type) token
+ * whose text overlaps one of the n_plain byte ranges [plain[2i],
+ * plain[2i + 1]) is not matched there: those bytes are encoded as text, as
+ * without CART_TOKENIZE_PARSE_SPECIAL. The ranges must be sorted, disjoint
+ * and within the text (else CART_E_ARG). For a rendered chat whose
+ * template markers are special and whose messages' contents are plain: a
+ * client cannot forge a turn by writing "<|im_start|>". Text outside the
+ * ranges, and every text without such a token inside them, is encoded
+ * exactly as cart_tokenizer_encode does. */
+int cart_tokenizer_encode_plain(const cart_tokenizer *t, const char *text, int64_t len, int32_t flags,
+                                const int64_t *plain, int64_t n_plain, int32_t *ids, int64_t cap,
+                                int64_t *n_out);
+
 /* The bytes of one token as llama_token_to_piece(lstrip = 0) gives them;
  * CART_TOKENIZE_UNPARSE_SPECIAL renders CONTROL tokens (otherwise empty). */
 int cart_tokenizer_piece(const cart_tokenizer *t, int32_t id, int32_t flags, char *buf,

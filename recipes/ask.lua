@@ -29,8 +29,10 @@ local opts = options.parse(arg, {
         { "spec-serve", type = "boolean", help = "decode the cartridge answer speculatively, drafting from the corpus" },
         { "json-schema", help = "every answer is a JSON document this JSON Schema file accepts (not with --spec-serve)" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
+        require("cartridge.cart").FOREIGN_FLAG,
     },
 })
+require("cartridge.cart").allow_foreign = opts.foreign_cartridge
 if not opts.load or not opts.ask then error("ask: --load CARTRIDGE and --ask QUESTION are both required (see --help)", 0) end
 if opts.json_schema and opts.spec_serve then
     error("ask: --json-schema and --spec-serve cannot go together (drafted tokens are not checked against the schema)", 0)

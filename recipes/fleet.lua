@@ -59,9 +59,11 @@ local opts = options.parse(arg, {
         { "rag-chunks", type = "int", default = 8, help = "with --ask: best chunks whose documents are considered" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
         -- self-study's, with the same meanings (--accum: conversations per round)
+        require("cartridge.cart").FOREIGN_FLAG,
         unpack(selfstudy.flags({ p = 256 })),
     },
 })
+require("cartridge.cart").allow_foreign = opts.foreign_cartridge
 
 local function fail(msg) error("fleet: " .. msg, 0) end
 local launched = require("cartridge.dist").launched_size()

@@ -58,8 +58,10 @@ local opts = options.parse(arg, {
         { "cue", type = "int", default = 16, help = "--make-stories: tokens before each ending given to every arm" },
         { "json", type = "boolean", help = "print the results as JSON" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
+        require("cartridge.cart").FOREIGN_FLAG,
     },
 })
+require("cartridge.cart").allow_foreign = opts.foreign_cartridge
 
 cartridge.set_threads(opts.threads)
 local m = cartridge.model.load(defaults.pick_model(opts.model))

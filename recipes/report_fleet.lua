@@ -47,9 +47,11 @@ local opts = options.parse(arg, {
         { "icl-max", type = "int", default = 4096, help = "document tokens in the ICL arm at most" },
         { "json", type = "boolean", help = "print the results as JSON too" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
+        require("cartridge.cart").FOREIGN_FLAG,
         unpack(selfstudy.flags()),
     },
 })
+require("cartridge.cart").allow_foreign = opts.foreign_cartridge
 
 local function fail(msg) error("report_fleet: " .. msg, 0) end
 if not opts.fleet then fail("--fleet DIR is required") end

@@ -55,9 +55,11 @@ local opts = options.parse(arg, {
         { "ask", help = "with --load: answer this from the cartridge; without: train, save, then answer it" },
         { "expect", help = "with --ask: the expected answer; each arm is marked right or wrong (its first line holds it, case-insensitive)" },
         { "spec-serve", type = "boolean", help = "serve mode: corpus-drafted speculative decoding" },
+        require("cartridge.cart").FOREIGN_FLAG,
         unpack(flags),
     },
 })
+require("cartridge.cart").allow_foreign = opts.foreign_cartridge
 
 -- ---------------------------------------------------------------------------
 -- The job (one process unless an MPI launcher started several), and the
@@ -238,31 +240,81 @@ local synth = selfstudy.synthesizer(m, tok, corpus, {
 local stepper = selfstudy.stepper(tr, c, opts.accum, dist)
 local first, last = selfstudy.share(opts.accum, dist.rank, dist.size) -- this rank's conversations of each step
 
-local metrics, metrics_path
+-- The metrics of the artifact at --save are <stem>.metrics.jsonl, and
+-- always describe the rows beside them: the run appends its lines to
+-- <stem>.metrics.jsonl.partial as it goes, and each save that succeeds
+-- writes everything so far to <stem>.metrics.jsonl (atomically). A run that
+-- stops before its first save leaves the earlier artifact's metrics as
+-- they were.
+local metrics, metrics_path, metrics_live, metrics_failed
+local metrics_lines = {}
 local function record(t)
-    if not metrics then return end
-    metrics:write(json.encode(t), "\n")
-    metrics:flush()
+    if not dist.root() then return end
+    local line = json.encode(t) .. "\n"
+    metrics_lines[#metrics_lines + 1] = line
+    local ok, err = metrics:write(line)
+    if ok then ok, err = metrics:flush() end
+    if not ok and not metrics_failed then
+        metrics_failed = true
+        io.stderr:write(("selfstudy: cannot append to %s (%s); the lines are kept in memory and written with the "
+            .. "cartridge\n"):format(metrics_live, tostring(err)))
+    end
 end
+
+-- Bytes a save of the rows takes: the tensors, the draft reference, and a
+-- margin for the header (tensor table and metadata) and the metrics.
+local function save_bytes()
+    local n = c:bytes() + (draft_ref and 8 * #draft_ref or 0) + 65536
+    for _, line in ipairs(metrics_lines) do n = n + #line end
+    return n
+end
+
+-- nil when the filesystem of path has room for a save, else why not
+local function no_room(path)
+    local free, need = fs.free_bytes(path), save_bytes()
+    if free >= need then return nil end
+    return ("its filesystem has %s free, and the cartridge needs %s (%d rows x %d layers, f32, with its "
+        .. "metrics)"):format(fmt.bytes(free), fmt.bytes(need), c.p, c.n_layer)
+end
+
 if dist.root() then
     fs.mkdirs(fs.parent(opts.save))
     fs.sweep_temps(opts.save) -- what a killed earlier run left beside the artifact
     metrics_path = opts.save:gsub("%.safetensors$", "") .. ".metrics.jsonl"
-    -- before any work: neither is ever written over a device, FIFO,
-    -- directory or symbolic link
+    metrics_live = metrics_path .. ".partial"
+    -- before any work: none is ever written over a device, FIFO,
+    -- directory or symbolic link, and the cartridge fits the disk
     fs.check_output(opts.save)
     fs.check_output(metrics_path)
-    metrics = assert(io.open(metrics_path, "w"))
+    fs.check_output(metrics_live)
+    local why = no_room(opts.save)
+    if why then
+        error(("selfstudy: --save %s: %s; free space there or save elsewhere, before the run rather than after it")
+            :format(opts.save, why), 0)
+    end
+    metrics = assert(io.open(metrics_live, "w"))
 end
 record({ event = "start", settings = training })
 
--- rank 0 writes (atomically: a temporary file, fsynced, renamed); `step` is
--- the number of optimizer steps in the rows
+-- rank 0 writes (atomically: a temporary file, fsynced, renamed), then the
+-- metrics so far beside it; `step` is the number of optimizer steps in the
+-- rows. Returns true, or false and why (nothing at path changed then).
 local function save(path, step)
-    if dist.root() then
-        c:save(path, m, { training = training, draft_reference = draft_ref, extra_meta = { ["cartridge.step"] = step } })
+    if not dist.root() then return true end
+    local why = no_room(path)
+    if why then return false, why end
+    local ok, err = pcall(c.save, c, path, m, { training = training, draft_reference = draft_ref,
+        extra_meta = { ["cartridge.step"] = step } })
+    if not ok then return false, err end
+    local metrics_for = path:gsub("%.safetensors$", "") .. ".metrics.jsonl"
+    ok, err = pcall(fs.write_atomic, metrics_for, table.concat(metrics_lines))
+    if not ok then
+        io.stderr:write(("selfstudy: the cartridge is saved to %s, but its metrics are not (%s); they are in %s\n")
+            :format(path, err, metrics_live))
     end
+    return true
 end
+
 
 -- held-out: a conversation of its own, (seed, step 0), never trained on;
 -- rank 0 makes and scores it
@@ -307,6 +359,24 @@ local function kept()
         return "this run saved nothing, and " .. opts.save .. " is as it was"
     end
     return "nothing was saved"
+end
+-- The final save: at --save, or where there is room when it fails there, so
+-- that a run is never lost to a full disk. Raises after a rescue, naming
+-- where the rows are and how to finish.
+local function save_final(step)
+    local ok, why = save(opts.save, step)
+    if ok then return end
+    local base = opts.save:match("([^/]+)$"):gsub("%.safetensors$", "")
+    local rescue = ("%s/%s.rescued-%s.safetensors"):format(os.getenv("TMPDIR") or "/tmp", base,
+        os.date("%Y%m%d-%H%M%S"))
+    local saved, why2 = save(rescue, step)
+    if saved then
+        error(("selfstudy: could not save the cartridge to %s (%s), so the trained rows are in %s: move it "
+            .. "there once there is room (mv %s %s), or continue with --resume %s"):format(opts.save, why, rescue,
+            rescue, opts.save, rescue), 0)
+    end
+    error(("selfstudy: could not save the cartridge to %s (%s), nor to %s (%s); %s"):format(opts.save, why, rescue,
+        why2, kept()), 0)
 end
 local function clear() if bar then bar:clear() end end
 local steps_per_group = math.floor(gen_batch / opts.accum)
@@ -363,9 +433,15 @@ for step = 1, opts.steps do
     record(rec)
     if opts.save_every > 0 and step % opts.save_every == 0 and step < opts.steps then
         check_rows(step)
-        save(opts.save, step)
-        last_saved = step
-        print(("checkpoint saved to %s (step %d)"):format(opts.save, step))
+        local ok, why = save(opts.save, step)
+        if ok then
+            last_saved = step
+            print(("checkpoint saved to %s (step %d)"):format(opts.save, step))
+        else
+            clear()
+            io.stderr:write(("selfstudy: checkpoint of step %d not saved to %s: %s; the run goes on, and the next "
+                .. "save tries again\n"):format(step, opts.save, why))
+        end
     end
     if qa and opts.qa_every > 0 and step % opts.qa_every == 0 and step < opts.steps then
         clear()
@@ -392,9 +468,10 @@ if empty > 0 then
     print(("note: bot A wrote no usable question %d times; those conversations asked the seed instruction itself")
         :format(empty))
 end
-save(opts.save, opts.steps)
-print("cartridge saved to " .. opts.save)
 metrics:close()
+save_final(opts.steps)
+os.remove(metrics_live)
+print("cartridge saved to " .. opts.save)
 if opts.ask then
     print(("cartridge: p = %d rows/layer x %d layers, %s"):format(c.p, c.n_layer, cartridge.fmt.bytes(c:bytes())))
     serve.print_three({ model = m, cartridge = c, question = opts.ask, expected = opts.expect, max_a = opts.max_a,

@@ -36,6 +36,8 @@ local opts = options.parse(arg, {
         { "ctx", type = "int", default = 4096, help = "tokens per slot after the cartridge rows (prompt + completion)" },
         { "parallel", type = "int", default = 4, help = "slots: requests decoded together" },
         { "api-key", help = "require 'Authorization: Bearer KEY' on /v1 requests" },
+        { "parse-special", type = "boolean", help = "read special-token texts (<|im_start|>, ...) in what clients "
+            .. "write as those tokens (default: as text, so that no client can forge a turn)" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
         { "kv", default = "f16", choices = { "f16", "f32" }, help = "KV cache dtype" },
         { "max-tokens", type = "int", default = 4096, help = "largest max_tokens a request may ask for" },
@@ -51,8 +53,10 @@ local opts = options.parse(arg, {
         { "budget", type = "int", default = 8, help = "with --fleet: most cartridges mapped at once" },
         { "rag-docs", type = "int", default = 2, help = "with --fleet: most documents composed per conversation" },
         { "rag-chunks", type = "int", default = 8, help = "with --fleet: best chunks whose documents are considered" },
+        require("cartridge.cart").FOREIGN_FLAG,
     },
 })
+require("cartridge.cart").allow_foreign = opts.foreign_cartridge
 
 if opts.parallel < 1 or opts.ctx < 16 then error("serve: --parallel must be >= 1 and --ctx >= 16", 0) end
 local kv_cache_max, why = require("cartridge.kvstore").parse_size(opts.kv_cache_max)
@@ -97,7 +101,7 @@ local h = http.listen({ host = opts.host, port = opts.port, max_body_bytes = opt
 h:catch_signals()
 local srv = server_mod.new({
     model = m, model_name = model_name, cartridges = carts, http = h, parallel = opts.parallel, ctx = opts.ctx,
-    kv = opts.kv, api_key = opts.api_key, max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
+    kv = opts.kv, api_key = opts.api_key, parse_special = opts.parse_special, max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
     queue_limit = opts.queue, kv_cache_dir = opts.kv_cache_dir, kv_cache_max = kv_cache_max, fleet = fleet,
     log = not opts.quiet and function(line) io.stderr:write(line, "\n") end or nil,
     warn = function(line) io.stderr:write(line, "\n") end,

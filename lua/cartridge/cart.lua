@@ -30,7 +30,20 @@ local ffi = core.ffi
 local C = core.C
 
 local cart = {}
-cart.FORMAT = "cartridge-v1"
+-- v2 adds cartridge.model_content_hash (a hash of every weight byte of the
+-- model); v1 files (fingerprint only) still load, with a warning.
+cart.FORMAT = "cartridge-v2"
+cart.FORMATS = { ["cartridge-v1"] = true, ["cartridge-v2"] = true }
+
+-- Whether cart.load and cart.map accept a cartridge whose metadata does not
+-- name the model it is loaded with (another fingerprint or content hash,
+-- another architecture, missing or false geometry metadata): false refuses
+-- it, true warns on stderr and loads it when the tensors fit the model.
+-- Recipes that load cartridges set it from --foreign-cartridge.
+cart.allow_foreign = false
+cart.FOREIGN_FLAG = { "foreign-cartridge", type = "boolean",
+    help = "load a cartridge whose metadata names another model or lacks its model's identity, with a warning "
+        .. "(the tensors must still fit the model)" }
 
 local Cart = {}
 Cart.__index = Cart
@@ -233,12 +246,64 @@ function Cart:save(path, m, opts)
         ["cartridge.frozen"] = tostring(self.frozen),
         ["cartridge.model_name"] = tostring(m.file:get("general.name") or m.path),
         ["cartridge.model_fingerprint"] = cart.fingerprint(m),
+        ["cartridge.model_content_hash"] = (m:content_hash()),
         ["cartridge.training"] = json.encode(opts.training or json.object()),
     }
     for k, v in pairs(opts.extra_meta or {}) do meta[k] = tostring(v) end
     core.check(C.cart_cartridge_check_finite(self.handle, 0), "cartridge save: " .. path)
     safetensors.write(path, tensors, meta, { checksum = true })
     return path
+end
+
+-- What in a cartridge's metadata disagrees with its tensors g ({ n_layer,
+-- heads, dims, p, frozen }) and, given a model m, with m: a list of
+-- sentences, empty when all is well. The format, the geometry and (with m)
+-- the architecture and the model's fingerprint are required; a v2 file's
+-- content hash (every weight byte) is required and compared too.
+function cart.identity_problems(meta, g, m)
+    local problems = {}
+    local function add(fmt, ...) problems[#problems + 1] = fmt:format(...) end
+    local format = meta["cartridge.format"]
+    if not cart.FORMATS[format] then
+        add(format and ("its metadata has cartridge.format '%s', which this version does not read (it reads "
+            .. "cartridge-v1 and cartridge-v2)") or "its metadata has no cartridge.format", tostring(format))
+    end
+    local function per_layer(values)
+        for _, v in ipairs(values) do if v ~= values[1] then return table.concat(values, ",") end end
+        return tostring(values[1])
+    end
+    local geometry = { n_layer = tostring(g.n_layer), p = tostring(g.p), frozen = tostring(g.frozen),
+        kv_heads = per_layer(g.heads), head_dim = per_layer(g.dims) }
+    for _, key in ipairs({ "n_layer", "kv_heads", "head_dim", "p", "frozen" }) do
+        local said = meta["cartridge." .. key]
+        if said ~= geometry[key] then
+            add("its metadata says cartridge.%s %s where its tensors have %s", key,
+                said and ("'" .. said .. "'") or "nothing", geometry[key])
+        end
+    end
+    if not m then return problems end
+    local name = tostring(meta["cartridge.model_name"])
+    if meta["cartridge.architecture"] ~= m.config.arch then
+        add("it was trained on a %s model, and %s is %s", tostring(meta["cartridge.architecture"]), m.path,
+            m.config.arch)
+    end
+    local fp = meta["cartridge.model_fingerprint"]
+    if not fp then
+        add("its metadata names no model fingerprint (cartridge.model_fingerprint)")
+    elseif fp ~= cart.fingerprint(m) then
+        add("it was trained on model '%s' (fingerprint %s), and %s has fingerprint %s", name, fp, m.path,
+            cart.fingerprint(m))
+    end
+    if format == "cartridge-v2" then
+        local want = meta["cartridge.model_content_hash"]
+        if not want then
+            add("its metadata has no cartridge.model_content_hash, which a cartridge-v2 file records")
+        elseif fp == cart.fingerprint(m) and want ~= m:content_hash() then
+            add("it was trained on model '%s' (content hash %s), and the weights of %s hash to %s: the same "
+                .. "tensors with other values (a damaged or edited copy)", name, want, m.path, m:content_hash())
+        end
+    end
+    return problems
 end
 
 -- Opens a cartridge artifact and checks it: the checksum, exactly the
@@ -344,12 +409,19 @@ local function open_checked(path, m, who)
                 end
             end
         end
-        local want_fp = meta["cartridge.model_fingerprint"]
-        if want_fp and want_fp ~= cart.fingerprint(m) then
-            fail(("it was trained on model '%s' (fingerprint %s), and %s has fingerprint %s; use the "
-                .. "model it was trained with"):format(tostring(meta["cartridge.model_name"]), want_fp, m.path,
-                cart.fingerprint(m)))
+    end
+    local problems = cart.identity_problems(meta, { n_layer = n_layer, heads = heads, dims = dims, p = p,
+        frozen = frozen }, m)
+    if #problems > 0 then
+        local what = table.concat(problems, "; ")
+        if not cart.allow_foreign then
+            fail(what .. "; the file was made for another model, or damaged or edited: use the model it was "
+                .. "trained with (--foreign-cartridge loads it anyway, when its tensors fit the model)")
         end
+        io.stderr:write(("%s: %s: warning: %s; loading it anyway (--foreign-cartridge)\n"):format(who, path, what))
+    elseif m and meta["cartridge.format"] == "cartridge-v1" then
+        io.stderr:write(("%s: %s: warning: a cartridge-v1 file records only a sampled fingerprint of its model, "
+            .. "so a model whose weights differ away from each tensor's ends passes the check\n"):format(who, path))
     end
     return f, { n_layer = n_layer, heads = heads, dims = dims, kv_heads = heads[1], head_dim = dims[1], p = p,
         frozen = frozen }, meta, draft

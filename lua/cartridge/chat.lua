@@ -122,11 +122,44 @@ end
 -- message may be { role = "tool", content } (a tool's result) or an
 -- assistant message with tool_calls = { { name, arguments = JSON text } }.
 -- Tools need a template that has a tool format (chatml's, Qwen3's).
+--
+-- opts.plain: also return the byte ranges (0-based, a flat list { start,
+-- end, ... }) of every string the caller gave -- contents, the system text,
+-- tool definitions, tool names and arguments -- so that the tokenizer can
+-- parse the template's special tokens and leave the caller's text as text
+-- (tokenizer opts.plain). The strings must not hold the byte 0xFF (no UTF-8
+-- text does).
 function chat.render(template, messages, opts)
     opts = opts or {}
     if type(template) == "string" then
         template = chat.templates[template] or error("chat.render: unknown template '" .. template .. "'", 0)
     end
+    local held = {}
+    -- the caller's strings go in as markers "\255<n>\255", resolved at the end
+    local function given(s)
+        if not opts.plain or type(s) ~= "string" or s == "" then return s end
+        if s:find("\255", 1, true) then error("chat.render: a message holds the byte 0xFF, which is not UTF-8", 0) end
+        held[#held + 1] = s
+        return "\255" .. #held .. "\255"
+    end
+    local text = chat.render_parts(template, messages, opts, given)
+    if not opts.plain then return text end
+    local out, spans, pos, last = {}, {}, 0, 1
+    for a, n, b in text:gmatch("()\255(%d+)\255()") do
+        out[#out + 1] = text:sub(last, a - 1)
+        pos = pos + (a - last)
+        local s = held[tonumber(n)]
+        spans[#spans + 1], spans[#spans + 2] = pos, pos + #s
+        out[#out + 1] = s
+        pos, last = pos + #s, b
+    end
+    out[#out + 1] = text:sub(last)
+    return table.concat(out), spans
+end
+
+-- chat.render's work, with each string the caller gave passed through
+-- given(s) first.
+function chat.render_parts(template, messages, opts, given)
     local parts = {}
     local uses_tools = opts.tools and #opts.tools > 0
     for _, msg in ipairs(messages) do
@@ -139,7 +172,9 @@ function chat.render(template, messages, opts)
     local first = 1
     if opts.tools and #opts.tools > 0 then
         local sys = messages[1] and messages[1].role == "system" and messages[1].content or nil
-        parts[1] = template.tools_system(sys, opts.tools)
+        local defs = {}
+        for k, def in ipairs(opts.tools) do defs[k] = given(def) end
+        parts[1] = template.tools_system(given(sys), defs)
         if sys then first = 2 end
     end
     for i = first, #messages do
@@ -155,6 +190,7 @@ function chat.render(template, messages, opts)
         end
         local content = msg.content
         if msg.role == "assistant" then content = strip_think(content) end
+        content = given(content)
         if msg.role == "tool" then
             local prev, nxt = messages[i - 1], messages[i + 1]
             parts[#parts + 1] = template.tool_response(content, not (prev and prev.role == "tool"),
@@ -162,8 +198,8 @@ function chat.render(template, messages, opts)
         elseif msg.role == "assistant" and msg.tool_calls and #msg.tool_calls > 0 then
             local calls = {}
             for k, call in ipairs(msg.tool_calls) do
-                calls[k] = ((k == 1 and content ~= "" or k > 1) and "\n" or "") .. template.tool_call(call.name,
-                    call.arguments)
+                calls[k] = ((k == 1 and content ~= "" or k > 1) and "\n" or "") .. template.tool_call(given(call.name),
+                    given(call.arguments))
             end
             parts[#parts + 1] = template.message("assistant", content .. table.concat(calls))
         else

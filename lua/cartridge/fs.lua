@@ -11,6 +11,8 @@
 --   fs.parent("out/c.safetensors") --> "out"
 --   fs.sweep_temps("out/c.safetensors")   -- prints one line when it removed any
 --   fs.check_output("out/c.safetensors")  -- raises unless nothing or a regular file is there
+--   fs.free_bytes("out/c.safetensors")    --> bytes still writable there (statvfs)
+--   local fd = fs.lock("kv/.lock")         -- nil, "kv/.lock is held by process 123" when taken
 --
 -- No shell is involved: any path works, spaces and quotes included.
 
@@ -83,6 +85,28 @@ end
 -- link, FIFO, socket or device is never replaced.
 function fs.check_output(path)
     core.check(C.cart_fs_check_output(path), "output")
+end
+
+-- Bytes still writable on the filesystem of path (a directory, or a file
+-- not written yet: its directory's). Raises naming the path when it cannot
+-- be examined.
+function fs.free_bytes(path)
+    local n = tonumber(C.cart_fs_free_bytes(path))
+    if n < 0 then error("fs.free_bytes: " .. core.last_error(), 0) end
+    return n
+end
+
+-- Takes the lock file path for this process (engine/fs.h cart_fs_lock):
+-- returns its descriptor, or nil and why (another holder names its
+-- process id). fs.unlock(fd) lets it go; the process's end does too.
+function fs.lock(path)
+    local fd = tonumber(C.cart_fs_lock(path))
+    if fd < 0 then return nil, core.last_error() end
+    return fd
+end
+
+function fs.unlock(fd)
+    if fd then C.cart_fs_unlock(fd) end
 end
 
 function fs.write_atomic(path, bytes)

@@ -123,10 +123,21 @@ Store.__index = Store
 -- ("f16" or "f32", the slots' cache dtype), cartridges ({ name = Cart }),
 -- model_name, log (routine lines) and warn (skipped files, failed writes);
 -- both function(line) or nil; model_hash (kvstore.model_hash(model), computed
--- when absent). Raises when dir cannot be made or listed.
+-- when absent); exclusive (take dir/.lock, so that no other process uses
+-- the directory while this store is open: its bound holds only for one
+-- user). Raises when dir cannot be made, listed or (exclusive) locked.
 function kvstore.open(opts)
     local self = setmetatable({}, Store)
     self.dir = opts.dir
+    if opts.exclusive then
+        fs.mkdirs(self.dir)
+        local fd, why = fs.lock(self.dir .. "/.lock")
+        if not fd then
+            error(("kv-cache: %s is in use (%s): another server has this --kv-cache-dir, and --kv-cache-max holds "
+                .. "for one user only; give each server its own directory"):format(self.dir, why), 0)
+        end
+        self.lock_fd = fd
+    end
     self.max_bytes = opts.max_bytes
     self.m = opts.model
     self.dtype = opts.kv or "f16"
@@ -330,6 +341,37 @@ function Store:evict(need, protect)
     return total + need <= self.max_bytes
 end
 
+-- Removes least recently used files (never `protect`) until the disk that
+-- holds the directory has `need` bytes free, since a full disk would fail
+-- every later spill; raises, naming the free space, when even an empty
+-- tier would not make room.
+function Store:make_room(need, protect)
+    local free = fs.free_bytes(self.dir)
+    if free >= need then return end
+    local order = {}
+    for _, e in ipairs(self.entries) do
+        if e ~= protect then order[#order + 1] = e end
+    end
+    table.sort(order, function(a, b) return a.used < b.used end)
+    for _, e in ipairs(order) do
+        os.remove(e.path)
+        self:forget(e)
+        self.stats.evictions = self.stats.evictions + 1
+        free = fs.free_bytes(self.dir)
+        self.log(("kv-cache: evicted %s (%s, least recently used) to make room on a full disk (%s free)"):format(
+            e.name, mib(e.bytes), mib(free)))
+        if free >= need then return end
+    end
+    error(("the disk holding %s has %s free, and the file needs %s (other files fill it)"):format(self.dir, mib(free),
+        mib(need)), 0)
+end
+
+-- Lets the directory go (exclusive stores); the files stay.
+function Store:close()
+    fs.unlock(self.lock_fd)
+    self.lock_fd = nil
+end
+
 -- The usable file for cartridge c (nil: the bare model) that shares the
 -- longest token prefix with prompt, and that length; nil, 0 when none.
 function Store:match(c, prompt)
@@ -468,6 +510,7 @@ function Store:spill(c, tokens, kv, protect)
         }
         meta["kvspill.checksum"] = content_hash(tensors)
         self:evict(data_bytes + 4096, protect) -- the header is a few hundred bytes
+        self:make_room(data_bytes + 4096, protect)
         safetensors.write(path, tensors, meta)
         local _, bytes = fs.kind(path)
         local copy = {}

@@ -117,12 +117,15 @@ end
 
 -- A hash of every weight byte, and of the config and tensor table, as 16
 -- hex digits (cart_model_content_hash: one parallel read of the weights),
--- and the seconds it took.
+-- and the seconds it took. Computed once per loaded model (the weights are
+-- a read-only mapping); later calls return it at once, with 0 seconds.
 function Model:content_hash()
+    if self._content_hash then return self._content_hash, 0 end
     local v = ffi.new("uint64_t[1]")
     local t0 = C.cart_now_seconds()
     core.check(C.cart_model_content_hash(self.handle, v), "model:content_hash")
-    return core.hex64(v[0]), C.cart_now_seconds() - t0
+    self._content_hash = core.hex64(v[0])
+    return self._content_hash, C.cart_now_seconds() - t0
 end
 
 function Model:free()

@@ -147,7 +147,8 @@ Server.__index = Server
 
 -- opts: model (cartridge.model), cartridges ({ name = Cart }), model_name,
 -- http (cartridge.http server), parallel (slots), ctx (rows per slot after
--- the cartridge), api_key, max_tokens_limit, max_messages, queue_limit,
+-- the cartridge), api_key, parse_special (special-token texts in what clients write are read as
+-- those tokens; default: as text), max_tokens_limit, max_messages, queue_limit,
 -- default_max_tokens, log (function(line) or nil); the disk tier:
 -- kv_cache_dir, kv_cache_max (bytes) and warn (function(line) for the lines
 -- a --quiet server still prints: skipped files, failed writes); fleet (a
@@ -161,6 +162,7 @@ function server.new(opts)
     self.cartridges = opts.cartridges or {}
     self.model_name = opts.model_name
     self.api_key = opts.api_key
+    self.parse_special = opts.parse_special -- special-token texts in clients' messages are those tokens
     self.max_tokens_limit = opts.max_tokens_limit or 4096
     self.default_max_tokens = opts.default_max_tokens or 256
     self.max_messages = opts.max_messages or 256
@@ -185,7 +187,7 @@ function server.new(opts)
     if opts.kv_cache_dir then
         self.store = kvstore.open({ dir = opts.kv_cache_dir, max_bytes = opts.kv_cache_max or 8 * 2 ^ 30, model = self.m,
             kv = opts.kv or "f16", cartridges = self.cartridges, model_name = self.model_name, log = self.log,
-            warn = opts.warn or self.log })
+            warn = opts.warn or self.log, exclusive = true })
     end
     return self
 end
@@ -193,6 +195,7 @@ end
 function Server:free()
     for _, s in ipairs(self.slots) do s.kv:free() end
     self.slots = {}
+    if self.store then self.store:close() end
 end
 
 -- ---------------------------------------------------------------------------
@@ -463,24 +466,30 @@ function Server:chat_tools(body, flat, extra)
         reject(400, ("this model's chat template (%s) has no tool-call format; tools need a Qwen-style chatml template")
             :format(self.template.name or "custom"), "tools")
     end
-    -- a strict function's schema must be one the engine can enforce, forced
-    -- or not (the docs promise a 400 for an unsupported keyword)
-    if not forced then
-        for _, t in ipairs(functions) do
-            if t.strict and t.f.parameters ~= nil then
-                local ok, g = pcall(grammar.schema, t.f.parameters, { lenient = false })
-                if not ok then
-                    reject(400, ("tools[%d]: strict: true, and %s cannot be enforced: %s (without strict: true "
-                        .. "unsupported keywords are ignored)"):format(t.index, t.where,
-                        (tostring(g):gsub("^grammar%.schema: ", ""))), "tools")
+    local tools = { list = list, prefill = forced and "<tool_call>\n" or nil,
+        parallel = body.parallel_tool_calls ~= false }
+    -- The schemas compile in finish(), which make_job calls after the
+    -- request's length check: the tools are part of the prompt, so their
+    -- compile is then bounded by the context, never by the body's size.
+    function tools.finish()
+        -- a strict function's schema must be one the engine can enforce,
+        -- forced or not (the docs promise a 400 for an unsupported keyword)
+        if not forced then
+            for _, t in ipairs(functions) do
+                if t.strict and t.f.parameters ~= nil then
+                    local ok, g = pcall(grammar.schema, t.f.parameters, { lenient = false })
+                    if not ok then
+                        reject(400, ("tools[%d]: strict: true, and %s cannot be enforced: %s (without strict: true "
+                            .. "unsupported keywords are ignored)"):format(t.index, t.where,
+                            (tostring(g):gsub("^grammar%.schema: ", ""))), "tools")
+                    end
+                    g:free()
                 end
-                g:free()
             end
         end
+        tools.grammar = forced and self:call_grammar(forced)
     end
-    local call_grammar = forced and self:call_grammar(forced)
-    return { list = list, prefill = forced and "<tool_call>\n" or nil, parallel = body.parallel_tool_calls ~= false,
-        grammar = call_grammar }
+    return tools
 end
 
 -- A JSON Schema's $refs ("#/...") made to point into the schema placed at
@@ -838,9 +847,12 @@ function Server:parse_messages(body)
             reject(400, "messages: the final assistant content cannot end with trailing whitespace", "messages")
         end
     end
-    local ok, text = pcall(chat.render, self.template, list, { tools = tools and tools.list })
+    local ok, text, spans = pcall(chat.render, self.template, list, { tools = tools and tools.list, plain = true })
     if not ok then reject(400, (tostring(text):gsub("^chat%.render: ", "")), "messages") end
-    return text .. (prefill or "") .. (tools and tools.prefill or ""), tools, list
+    if prefill and prefill ~= "" then
+        spans[#spans + 1], spans[#spans + 2] = #text, #text + #prefill
+    end
+    return text .. (prefill or "") .. (tools and tools.prefill or ""), tools, list, spans
 end
 
 function Server:messages_options(body)
@@ -947,9 +959,9 @@ function Server:parse_responses(body)
             "input")
     end
     local tools = self:chat_tools(body, true)
-    local ok, text = pcall(chat.render, self.template, list, { tools = tools and tools.list })
+    local ok, text, spans = pcall(chat.render, self.template, list, { tools = tools and tools.list, plain = true })
     if not ok then reject(400, (tostring(text):gsub("^chat%.render: ", "")), "input") end
-    return text .. (tools and tools.prefill or ""), tools, list
+    return text .. (tools and tools.prefill or ""), tools, list, spans
 end
 
 -- A Responses request's metadata, as OpenAI's API takes it: an object of at
@@ -1121,7 +1133,7 @@ function Server:make_job(id, req)
     local route = req.route or req.path
     local body = parse_json(req)
     local cart, name = self:pick(body)
-    local kind, text, tools, list
+    local kind, text, tools, list, plain
     local o
     if route == "/v1/messages" then o = self:messages_options(body)
     elseif route == "/v1/responses" then o = self:responses_options(body)
@@ -1142,20 +1154,21 @@ function Server:make_job(id, req)
     end
     if route == "/v1/messages" then
         kind = "messages"
-        text, tools, list = self:parse_messages(body)
+        text, tools, list, plain = self:parse_messages(body)
     elseif route == "/v1/responses" then
         kind = "responses"
-        text, tools, list = self:parse_responses(body)
+        text, tools, list, plain = self:parse_responses(body)
     elseif route == "/v1/chat/completions" then
         kind = "chat"
         tools = self:chat_tools(body)
         list = self:parse_chat(body)
-        local ok, rendered = pcall(chat.render, self.template, list, { tools = tools and tools.list })
+        local ok, rendered, spans = pcall(chat.render, self.template, list, { tools = tools and tools.list,
+            plain = true })
         if not ok then
             if server.is_request_error(rendered) then error(rendered, 0) end
             reject(400, (tostring(rendered):gsub("^chat%.render: ", "")), "messages")
         end
-        text = rendered .. (tools and tools.prefill or "")
+        text, plain = rendered .. (tools and tools.prefill or ""), spans
     else
         kind = "text"
         local prompt = body.prompt
@@ -1167,7 +1180,10 @@ function Server:make_job(id, req)
         text = prompt
         list = { { role = "user", content = prompt } }
     end
-    local ids = self.tok:encode(text, { special = kind ~= "text", add_special = cart == nil })
+    -- the template's markers are special tokens; what the client wrote is
+    -- text (its "<|im_start|>" cannot open a turn) unless --parse-special
+    local ids = self.tok:encode(text, { special = kind ~= "text", add_special = cart == nil,
+        plain = not self.parse_special and plain or nil })
     local what = kind == "text" and "prompt" or kind == "responses" and "input" or "messages"
     if #ids == 0 then reject(400, "the prompt is empty", what) end
     if #ids + o.max_tokens > self.ctx then
@@ -1175,6 +1191,7 @@ function Server:make_job(id, req)
             .. "shorten the %s or lower max_tokens."):format(#ids, what, o.max_tokens, self.ctx, what), what,
             "context_length_exceeded")
     end
+    if tools then tools.finish() end
     local documents
     if cart and cart == self.fleet then
         -- the fleet's cartridges for this conversation, retrieved over its

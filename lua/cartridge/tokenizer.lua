@@ -16,6 +16,8 @@
 -- Ids are 0-based (the model's), kept in ordinary 1-based Lua lists. Options:
 --   encode: special     = parse control/user-defined token texts as single ids (false)
 --           add_special = add BOS/EOS as the model's add_bos/add_eos say (false)
+--           plain       = with special: { start, end, ... } 0-based byte ranges
+--                         where control tokens stay text (a chat's contents)
 --   decode: special        = render control tokens as their text (false)
 --           remove_special = drop a leading BOS / trailing EOS the model adds (false)
 
@@ -84,6 +86,17 @@ end
 
 local n_out = ffi.new("int64_t[1]")
 
+-- opts.plain: a flat list of 0-based byte offsets { start1, end1, start2,
+-- end2, ... } of ranges where control tokens are not parsed (engine/
+-- tokenizer.h cart_tokenizer_encode_plain), as a cdata array and count.
+local function plain_ranges(opts)
+    local list = opts.plain
+    if not list or #list == 0 then return nil, 0 end
+    local arr = ffi.new("int64_t[?]", #list)
+    for i = 1, #list do arr[i - 1] = list[i] end
+    return arr, #list / 2
+end
+
 -- Encodes text; returns an int32_t cdata array and the count (for big texts,
 -- where a Lua list would be wasteful).
 function Tokenizer:encode_buffer(text, opts)
@@ -93,14 +106,16 @@ function Tokenizer:encode_buffer(text, opts)
     end
     opts = opts or {}
     local flags = (opts.special and PARSE_SPECIAL or 0) + (opts.add_special and ADD_SPECIAL or 0)
+    local plain, n_plain = plain_ranges(opts)
     local cap = #text + 16
     local buf = ffi.new("int32_t[?]", cap)
-    core.check(C.cart_tokenizer_encode(h, text, #text, flags, buf, cap, n_out), "tokenizer:encode")
+    core.check(C.cart_tokenizer_encode_plain(h, text, #text, flags, plain, n_plain, buf, cap, n_out),
+        "tokenizer:encode")
     local n = tonumber(n_out[0])
     if n > cap then -- invalid bytes can take up to three tokens each
         cap = n
         buf = ffi.new("int32_t[?]", cap)
-        core.check(C.cart_tokenizer_encode(h, text, #text, flags, buf, cap, n_out),
+        core.check(C.cart_tokenizer_encode_plain(h, text, #text, flags, plain, n_plain, buf, cap, n_out),
             "tokenizer:encode")
     end
     return buf, n

@@ -74,6 +74,126 @@ describe("the cartridge artifact", function()
         m:free(); other:free(); s:free()
     end)
 
+    -- a copy of a cartridge file with its metadata changed by edit(meta)
+    local function with_metadata(path, out, edit)
+        local f = cartridge.safetensors.open(path)
+        local tensors, meta = {}, {}
+        for _, t in ipairs(f:tensors()) do
+            tensors[#tensors + 1] = { name = t.name, dtype = t.dtype_name, shape = t.shape, data = t.data }
+        end
+        for k, v in pairs(f.metadata) do meta[k] = v end
+        edit(meta)
+        cartridge.safetensors.write(out, tensors, meta, { checksum = true })
+        f:close()
+        return out
+    end
+
+    -- loads with cart.allow_foreign set to foreign; returns ok, err and
+    -- what went to stderr
+    local function load_as(path, m, foreign)
+        local said = {}
+        local stderr = io.stderr
+        io.stderr = { write = function(_, ...) for _, s in ipairs({ ... }) do said[#said + 1] = s end end }
+        cart.allow_foreign = foreign
+        local ok, c = pcall(cart.load, path, m)
+        cart.allow_foreign = false
+        io.stderr = stderr
+        if ok then c:free() end
+        return ok, c, table.concat(said)
+    end
+
+    it("refuses a model whose weights differ only where the fingerprint does not look (every byte is hashed)",
+        function()
+        -- reader.gguf with the middle of every attn_v zeroed: the sampled
+        -- fingerprint (4 KiB at each end of each tensor) is unchanged
+        local original = "models/reader.gguf"
+        local file = cartridge.gguf.open(original)
+        local bytes = helper.read_file(original)
+        local pieces, at, zeroed = {}, 0, 0
+        for _, t in ipairs(file:tensors()) do
+            if t.name:find("attn_v.weight", 1, true) then
+                assert.is_true(t.nbytes > 3 * 4096, t.name)
+                local from, to = file.data_offset + t.offset + 4096, file.data_offset + t.offset + t.nbytes - 4096
+                pieces[#pieces + 1] = bytes:sub(at + 1, from) .. string.rep("\0", to - from)
+                at, zeroed = to, zeroed + 1
+            end
+        end
+        file:close()
+        assert.is_true(zeroed > 0)
+        pieces[#pieces + 1] = bytes:sub(at + 1)
+        local copy = tmp .. "/reader-zeroed.gguf"
+        helper.write_file(copy, table.concat(pieces))
+        local m, z = cartridge.model.load(original), cartridge.model.load(copy)
+        assert.are.equal(cart.fingerprint(m), cart.fingerprint(z))
+        assert.are_not.equal(m:content_hash(), z:content_hash())
+        local c = cart.new(m, 4, 1)
+        c:capture(m, { 1, 2, 3, 4 })
+        local path = c:save(tmp .. "/reader.safetensors", m)
+        c:free()
+        local ok, err = load_as(path, z, false)
+        print("  zeroed attn_v: " .. tostring(err))
+        assert.is_false(ok)
+        assert.truthy(err:find("content hash " .. m:content_hash(), 1, true) and err:find(copy, 1, true)
+            and err:find("--foreign-cartridge", 1, true), err)
+        local said
+        ok, err, said = load_as(path, z, true)
+        assert.is_true(ok, err)
+        assert.truthy(said:find("warning", 1, true) and said:find(z:content_hash(), 1, true), said)
+        assert.is_true((load_as(path, m, false)))
+        m:free(); z:free()
+    end)
+
+    it("requires its format, geometry and model identity in the metadata, and checks each", function()
+        local m = cartridge.model.load(model_path)
+        local c = cart.new(m, 4, 1)
+        c:capture(m, { 1, 2, 3, 4 })
+        local path = c:save(tmp .. "/meta.safetensors", m)
+        c:free()
+        assert.are.equal("cartridge-v2", cartridge.safetensors.open(path).metadata["cartridge.format"])
+        local cases = {
+            { "no fingerprint", function(t) t["cartridge.model_fingerprint"] = nil end, "no model fingerprint" },
+            { "no content hash", function(t) t["cartridge.model_content_hash"] = nil end,
+                "no cartridge.model_content_hash" },
+            { "no format", function(t) t["cartridge.format"] = nil end, "no cartridge.format" },
+            { "a false format", function(t) t["cartridge.format"] = "cartridge-v9" end, "'cartridge-v9'" },
+            { "a false architecture", function(t) t["cartridge.architecture"] = "llama" end, "llama model" },
+            { "a false n_layer", function(t) t["cartridge.n_layer"] = "7" end, "cartridge.n_layer '7'" },
+            { "a false p", function(t) t["cartridge.p"] = "41" end, "cartridge.p '41' where its tensors have 4" },
+            { "no frozen", function(t) t["cartridge.frozen"] = nil end, "cartridge.frozen nothing" },
+            { "a false head_dim", function(t) t["cartridge.head_dim"] = "3" end, "cartridge.head_dim '3'" },
+        }
+        for i, case in ipairs(cases) do
+            local bad = with_metadata(path, ("%s/meta-%d.safetensors"):format(tmp, i), case[2])
+            local ok, err = load_as(bad, m, false)
+            print(("  %s: %s"):format(case[1], tostring(err)))
+            assert.is_false(ok, case[1])
+            assert.truthy(err:find(case[3], 1, true) and err:find("--foreign-cartridge", 1, true), err)
+            local said
+            ok, err, said = load_as(bad, m, true)
+            assert.is_true(ok, err)
+            assert.truthy(said:find("warning: ", 1, true) and said:find(case[3], 1, true), said)
+        end
+        -- the recipes take the flag: ask.lua refuses the file, then answers from it
+        local bad = ("%s/meta-%d.safetensors"):format(tmp, 1)
+        local rc, out, err = helper.cartridge("run", "recipes/ask.lua", "--model", model_path, "--load", bad,
+            "--ask", "hello", "--max-a", "2", "--threads", "1")
+        assert.are_not.equal(0, rc, out)
+        assert.truthy(err:find("no model fingerprint", 1, true), err)
+        rc, out, err = helper.cartridge("run", "recipes/ask.lua", "--model", model_path, "--load", bad,
+            "--ask", "hello", "--max-a", "2", "--threads", "1", "--foreign-cartridge")
+        assert.are.equal(0, rc, err)
+        assert.truthy(err:find("warning: its metadata names no model fingerprint", 1, true), err)
+        assert.truthy(out:find("cartridge loaded from", 1, true), out)
+        -- a v1 file (before the content hash) loads, saying what it cannot check
+        local v1 = with_metadata(path, tmp .. "/meta-v1.safetensors", function(t)
+            t["cartridge.format"], t["cartridge.model_content_hash"] = "cartridge-v1", nil
+        end)
+        local ok, err, said = load_as(v1, m, false)
+        assert.is_true(ok, err)
+        assert.truthy(said:find("cartridge-v1 file records only a sampled fingerprint", 1, true), said)
+        m:free()
+    end)
+
     it("refuses files that are not cartridges or have stray tensors", function()
         local data = ffi.new("float[32]")
         cartridge.safetensors.write(tmp .. "/x.safetensors", { { name = "weights", dtype = "F32", shape = { 32 }, data = data } })

@@ -710,14 +710,20 @@ describe("mapped cartridges", function()
                     shape = { 1, mc.n_head_kv, mc.head_dim }, data = data }
             end
         end
-        cartridge.safetensors.write(tmp .. "/nan.safetensors", tensors)
+        -- with a real cartridge's metadata, for one trainable row
+        local f = cartridge.safetensors.open(pb)
+        local meta = {}
+        for k, v in pairs(f.metadata) do meta[k] = v end
+        f:close()
+        meta["cartridge.p"], meta["cartridge.frozen"], meta["cartridge.checksum"] = "1", "0", nil
+        cartridge.safetensors.write(tmp .. "/nan.safetensors", tensors, meta)
         local ok, err = pcall(cart.map, tmp .. "/nan.safetensors", m)
         assert.is_false(ok)
         assert.truthy(err:find("'layers.0.k' holds a NaN, an infinity or a value beyond +-65504 (the largest an f16 "
             .. "KV cache holds) at element " .. (n - 1), 1, true), err)
         -- and a finite value no attention can use (its logits would be NaN)
         data[n - 1] = 3e38
-        cartridge.safetensors.write(tmp .. "/huge.safetensors", tensors)
+        cartridge.safetensors.write(tmp .. "/huge.safetensors", tensors, meta)
         ok, err = pcall(cart.map, tmp .. "/huge.safetensors", m)
         assert.is_false(ok)
         assert.truthy(err:find("a value beyond +-65504", 1, true) and err:find("element " .. (n - 1), 1, true), err)

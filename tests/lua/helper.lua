@@ -177,6 +177,24 @@ function helper.fake_http()
     return h
 end
 
+-- Runs a shell script in a private mount namespace with a tmpfs of `size`
+-- (e.g. "1m") mounted at $SMALL (dir/small), from the repository root,
+-- with $BIN the cartridge host: a disk that fills. unshare -m as root,
+-- unshare -rm otherwise. Returns rc, stdout, stderr; or nil and why it
+-- cannot run here (for pending).
+function helper.on_small_disk(dir, size, script)
+    if not helper.exists(helper.bin) then return nil, "build/cartridge not built" end
+    local mnt = dir .. "/small"
+    os.execute("mkdir -p " .. helper.q(mnt))
+    local unshare = helper.run("test $(id -u) = 0") == 0 and "unshare -m" or "unshare -rm"
+    local probe = helper.run(("%s sh -c %s"):format(unshare,
+        helper.q(("mount -t tmpfs -o size=64k none %s"):format(helper.q(mnt)))))
+    if probe ~= 0 then return nil, "cannot mount a small tmpfs here (" .. unshare .. ", mount -t tmpfs)" end
+    local full = ("mount -t tmpfs -o size=%s none %s && cd %s && SMALL=%s BIN=%s\nexport SMALL BIN\n%s"):format(
+        size, helper.q(mnt), helper.q(helper.root), helper.q(mnt), helper.q(helper.bin), script)
+    return helper.run(("%s sh -c %s"):format(unshare, helper.q(full)))
+end
+
 -- The strings of the lists, one after the other, unpacked: a recipe's
 -- fixed tiny flags followed by a test's own.
 function helper.args(...)

@@ -268,6 +268,61 @@ describe("selfstudy.lua", function()
         assert.are.equal("missing", (fs.kind(tmp .. "/m.safetensors")))
     end)
 
+    it("refuses to start when the artifact would not fit its disk, and leaves the earlier files as they were",
+        function()
+        local flags = table.concat({ args({ "--steps", "2", "--threads", "1" }) }, " ")
+        local rc, out, err = helper.on_small_disk(tmp, "64k", ([[
+printf old-rows > "$SMALL/c.safetensors"; printf old-metrics > "$SMALL/c.metrics.jsonl"
+"$BIN" run recipes/selfstudy.lua %s --save "$SMALL/c.safetensors" </dev/null; rc=$?
+echo "files: $(cat "$SMALL/c.safetensors") $(cat "$SMALL/c.metrics.jsonl") $(ls "$SMALL" | tr '\n' ' ')"
+exit $rc]]):format(flags))
+        if not rc then return pending(out) end
+        print("  " .. err:gsub("\n$", ""))
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("free, and the cartridge needs", 1, true) and err:find("save elsewhere", 1, true), err)
+        assert.is_nil(out:find("step   1/", 1, true), out)
+        assert.truthy(out:find("files: old-rows old-metrics c.metrics.jsonl c.safetensors ", 1, true), out)
+    end)
+
+    it("saves its rows elsewhere when the disk fills during the run, and keeps the earlier artifact's metrics",
+        function()
+        local rescue = tmp .. "/rescue"
+        require("cartridge.fs").mkdirs(rescue)
+        local flags = table.concat({ args({ "--steps", "60", "--save-every", "20", "--threads", "1" }) }, " ")
+        -- the run starts with room for its cartridge (256 KiB with p 64 on
+        -- the demo model); once its first step is out, the disk is filled
+        local rc, out, err = helper.on_small_disk(tmp, "1m", ([[
+TMPDIR=%s
+printf old-rows > "$SMALL/c.safetensors"; printf old-metrics > "$SMALL/c.metrics.jsonl"
+TMPDIR=%s "$BIN" run recipes/selfstudy.lua %s --save "$SMALL/c.safetensors" </dev/null >"$TMPDIR/out" \
+    2>"$TMPDIR/err" &
+pid=$!
+while ! grep -q "step   1/" "$TMPDIR/out" 2>/dev/null && kill -0 $pid 2>/dev/null; do sleep 0.05; done
+dd if=/dev/zero of="$SMALL/fill" bs=4k 2>/dev/null
+wait $pid; rc=$?
+cat "$TMPDIR/out"; cat "$TMPDIR/err" >&2
+echo "files: $(cat "$SMALL/c.safetensors") $(cat "$SMALL/c.metrics.jsonl") $(ls "$SMALL" | tr '\n' ' ')"
+exit $rc]]):format(helper.q(rescue), helper.q(rescue), flags))
+        if not rc then return pending(out) end
+        print("  " .. err:gsub("\n$", ""):gsub("\n", "\n  "))
+        assert.are_not.equal(0, rc)
+        assert.truthy(out:find("step  60/60", 1, true), out) -- the run went on to its end
+        assert.truthy(err:find("checkpoint of step 20 not saved", 1, true), err)
+        assert.truthy(out:find("files: old-rows old-metrics ", 1, true), out) -- neither was touched
+        -- the failed run's own lines went to the .partial file while there was room
+        assert.truthy(out:find(" c.metrics.jsonl.partial ", 1, true), out)
+        local saved = err:match("so the trained rows are in (%S+): move it")
+        assert.truthy(saved and saved:find(rescue, 1, true) and err:find("--resume " .. saved, 1, true), err)
+        local m = cartridge.model.load(helper.root .. "/models/default.gguf")
+        local c, info = cartridge.cart.load(saved, m)
+        assert.are.equal("60", info.metadata["cartridge.step"])
+        c:free()
+        m:free()
+        local lines = 0
+        for _ in io.lines(saved:gsub("%.safetensors$", "") .. ".metrics.jsonl") do lines = lines + 1 end
+        assert.is_true(lines > 60)
+    end)
+
     it("takes corpus and output paths with spaces and quotes (no shell)", function()
         if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
         local fs = require("cartridge.fs")

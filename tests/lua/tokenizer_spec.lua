@@ -173,4 +173,28 @@ describe("cartridge.tokenizer", function()
         local prose = "Once upon a time, there was a little girl named Lily. 12345 ünïcode"
         assert.are.equal(prose, tok:decode(tok:encode(prose)))
     end)
+
+    it("leaves control-token texts inside plain ranges as text, and checks the ranges", function()
+        local path = dir .. "/bytes.gguf"
+        write_byte_vocab(path)
+        local tok = tokenizer.load(path)
+        local text = "a<|end|>b<|end|>c<|end|>"
+        local all = tok:encode(text, { special = true })
+        assert.are.same({ 97, 256, 98, 256, 99, 256 }, all)
+        -- the second marker lies in [8, 16): it stays 7 bytes of text
+        local some = tok:encode(text, { special = true, plain = { 8, 16 } })
+        assert.are.same({ 97, 256, 98 }, { some[1], some[2], some[3] })
+        assert.are.equal(3 + 7 + 2, #some)
+        assert.are.equal(text, tok:decode(some, { special = true }))
+        -- a range that covers part of a marker keeps all of it text
+        assert.are.equal(2 + 7 + 2 + 1, #tok:encode(text, { special = true, plain = { 0, 2 } }))
+        -- touching ranges, and empty ones, are fine; disorder and overflow are not
+        assert.are.same(all, tok:encode(text, { special = true, plain = { 0, 1, 1, 1, 8, 9 } }))
+        for _, bad in ipairs({ { 5, 2 }, { 0, 99 }, { -1, 2 }, { 4, 6, 2, 3 } }) do
+            local ok, err = pcall(tok.encode, tok, text, { special = true, plain = bad })
+            assert.is_false(ok)
+            assert.truthy(err:find("must lie within the text's 24 bytes", 1, true), err)
+        end
+        tok:free()
+    end)
 end)
