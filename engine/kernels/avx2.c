@@ -336,6 +336,26 @@ QK_PRIM qi qi_dot(qi acc, qb u, const int8_t *x) {
     qi r = {qk_madd(acc.a, u.a, bx), qk_madd(acc.b, u.b, bx)};
     return r;
 }
+/* 16 lanes of two int16 partial sums (qgeneric.h's QK_DOT16 path): the
+ * maddubs products added without widening, then widened once per run. */
+typedef struct { __m256i a, b; } qh;
+QK_PRIM qh qh_zero(void) {
+    qh r = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    return r;
+}
+QK_PRIM qh qh_dot(qh acc, qb u, const int8_t *x) {
+    const __m256i bx = qk_bcast4(x);
+    qh r = {_mm256_add_epi16(acc.a, _mm256_maddubs_epi16(u.a, bx)),
+            _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(u.b, bx))};
+    return r;
+}
+QK_PRIM qi qi_add_qh(qi acc, qh h) {
+    const __m256i one = _mm256_set1_epi16(1);
+    qi r = {_mm256_add_epi32(acc.a, _mm256_madd_epi16(h.a, one)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(h.b, one))};
+    return r;
+}
+#define QK_DOT16 1
+
 QK_PRIM qi qi_dots(qi acc, qs w, const int8_t *x) {
     const __m256i bx = qk_bcast4(x);
     qi r = {qk_madd(acc.a, _mm256_abs_epi8(w.a), _mm256_sign_epi8(bx, w.a)),

@@ -91,7 +91,40 @@ QK_INLINE void qk_unit(const int type, const uint8_t *q, const int units, const 
  * waits on the one before it. */
 #define QK_CH(NT) ((NT) == 1 ? 4 : 2)
 
-QK_INLINE void qk_dot(const int NT, qi *d, const qb *u, const int8_t *const *x, const int g0, const int g1) {
+/* The quads whose products a level with 16-bit partial sums (QK_DOT16) may
+ * add before widening, for fields of `bits` bits: each 16-bit lane gets
+ * two products per quad, |u x| <= (2^bits - 1) * 127 each (activations lie
+ * in [-127, 127]), so a run of r quads stays within 2 r (2^bits - 1) 127:
+ * 30480 for 4 bits (8 quads), 31496 for 5 (4), 32004 for 6 (2). */
+#define QK_RUN(bits) ((bits) <= 4 ? 8 : (bits) == 5 ? 4 : 2)
+
+#ifdef QK_DOT16
+/* qk_dot with 16-bit partial sums (qh_dot) over runs of QK_RUN(bits) quads,
+ * each widened into the 32-bit sum (qi_add_qh): exact, so the same sums. */
+QK_INLINE void qk_dot_bits(const int NT, const int bits, qi *d, const qb *u, const int8_t *const *x,
+                           const int g0, const int g1) {
+    const int run = QK_RUN(bits);
+    for (int t = 0; t < NT; t++) d[t] = qi_zero();
+#pragma GCC unroll 8
+    for (int g = g0; g < g1; g += run) {
+        qh h[QK_T];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) h[t] = qh_zero();
+        const int end = g + run < g1 ? g + run : g1;
+#pragma GCC unroll 8
+        for (int k = g; k < end; k++)
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) h[t] = qh_dot(h[t], u[k], x[t] + 4 * k);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) d[t] = qi_add_qh(d[t], h[t]);
+    }
+}
+#define qk_dot(NT, d, u, x, g0, g1) qk_dot_bits(NT, bits, d, u, x, g0, g1)
+#else
+#define qk_dot(NT, d, u, x, g0, g1) qk_dot32(NT, d, u, x, g0, g1)
+#endif
+
+QK_INLINE void qk_dot32(const int NT, qi *d, const qb *u, const int8_t *const *x, const int g0, const int g1) {
     qi c[4][QK_T];
     for (int k = 0; k < QK_CH(NT); k++)
         for (int t = 0; t < NT; t++) c[k][t] = qi_zero();
@@ -170,8 +203,10 @@ QK_INLINE void qk_tile_32(const int type, const int NT, const qk_src *w, const u
             qk_dots(NT, d, ws, x, xs);
         } else {
             qb u[8];
+            const int bits = qk_field_bits(type);
             qk_unit(type, q, 1, 0, u);
             qk_dot(NT, d, u, x, 0, 8);
+            (void)bits;
         }
         const qf dw = qf_load_f16(s);
         const qf mw = with_m ? qf_load_f16(s + 32) : qf_zero();
@@ -199,8 +234,10 @@ QK_INLINE void qk_unit_256(const int type, const int NT, const uint8_t *q, const
         bs[t] = a->s + (t0 + t) * (cols / 16) + e0 / 16;
     }
     qb u[8];
+    const int bits = qk_field_bits(type);
     qk_unit(type, q, 8, j, u);
     qi d[QK_T];
+    (void)bits;
     if (type == CART_IQ4_XS) {
         qs ws[8];
 #pragma GCC unroll 8
