@@ -3,7 +3,9 @@
  * Included by avx512.c (QK_VNNI 0: AVX-512BW, the byte products through
  * vpmaddubsw + vpmaddwd) and avx512vnni.c (QK_VNNI 1: vpdpbusd). Both give
  * exact int32 sums: unsigned fields are below 64, so vpmaddubsw's 16-bit
- * pair sums cannot saturate; signed weights go through the sign trick
+ * pair sums cannot saturate, and on BW they are added in 16 bits over runs
+ * of quads short enough not to overflow (QK_RUN) before one vpmaddwd
+ * widens them; signed weights go through the sign trick
  * (|w| times x with w's sign) on BW, and on VNNI as w + 128 times x, less
  * 128 times the sum of x once per block (qi_dots_end).
  */
@@ -67,6 +69,13 @@ QK_PRIM qi qi_dots_end(qi acc, int32_t xsum) {
     (void)xsum;
     return acc;
 }
+/* 16-bit partial sums (qgeneric.h's QK_DOT16 path): vpmaddubsw's products
+ * added without widening, widened once per run of quads. */
+typedef __m512i qh;
+QK_PRIM qh qh_zero(void) { return _mm512_setzero_si512(); }
+QK_PRIM qh qh_dot(qh acc, qb u, const int8_t *x) { return _mm512_add_epi16(acc, _mm512_maddubs_epi16(u, qk_bcast4(x))); }
+QK_PRIM qi qi_add_qh(qi acc, qh h) { return _mm512_add_epi32(acc, _mm512_madd_epi16(h, _mm512_set1_epi16(1))); }
+#define QK_DOT16 1
 #endif
 QK_PRIM qs qs_levels(qb v) {
     const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)qk_iq4_levels));

@@ -457,11 +457,53 @@ static void test_repack_refuses_what_init_refuses_and_skips_other_types(void) {
     CHECK(w.packed == NULL && bytes == 0);
 }
 
+/* The largest sums a product can reach: every quant byte 0xff (every field
+ * at its maximum, every sub-block scale and min at 63), activations all +1
+ * or all -1 (so every q is +127 or -127), 16 rows and 1-16 tokens. The
+ * 16-bit partial sums of the byte-product levels must not overflow here
+ * (qgeneric.h's QK_RUN): the bits are still the contract's. */
+static void test_the_largest_sums_give_the_contracts_bits(void) {
+    for (int d = 0; d < NQ; d++) {
+        const int32_t dtype = qtypes[d];
+        const scale_fields *sf = scales_of(dtype);
+        const int64_t rows = 16, cols = 2 * block_size_of(dtype), ldy = rows, n = 16;
+        const uint64_t rb = row_bytes_of(dtype, cols);
+        uint8_t *data = malloc(rb * (uint64_t)rows);
+        memset(data, 0xff, rb * (uint64_t)rows);
+        const uint16_t one = cart_f32_to_f16(1.0f / 1024);
+        for (uint64_t b = 0; b < rb * (uint64_t)rows / (uint64_t)sf->block_bytes; b++)
+            for (int f = 0; f < 2; f++)
+                if (sf->at[f] >= 0) memcpy(data + b * (uint64_t)sf->block_bytes + sf->at[f], &one, 2);
+        cart_weight w, wp;
+        CHECK_OK(cart_weight_init(&w, dtype, data, rows, cols));
+        wp = w;
+        CHECK_OK(cart_weight_repack(&wp, NULL, NULL));
+        float *x = malloc(sizeof(float) * (size_t)(n * cols));
+        float *want = malloc(sizeof(float) * (size_t)(n * ldy)), *got = malloc(sizeof(float) * (size_t)(n * ldy));
+        int64_t wrong = 0;
+        for (int sign = -1; sign <= 1; sign += 2) {
+            for (int64_t i = 0; i < n * cols; i++) x[i] = (float)sign;
+            ref_product(want, ldy, x, cols, dtype, data, rows, cols, n);
+            for (int64_t k = 1; k <= n; k++)
+                for (int layout = 0; layout < 2; layout++) {
+                    CHECK_OK(cart_matmul_forward(got, ldy, x, cols, layout ? &wp : &w, k, NULL));
+                    if (!same_bits(got, want, k, rows, ldy)) wrong++;
+                }
+        }
+        printf("  %-6s all fields at their maximum, activations +-127: %lld calls differ (want 0)\n",
+               cart_dtype_name(dtype), (long long)wrong);
+        CHECK_MSG(wrong == 0, "%s: %lld calls differ at the largest sums", cart_dtype_name(dtype), (long long)wrong);
+        cart_weight_free_packed(&wp);
+        free(x), free(want), free(got), free(data);
+    }
+}
+
 int main(void) {
     CHECK(fegetround() == FE_TONEAREST);
     RUN(test_activations_are_quantized_by_the_contracts_rules);
     RUN(test_every_block_type_gives_the_contracts_bits);
     RUN(test_long_batches_and_shared_inputs_give_the_same_bits);
+    RUN(test_the_largest_sums_give_the_contracts_bits);
     RUN(test_the_contract_is_the_product_up_to_the_activations_rounding);
     RUN(test_repack_refuses_what_init_refuses_and_skips_other_types);
     return check_finish("qdot");
