@@ -15,7 +15,8 @@
  *
  * Input: byte 0 picks the tokenizer (bit 0, plus 2 for bit 5, modulo the
  * vocabularies found) and the encode flags (bit 1 PARSE_SPECIAL, bit 2
- * ADD_SPECIAL); bit 7 asks for the short-buffer check; bits 3-4 are the
+ * ADD_SPECIAL); bit 7 asks for the short-buffer check; bit 6 for the
+ * plain-range checks (check_plain); bits 3-4 are the
  * decode flags of the id sequence below. The rest is the text. Per input:
  *   - encode, and check every id is in the vocabulary (with bit 7: that a
  *     buffer of half the size gets the same count and a prefix of the ids);
@@ -204,6 +205,46 @@ static void check_encode(const vocab *v, const char *s, int64_t len, int32_t fla
     }
 }
 
+/* cart_tokenizer_encode_plain: with the whole text one plain range it gives
+ * the ids of an encode without PARSE_SPECIAL; with ranges cut from the text
+ * (every other run of 1-8 bytes, lengths from the text's bytes) every id is
+ * in the vocabulary; ranges out of order or past the end are refused with
+ * CART_E_ARG. */
+static void check_plain(const vocab *v, const char *s, int64_t len, int32_t flags) {
+    const cart_tokenizer *t = v->t;
+    int64_t n = 0, n2 = 0;
+    int64_t whole[2] = {0, len};
+    int rc = cart_tokenizer_encode_plain(t, s, len, flags | CART_TOKENIZE_PARSE_SPECIAL, whole, 1, ids, MAX_IDS, &n);
+    FUZZ_CHECK(rc == CART_OK, "%s: encode_plain of %lld bytes: %s", v->name, (long long)len, cart_last_error());
+    rc = cart_tokenizer_encode(t, s, len, flags & ~CART_TOKENIZE_PARSE_SPECIAL, ids2, MAX_IDS, &n2);
+    FUZZ_CHECK(rc == CART_OK && n == n2 && (n > MAX_IDS || memcmp(ids, ids2, (size_t)n * sizeof ids[0]) == 0),
+               "%s: one plain range over all %lld bytes is not an encode without special parsing", v->name,
+               (long long)len);
+    int64_t ranges[2 * 64], nr = 0, at = 0;
+    for (int k = 0; at < len && nr < 64; k++) {
+        const int64_t step = 1 + ((const uint8_t *)s)[at] % 8;
+        const int64_t end = at + step < len ? at + step : len;
+        if (k % 2) {
+            ranges[2 * nr] = at;
+            ranges[2 * nr + 1] = end;
+            nr++;
+        }
+        at = end;
+    }
+    rc = cart_tokenizer_encode_plain(t, s, len, flags | CART_TOKENIZE_PARSE_SPECIAL, ranges, nr, ids, MAX_IDS, &n);
+    FUZZ_CHECK(rc == CART_OK, "%s: encode_plain with %lld ranges: %s", v->name, (long long)nr, cart_last_error());
+    for (int64_t i = 0; i < n && i < MAX_IDS; i++)
+        FUZZ_CHECK(ids[i] >= 0 && ids[i] < v->n_vocab, "%s: plain id %d at %lld", v->name, (int)ids[i], (long long)i);
+    int64_t bad[4] = {0, len + 1, 0, 0};
+    FUZZ_CHECK(cart_tokenizer_encode_plain(t, s, len, flags, bad, 1, ids, MAX_IDS, &n) == CART_E_ARG,
+               "%s: a range past the end was taken", v->name);
+    if (nr >= 2) {
+        bad[0] = ranges[2], bad[1] = ranges[3], bad[2] = ranges[0], bad[3] = ranges[1];
+        FUZZ_CHECK(cart_tokenizer_encode_plain(t, s, len, flags, bad, 2, ids, MAX_IDS, &n) == CART_E_ARG,
+                   "%s: ranges out of order were taken", v->name);
+    }
+}
+
 /* Any ids decode, and each piece is what decode gives for it alone (up to
  * the SentencePiece leading-space strip, so pieces are only run). */
 static void check_decode_ids(const vocab *v, const uint8_t *p, size_t len, int32_t flags) {
@@ -231,6 +272,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int64_t len = (int64_t)size - 1;
     if (len > MAX_TEXT - 1) return 0;
     check_encode(v, s, len, flags, data[0] & 0x80);
+    if (data[0] & 0x40) check_plain(v, s, len, flags);
     check_decode_ids(v, data + 1, size - 1, (data[0] >> 3) & 3);
     return 0;
 }
