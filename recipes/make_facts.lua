@@ -4,8 +4,9 @@
 --   cartridge run recipes/make_facts.lua --seed 1001 --facts 40 --out out/facts
 --
 -- Writes DIR/doc.md (plain sentences under a title, in paragraphs) and
--- DIR/qa.jsonl (one {"question": ..., "answer": ...} per line, the answer a
--- short exact string). Names, places and numbers are drawn fresh from the
+-- DIR/qa.jsonl (one {"question", "answer", "relation", "others"} per line:
+-- the answer a short exact string, others the document's other values of
+-- the same relation, which a right reply must not also name). Names, places and numbers are drawn fresh from the
 -- seed (lua/cartridge/facts.lua), so no model has seen them; the same seed
 -- gives the same bytes. The reader model (recipes/pretrain.lua --preset
 -- reader) trains on documents of seeds below 1000, so seeds from 1000 up are
@@ -32,9 +33,10 @@ end
 
 local d = facts.document(opts.seed, opts.facts)
 fs.mkdirs(opts.out)
-local lines = {}
+local lines, others = {}, facts.others(d)
 for i, f in ipairs(d.facts) do
-    lines[i] = json.encode({ question = f.question, answer = f.answer })
+    lines[i] = json.encode({ question = f.question, answer = f.answer, relation = f.relation,
+        others = json.array(others[i]) })
 end
 fs.write_atomic(opts.out .. "/doc.md", d.text)
 fs.write_atomic(opts.out .. "/qa.jsonl", table.concat(lines, "\n") .. "\n")

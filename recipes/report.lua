@@ -24,7 +24,9 @@
 --
 -- --qa FILE instead answers the questions of a JSONL file (make_facts.lua
 -- writes one) in each arm, greedily, and counts an answer when the reply's
--- first line contains the expected string, case-insensitive and trimmed:
+-- first line holds the expected answer as a whole word (case-insensitive)
+-- and none of the question's "others" (the document's other values of that
+-- relation); --json also gives every question's reply and verdict per arm:
 --
 --   cartridge run recipes/report.lua --model models/reader.gguf --qa out/facts/qa.jsonl \
 --       --corpus out/facts/doc.md --load out/facts/c.safetensors
@@ -46,7 +48,7 @@ local opts = options.parse(arg, {
         { "model", help = "GGUF model (default: " .. defaults.user_model .. ", else the embedded demo model)" },
         { "corpus", repeatable = true, help = "the corpus the cartridges were trained on (for the ICL arm)" },
         { "heldout", help = "a JSON array of held-out texts to score" },
-        { "qa", help = "instead: a JSONL file of {\"question\", \"answer\"} lines to answer (exact match)" },
+        { "qa", help = "instead: a JSONL file of {\"question\", \"answer\"[, \"others\"]} lines to answer (the answer as a whole word of the reply's first line, none of the others beside it)" },
         { "max-a", type = "int", default = 24, help = "--qa: answer budget, tokens" },
         { "load", repeatable = true, help = "a cartridge to score (repeatable)" },
         { "icl-max", type = "int", default = 4096, help = "corpus tokens in the ICL context at most" },
@@ -141,13 +143,13 @@ if opts.qa then
     print(("%-46s %8s %10s %14s"):format("arm", "KV rows", "KV bytes", "exact match"))
     local rows_out = {}
     for _, a in ipairs(arms) do
-        local right, total, rows = facts.accuracy(m, qa, { cartridge = a.cartridge, system = a.system,
+        local right, total, rows, replies = facts.accuracy(m, qa, { cartridge = a.cartridge, system = a.system,
             max_a = opts.max_a })
         a.rows = rows
         print(("%-46s %8d %10s %7d/%-3d %3.0f%%"):format(a.name, a.rows, fmt.bytes(a.rows * row_bytes), right, total,
             100 * right / total))
         rows_out[#rows_out + 1] = { arm = a.name, kv_rows = a.rows, kv_bytes = a.rows * row_bytes, right = right,
-            total = total }
+            total = total, answers = replies }
     end
     print(("(%.1f s)"):format(C.cart_now_seconds() - started))
     if opts.json then print(json.encode(rows_out)) end

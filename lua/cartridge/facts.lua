@@ -255,11 +255,53 @@ function facts.conversation(g, d, T, opts)
     return pieces
 end
 
--- Whether a reply answers a fact: its first line, trimmed, contains the
--- expected string, case-insensitively.
-function facts.correct(reply, expected)
-    local first = (reply:match("^[^\n]*") or ""):gsub("^%s+", ""):gsub("%s+$", "")
-    return first:lower():find(expected:lower(), 1, true) ~= nil
+-- Whether `word` occurs in `line` as a whole word: case-insensitively, with
+-- no letter or digit (ASCII, or any byte of a multi-byte UTF-8 character)
+-- right before or after it.
+local function edge(c) return c == "" or not (c:find("^%w") or c:byte() >= 128) end
+
+local function has_word(line, word)
+    line, word = line:lower(), word:lower()
+    if word == "" then return false end
+    local at = 1
+    while true do
+        local i, j = line:find(word, at, true)
+        if not i then return false end
+        if edge(line:sub(i - 1, i - 1)) and edge(line:sub(j + 1, j + 1)) then return true end
+        at = i + 1
+    end
+end
+facts.has_word = has_word
+
+-- Whether a reply answers a fact: its first line holds the expected answer
+-- as a whole word (case-insensitively), and holds none of `others` (the
+-- other values of the same relation in the document, when given) as a
+-- whole word: a reply naming every pet of the document is not right.
+function facts.correct(reply, expected, others)
+    local first = reply:match("^[^\n]*") or ""
+    if not has_word(first, expected) then return false end
+    for _, o in ipairs(others or {}) do
+        if o:lower() ~= expected:lower() and has_word(first, o) then return false end
+    end
+    return true
+end
+
+-- The other values of each fact's relation in document d, for
+-- facts.correct: others[i] lists the answers of d's other facts of fact
+-- i's relation that differ from fact i's answer.
+function facts.others(d)
+    local out = {}
+    for i, f in ipairs(d.facts) do
+        local seen, list = { [f.answer:lower()] = true }, {}
+        for _, g in ipairs(d.facts) do
+            if g.relation == f.relation and not seen[g.answer:lower()] then
+                seen[g.answer:lower()] = true
+                list[#list + 1] = g.answer
+            end
+        end
+        out[i] = list
+    end
+    return out
 end
 
 -- The questions of a JSONL file of {"question", "answer"} lines (blank
@@ -273,11 +315,15 @@ function facts.read_qa(path)
         n_line = n_line + 1
         if line:find("%S") then
             local ok, e = pcall(json.decode, line)
+            local others_ok = ok and type(e) == "table" and (e.others == nil or type(e.others) == "table")
+            if others_ok and e.others then
+                for _, o in ipairs(e.others) do others_ok = others_ok and type(o) == "string" end
+            end
             if not ok or type(e) ~= "table" or type(e.question) ~= "string" or type(e.answer) ~= "string"
-                or e.answer == "" then
+                or e.answer == "" or not others_ok then
                 f:close()
-                error(('qa: %s line %d is not {"question": string, "answer": non-empty string}%s')
-                    :format(path, n_line, ok and "" or (": " .. tostring(e))), 0)
+                error(('qa: %s line %d is not {"question": string, "answer": non-empty string, optional '
+                    .. '"others": [strings]}%s'):format(path, n_line, ok and "" or (": " .. tostring(e))), 0)
             end
             qa[#qa + 1] = e
         end
@@ -289,19 +335,23 @@ end
 
 -- How many of the questions m answers right, greedily, in one arm: opts.cartridge
 -- (its rows in front), opts.system (a system message, e.g. the corpus), or
--- neither (bare); opts.max_a (24) tokens at most. Returns right, total and
--- the KV rows in front of the last question's turn.
+-- neither (bare); opts.max_a (24) tokens at most; scored by facts.correct
+-- with each question's others. Returns right, total, the KV rows in front
+-- of the last question's turn, and every question's { question, expected,
+-- reply, right }.
 function facts.accuracy(m, qa, opts)
     local serve = require("cartridge.serve")
     opts = opts or {}
-    local right, rows = 0, 0
-    for _, e in ipairs(qa) do
+    local right, rows, replies = 0, 0, {}
+    for i, e in ipairs(qa) do
         local r = serve.answer({ model = m, cartridge = opts.cartridge, system = opts.system, question = e.question,
             max_a = opts.max_a or 24 })
-        if facts.correct(r.text, e.answer) then right = right + 1 end
+        local ok = facts.correct(r.text, e.answer, e.others)
+        if ok then right = right + 1 end
+        replies[i] = { question = e.question, expected = e.answer, reply = r.text, right = ok }
         rows = r.rows + r.prompt_tokens - r.question_tokens
     end
-    return right, #qa, rows
+    return right, #qa, rows, replies
 end
 
 -- How well self-study's bots cover a fact document: synthesizes `groups`

@@ -86,11 +86,29 @@ describe("the reading task", function()
         end
     end)
 
-    it("counts a reply whose first line contains the answer, case-insensitive and trimmed", function()
+    it("counts a reply whose first line holds the answer as a whole word and no other value of its relation",
+        function()
         assert.is_true(facts.correct("  Kristail.\nmore", "kristail"))
         assert.is_true(facts.correct("It is 5154", "5154"))
         assert.is_false(facts.correct("no\nKristail", "Kristail"))
         assert.is_false(facts.correct("", "x"))
+        -- whole words only: a two-letter pet name inside another word is not it
+        assert.is_false(facts.correct("Her lamp is called Lamor.", "La"))
+        assert.is_true(facts.correct("Her cat is called La.", "La"))
+        assert.is_false(facts.correct("She is 515", "51"))
+        -- naming every value of the relation is not an answer
+        assert.is_false(facts.correct("Kristail or Braneam", "Kristail", { "Braneam", "Osto" }))
+        assert.is_true(facts.correct("Kristail, not far from Braneamkris", "Kristail", { "Braneam" }))
+        assert.is_true(facts.correct("In Kristail.", "Kristail", { "kristail" })) -- the same value listed
+        -- others come from the document: each fact's relation's other values
+        local d = facts.document(1003, 12, { relations = 2 })
+        local others = facts.others(d)
+        for i, f in ipairs(d.facts) do
+            for _, o in ipairs(others[i]) do assert.are_not.equal(f.answer:lower(), o:lower()) end
+            local n = 0
+            for _, g in ipairs(d.facts) do if g.relation == f.relation and g.answer ~= f.answer then n = n + 1 end end
+            assert.is_true(#others[i] <= n and (n == 0 or #others[i] > 0))
+        end
     end)
 
     it("make_facts.lua writes the document and its questions, the same bytes for a seed", function()
@@ -101,11 +119,14 @@ describe("the reading task", function()
         local doc = helper.read_file(tmp .. "/f/doc.md")
         assert.are.equal(facts.document(1003, 12).text, doc)
         local n = 0
+        local others = facts.others(facts.document(1003, 12))
         for line in helper.read_file(tmp .. "/f/qa.jsonl"):gmatch("[^\n]+") do
             local e = json.decode(line)
             assert.is_string(e.question)
             assert.truthy(doc:find(e.answer, 1, true), e.answer)
             n = n + 1
+            assert.are.same(others[n], e.others)
+            assert.is_string(e.relation)
         end
         assert.are.equal(12, n)
         rc, _, err = run("recipes/make_facts.lua", "--facts", "0", "--out", tmp .. "/g")
