@@ -2,6 +2,9 @@
  * model.c - loading qwen3 / llama GGUFs and the batched forward pass.
  */
 #include <math.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -324,6 +327,13 @@ void cart_model_free(cart_model *m) {
     }
     cart_gguf_close(m->gguf);
     free(m);
+#ifdef __GLIBC__
+    /* The repacked copies are thousands of blocks (a MoE model's experts
+     * one by one); once blocks allocated later sit above them, glibc keeps
+     * their pages. Give them back, so that a freed 14 GiB model is 14 GiB
+     * the system has again. */
+    malloc_trim(0);
+#endif
 }
 
 /* Replaces *w by an f32 copy, counting the bytes. */
