@@ -28,14 +28,21 @@ local server_mod = require("cartridge.server")
 
 local opts = options.parse(arg, {
     summary = "Serve a GGUF model and its cartridges over an OpenAI-compatible HTTP API.",
-    positional = { { "model", help = "the GGUF model", required = true } },
+    positional = { { "gguf", help = "the GGUF model (or --model)" } },
     flags = {
+        { "model", help = "the GGUF model (the same as the positional argument)" },
         { "host", default = "127.0.0.1", help = "address to listen on" },
         { "port", type = "int", default = 8080, help = "port (0: any free port, printed at start)" },
         { "cartridge", repeatable = true, help = "NAME=PATH or PATH of a cartridge to serve (repeatable)" },
         { "ctx", type = "int", default = 4096, help = "tokens per slot after the cartridge rows (prompt + completion)" },
         { "parallel", type = "int", default = 4, help = "slots: requests decoded together" },
         { "api-key", help = "require 'Authorization: Bearer KEY' on /v1 requests" },
+        { "temp", type = "number", help = "temperature of a request that gives none (default 1, OpenAI's)" },
+        { "top-p", type = "number", help = "top_p of a request that gives none (default 1: off)" },
+        { "top-k", type = "int", help = "top_k of a request that gives none (default 0: off)" },
+        { "min-p", type = "number", help = "min_p of a request that gives none (default 0: off)" },
+        { "repeat-penalty", type = "number", help = "repeat_penalty of a request that gives none (default 1: off)" },
+        { "seed", type = "int", help = "sampling seed of a request that gives none (default 0)" },
         { "parse-special", type = "boolean", help = "read special-token texts (<|im_start|>, ...) in what clients "
             .. "write as those tokens (default: as text, so that no client can forge a turn)" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
@@ -58,7 +65,14 @@ local opts = options.parse(arg, {
 })
 require("cartridge.cart").allow_foreign = opts.foreign_cartridge
 
+if opts.model and opts.gguf and opts.model ~= opts.gguf then
+    error(("serve: two models: %s (positional) and --model %s; give one"):format(opts.gguf, opts.model), 0)
+end
+opts.model = opts.model or opts.gguf
+if not opts.model then error("serve: give the model: serve.lua MODEL.gguf, or --model MODEL.gguf (see --help)", 0) end
 if opts.parallel < 1 or opts.ctx < 16 then error("serve: --parallel must be >= 1 and --ctx >= 16", 0) end
+local sampling = server_mod.sampling_defaults({ temperature = opts.temp, top_p = opts.top_p, top_k = opts.top_k,
+    min_p = opts.min_p, repeat_penalty = opts.repeat_penalty, seed = opts.seed })
 local kv_cache_max, why = require("cartridge.kvstore").parse_size(opts.kv_cache_max)
 if not kv_cache_max then error("serve: --kv-cache-max: " .. why, 0) end
 cartridge.set_threads(opts.threads)
@@ -101,7 +115,7 @@ local h = http.listen({ host = opts.host, port = opts.port, max_body_bytes = opt
 h:catch_signals()
 local srv = server_mod.new({
     model = m, model_name = model_name, cartridges = carts, http = h, parallel = opts.parallel, ctx = opts.ctx,
-    kv = opts.kv, api_key = opts.api_key, parse_special = opts.parse_special, max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
+    kv = opts.kv, api_key = opts.api_key, parse_special = opts.parse_special, sampling = sampling, max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
     queue_limit = opts.queue, kv_cache_dir = opts.kv_cache_dir, kv_cache_max = kv_cache_max, fleet = fleet,
     log = not opts.quiet and function(line) io.stderr:write(line, "\n") end or nil,
     warn = function(line) io.stderr:write(line, "\n") end,
@@ -109,6 +123,9 @@ local srv = server_mod.new({
 print(("serving %s (%s) and %d cartridge(s)%s on http://%s:%d with %d slots"):format(model_name, opts.model,
     #opts.cartridge, fleet and (" and the fleet '%s' of %d documents"):format(fleet.name, #fleet.man.docs) or "",
     opts.host, h:port(), opts.parallel))
+print(("sampling when a request omits it: temperature %g, top_p %g, top_k %d, min_p %g, repeat_penalty %g, seed %d")
+    :format(sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repeat_penalty,
+        sampling.seed))
 io.stdout:flush()
 srv:run()
 srv:free()

@@ -153,6 +153,28 @@ Server.__index = Server
 -- kv_cache_dir, kv_cache_max (bytes) and warn (function(line) for the lines
 -- a --quiet server still prints: skipped files, failed writes); fleet (a
 -- cartridge.fleetserve, served under its name).
+-- The sampling defaults of a server from a table of the fields given
+-- (temperature, top_p, top_k, min_p, repeat_penalty, seed; nil: OpenAI's
+-- default), checked against the ranges a request may ask for. Raises
+-- "serve: --flag ..." for a value out of range.
+function server.sampling_defaults(given)
+    given = given or {}
+    local d = { temperature = 1, top_p = 1, top_k = 0, min_p = 0, repeat_penalty = 1, seed = 0 }
+    local ranges = { temperature = { 0, 2, "--temp" }, top_p = { 0, 1, "--top-p" }, top_k = { 0, INT32_MAX, "--top-k" },
+        min_p = { 0, 1, "--min-p" }, repeat_penalty = { 1e-6, 100, "--repeat-penalty" }, seed = { 0, 2 ^ 53, "--seed" } }
+    for key, r in pairs(ranges) do
+        local v = given[key]
+        if v ~= nil then
+            if type(v) ~= "number" or v ~= v or v < r[1] or v > r[2] then
+                error(("serve: %s must be a number in [%s, %s]; got %s"):format(r[3], tostring(r[1]), tostring(r[2]),
+                    tostring(v)), 0)
+            end
+            d[key] = v
+        end
+    end
+    return d
+end
+
 function server.new(opts)
     local self = setmetatable({}, Server)
     self.m = opts.model
@@ -162,6 +184,10 @@ function server.new(opts)
     self.cartridges = opts.cartridges or {}
     self.model_name = opts.model_name
     self.api_key = opts.api_key
+    -- what a request that omits a sampling field gets (serve.lua --temp,
+    -- --top-p, --top-k, --min-p, --repeat-penalty, --seed); OpenAI's
+    -- defaults otherwise: temperature 1, top_p 1, no top-k, min-p or penalty
+    self.sampling = server.sampling_defaults(opts.sampling)
     self.parse_special = opts.parse_special -- special-token texts in clients' messages are those tokens
     self.max_tokens_limit = opts.max_tokens_limit or 4096
     self.default_max_tokens = opts.default_max_tokens or 256
@@ -254,22 +280,23 @@ function Server:common_options(body)
     if body[mt_name] == nil or body[mt_name] == json.null then mt_name = "max_tokens" end
     o.max_tokens = integer_field(body, mt_name, 1, self.max_tokens_limit, self.default_max_tokens,
         " (this server's limit is " .. self.max_tokens_limit .. ")")
-    o.temperature = number_field(body, "temperature", 0, 2, 1)
-    o.top_p = number_field(body, "top_p", 0, 1, 1)
+    local d = self.sampling
+    o.temperature = number_field(body, "temperature", 0, 2, d.temperature)
+    o.top_p = number_field(body, "top_p", 0, 1, d.top_p)
     if o.top_p == 0 then o.top_p = 1e-6 end
-    o.top_k = integer_field(body, "top_k", 0, INT32_MAX, 0)
-    o.min_p = number_field(body, "min_p", 0, 1, 0)
+    o.top_k = integer_field(body, "top_k", 0, INT32_MAX, d.top_k)
+    o.min_p = number_field(body, "min_p", 0, 1, d.min_p)
     -- penalties: OpenAI's two (in [-2, 2]) and llama.cpp's repetition
     -- penalty, all over the last repeat_last_n tokens of prompt and output
     -- together, as llama.cpp's server counts them (-1: the whole context)
     o.frequency_penalty = number_field(body, "frequency_penalty", -2, 2, 0)
     o.presence_penalty = number_field(body, "presence_penalty", -2, 2, 0)
-    o.repeat_penalty = number_field(body, "repeat_penalty", 0, 100, 1)
+    o.repeat_penalty = number_field(body, "repeat_penalty", 0, 100, d.repeat_penalty)
     if o.repeat_penalty == 0 then reject(400, "repeat_penalty must be positive (1: off)", "repeat_penalty") end
     o.repeat_last_n = integer_field(body, "repeat_last_n", -1, 1048576, 64)
     if o.repeat_last_n == -1 then o.repeat_last_n = self.ctx end
     -- a negative seed is taken as its two's complement, as a C cast would
-    o.seed = integer_field(body, "seed", INT64_MIN, UINT64_END, 0, nil, true)
+    o.seed = integer_field(body, "seed", INT64_MIN, UINT64_END, d.seed, nil, true)
     if body.n ~= nil and body.n ~= json.null and body.n ~= 1 then
         reject(400, ("only n = 1 is supported; got %s"):format(shown(body.n, body, "n")), "n")
     end
@@ -862,12 +889,13 @@ function Server:messages_options(body)
     end
     o.max_tokens = integer_field(body, "max_tokens", 1, self.max_tokens_limit, nil,
         " (this server's limit is " .. self.max_tokens_limit .. ")")
-    o.temperature = number_field(body, "temperature", 0, 1, 1)
-    o.top_p = number_field(body, "top_p", 0, 1, 1)
+    local d = self.sampling
+    o.temperature = number_field(body, "temperature", 0, 1, math.min(d.temperature, 1))
+    o.top_p = number_field(body, "top_p", 0, 1, d.top_p)
     if o.top_p == 0 then o.top_p = 1e-6 end
-    o.top_k = integer_field(body, "top_k", 0, INT32_MAX, 0)
-    o.min_p, o.seed = 0, 0
-    o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.repeat_last_n = 0, 0, 1, 64
+    o.top_k = integer_field(body, "top_k", 0, INT32_MAX, d.top_k)
+    o.min_p, o.seed = d.min_p, d.seed
+    o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.repeat_last_n = 0, 0, d.repeat_penalty, 64
     o.stop = {}
     local stop = body.stop_sequences
     if json.kind(stop) == "array" then
@@ -996,11 +1024,12 @@ function Server:responses_options(body)
     local o = {}
     o.max_tokens = integer_field(body, "max_output_tokens", 1, self.max_tokens_limit, self.default_max_tokens,
         " (this server's limit is " .. self.max_tokens_limit .. ")")
-    o.temperature = number_field(body, "temperature", 0, 2, 1)
-    o.top_p = number_field(body, "top_p", 0, 1, 1)
+    local d = self.sampling
+    o.temperature = number_field(body, "temperature", 0, 2, d.temperature)
+    o.top_p = number_field(body, "top_p", 0, 1, d.top_p)
     if o.top_p == 0 then o.top_p = 1e-6 end
-    o.top_k, o.min_p, o.seed = 0, 0, 0
-    o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.repeat_last_n = 0, 0, 1, 64
+    o.top_k, o.min_p, o.seed = d.top_k, d.min_p, d.seed
+    o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.repeat_last_n = 0, 0, d.repeat_penalty, 64
     o.stop = {}
     o.stream = boolean_field(body, "stream")
     o.echo_tool_choice = (type(body.tool_choice) == "string" or json.kind(body.tool_choice) == "object")
@@ -1035,7 +1064,7 @@ function Server:response_object(job, status)
                 arguments = c["function"].arguments, status = "completed" }
         end
     end
-    local obj = { id = job.completion_id, object = "response", created_at = self.created, status = status,
+    local obj = { id = job.completion_id, object = "response", created_at = job.created, status = status,
         model = job.name, output = output, parallel_tool_calls = false, tool_choice = "none", tools = json.array(),
         error = json.null, incomplete_details = status == "incomplete" and { reason = "max_output_tokens" } or json.null,
         usage = status == "in_progress" and json.null or { input_tokens = #job.prompt,
@@ -1216,6 +1245,7 @@ function Server:make_job(id, req)
             kind == "responses" and "resp_" or "cmpl-")
             .. ("%d%06d"):format(self.created, self.counter),
         received = now(),
+        created = os.time(), -- the response's time, as OpenAI's created (Unix seconds)
     }
 end
 
@@ -1389,10 +1419,10 @@ function Server:chunk(job, delta, finish)
         end
         return
     elseif job.kind == "chat" then
-        obj = { id = job.completion_id, object = "chat.completion.chunk", created = self.created, model = job.name,
+        obj = { id = job.completion_id, object = "chat.completion.chunk", created = job.created, model = job.name,
             choices = json.array({ { index = 0, delta = delta, finish_reason = finish or json.null, logprobs = json.null } }) }
     else
-        obj = { id = job.completion_id, object = "text_completion", created = self.created, model = job.name,
+        obj = { id = job.completion_id, object = "text_completion", created = job.created, model = job.name,
             choices = json.array({ { index = 0, text = delta.content or "", finish_reason = finish or json.null,
                 logprobs = json.null } }) }
     end
@@ -1479,7 +1509,7 @@ function Server:finish_job(job)
         else self:chunk(job, { content = "" }, job.finish) end
         if job.opts.include_usage then
             local obj = { id = job.completion_id, object = job.kind == "chat" and "chat.completion.chunk" or "text_completion",
-                created = self.created, model = job.name, choices = json.array(), usage = usage(job) }
+                created = job.created, model = job.name, choices = json.array(), usage = usage(job) }
             self.http:stream_write(id, "data: " .. json.encode(with_documents(job, obj)) .. "\n\n")
         end
         self.http:stream_write(id, "data: [DONE]\n\n")
@@ -1490,11 +1520,11 @@ function Server:finish_job(job)
             local calls, content = self:job_calls(job)
             local message = { role = "assistant", content = job.text }
             if calls then message = { role = "assistant", content = content or json.null, tool_calls = calls } end
-            obj = { id = job.completion_id, object = "chat.completion", created = self.created, model = job.name,
+            obj = { id = job.completion_id, object = "chat.completion", created = job.created, model = job.name,
                 choices = json.array({ { index = 0, message = message, finish_reason = calls and "tool_calls" or job.finish,
                     logprobs = json.null } }), usage = usage(job) }
         else
-            obj = { id = job.completion_id, object = "text_completion", created = self.created, model = job.name,
+            obj = { id = job.completion_id, object = "text_completion", created = job.created, model = job.name,
                 choices = json.array({ { index = 0, text = job.text, finish_reason = job.finish, logprobs = json.null } }),
                 usage = usage(job) }
         end

@@ -968,3 +968,56 @@ describe("special-token texts in what clients write", function()
         m:free()
     end)
 end)
+
+describe("server sampling defaults and response times", function()
+    local server_mod = require("cartridge.server")
+    local MODEL = helper.root .. "/models/default.gguf"
+
+    it("gives a request that omits a sampling field the server's default (--temp ...), and a field given wins",
+        function()
+        if not helper.exists(MODEL) then return pending(MODEL .. " absent: build first") end
+        local m = cartridge.model.load(MODEL)
+        local h = helper.fake_http()
+        local srv = server_mod.new({ model = m, model_name = "default", http = h, parallel = 1, ctx = 256,
+            sampling = { temperature = 0.25, top_k = 5, min_p = 0.1, repeat_penalty = 1.2, seed = 7 } })
+        srv.created = 0 -- as if started long ago: responses carry their own time
+        local seen = {}
+        local real = srv.make_job
+        srv.make_job = function(self, ...)
+            local job = real(self, ...)
+            seen[#seen + 1] = job.opts
+            return job
+        end
+        local bodies = {
+            { "/v1/chat/completions", { messages = { { role = "user", content = "hi" } }, max_tokens = 1 } },
+            { "/v1/chat/completions", { messages = { { role = "user", content = "hi" } }, max_tokens = 1,
+                temperature = 0.9, top_k = 0, seed = 3 } },
+            { "/v1/messages", { messages = { { role = "user", content = "hi" } }, max_tokens = 1 } },
+            { "/v1/responses", { input = "hi", max_output_tokens = 1 } },
+        }
+        local t0 = os.time()
+        for i, b in ipairs(bodies) do
+            h:add(i, b[1], json.encode(b[2]))
+            srv:on_event({ kind = "request", id = i })
+            for _ = 1, 100 do
+                if not h.open[i] then break end
+                srv:turn()
+            end
+            assert.are.equal(200, h.answers[i].status, h.answers[i].body)
+            local r = json.decode(h.answers[i].body)
+            local created = r.created or r.created_at
+            if created then assert.is_true(created >= t0, b[1]) end
+        end
+        srv:free()
+        m:free()
+        assert.are.same({ 0.25, 5, 0.1, 1.2, 7 }, { seen[1].temperature, seen[1].top_k, seen[1].min_p,
+            seen[1].repeat_penalty, seen[1].seed })
+        assert.are.same({ 0.9, 0, 3 }, { seen[2].temperature, seen[2].top_k, seen[2].seed })
+        assert.are.same({ 0.25, 5, 7 }, { seen[3].temperature, seen[3].top_k, seen[3].seed })
+        assert.are.same({ 0.25, 5, 7 }, { seen[4].temperature, seen[4].top_k, seen[4].seed })
+        -- out of range is refused at start, naming the flag
+        local ok, err = pcall(server_mod.sampling_defaults, { temperature = 3 })
+        assert.is_false(ok)
+        assert.truthy(err:find("--temp must be a number in [0, 2]", 1, true), err)
+    end)
+end)
