@@ -1157,10 +1157,48 @@ end
 -- ---------------------------------------------------------------------------
 -- Jobs
 
+-- Fields a client may send that this server does not honour yet: each
+-- with the test of a value that asks for something (false, null, 0 and
+-- empty ask for nothing and pass) and what to do instead. A request asking
+-- for one gets a 400 naming it, never a reply that silently lacks it.
+local function asks(v) return v ~= nil and v ~= json.null and v ~= false and v ~= 0 end
+local function nonempty(v) return type(v) == "table" and v ~= json.null and next(v) ~= nil end
+local UNHONOURED = {
+    ["/v1/chat/completions"] = {
+        { "logprobs", asks }, { "top_logprobs", asks }, { "logit_bias", nonempty },
+    },
+    ["/v1/completions"] = {
+        { "logprobs", asks }, { "echo", asks }, { "logit_bias", nonempty }, { "suffix", function(v)
+            return type(v) == "string" and v ~= "" end },
+        { "best_of", function(v) return asks(v) and v ~= 1 end },
+    },
+    ["/v1/responses"] = {
+        { "top_logprobs", asks },
+        { "include", function(v)
+            if type(v) ~= "table" then return false end
+            for _, item in ipairs(v) do if item == "message.output_text.logprobs" then return true end end
+            return false
+        end },
+    },
+    ["/v1/messages"] = {
+        { "thinking", function(v) return type(v) == "table" and v.type ~= nil and v.type ~= "disabled" end },
+    },
+}
+
+local function refuse_unhonoured(route, body)
+    for _, f in ipairs(UNHONOURED[route] or {}) do
+        if f[2](body[f[1]]) then
+            reject(400, ("%s: this server does not support it yet (its replies would silently lack it); leave "
+                .. "it out or set it to its off value; got %s"):format(f[1], shown(body[f[1]], body, f[1])), f[1])
+        end
+    end
+end
+
 -- Builds a job from a request, or raises a RequestError.
 function Server:make_job(id, req)
     local route = req.route or req.path
     local body = parse_json(req)
+    refuse_unhonoured(route, body)
     local cart, name = self:pick(body)
     local kind, text, tools, list, plain
     local o

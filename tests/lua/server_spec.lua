@@ -1021,3 +1021,60 @@ describe("server sampling defaults and response times", function()
         assert.truthy(err:find("--temp must be a number in [0, 2]", 1, true), err)
     end)
 end)
+
+describe("fields the server does not honour", function()
+    local server_mod = require("cartridge.server")
+    local MODEL = helper.root .. "/models/default.gguf"
+
+    it("are a 400 naming the field when they ask for something, and pass at their off values", function()
+        if not helper.exists(MODEL) then return pending(MODEL .. " absent: build first") end
+        local m = cartridge.model.load(MODEL)
+        local h = helper.fake_http()
+        local srv = server_mod.new({ model = m, model_name = "default", http = h, parallel = 1, ctx = 256 })
+        local chat = function(extra)
+            local b = { messages = { { role = "user", content = "hi" } }, max_tokens = 1 }
+            for k, v in pairs(extra) do b[k] = v end
+            return b
+        end
+        local text = function(extra)
+            local b = { prompt = "hi", max_tokens = 1 }
+            for k, v in pairs(extra) do b[k] = v end
+            return b
+        end
+        local cases = { -- route, body, the field refused (nil: served)
+            { "/v1/chat/completions", chat({ logprobs = true }), "logprobs" },
+            { "/v1/chat/completions", chat({ top_logprobs = 3 }), "top_logprobs" },
+            { "/v1/chat/completions", chat({ logit_bias = { ["5"] = 10 } }), "logit_bias" },
+            { "/v1/completions", text({ echo = true }), "echo" },
+            { "/v1/completions", text({ logprobs = 2 }), "logprobs" },
+            { "/v1/completions", text({ best_of = 3 }), "best_of" },
+            { "/v1/messages", { messages = { { role = "user", content = "hi" } }, max_tokens = 1,
+                thinking = { type = "enabled", budget_tokens = 1024 } }, "thinking" },
+            { "/v1/responses", { input = "hi", max_output_tokens = 1, include = { "message.output_text.logprobs" } },
+                "include" },
+            { "/v1/chat/completions", chat({ logprobs = false, logit_bias = json.object(), top_logprobs = json.null }) },
+            { "/v1/completions", text({ echo = false, logprobs = 0, best_of = 1 }) },
+            { "/v1/messages", { messages = { { role = "user", content = "hi" } }, max_tokens = 1,
+                thinking = { type = "disabled" } } },
+        }
+        for i, case in ipairs(cases) do
+            h:add(i, case[1], json.encode(case[2]))
+            srv:on_event({ kind = "request", id = i })
+            for _ = 1, 100 do
+                if not h.open[i] then break end
+                srv:turn()
+            end
+            local a = h.answers[i]
+            if case[3] then
+                assert.are.equal(400, a.status, a.body)
+                assert.truthy(a.body:find(case[3] .. ": this server does not support it yet", 1, true), a.body)
+            else
+                assert.are.equal(200, a.status, a.body)
+            end
+        end
+        print(("  %d requests: the 8 that ask for an unhonoured field refused by name, the 3 at off values served")
+            :format(#cases))
+        srv:free()
+        m:free()
+    end)
+end)
