@@ -26,9 +26,11 @@ local opts = options.parse(arg, {
     flags = {
         { "out", metavar = "FILE", help = "the image to write: .png or .svg (required)" },
         { "title", help = "the title above the plot (default: METRIC vs X)" },
-        { "metric", default = "loss", help = "the step-line field on the y axis" },
-        { "x", default = "step", choices = { "step", "answer_tokens", "seconds" },
-          help = "the x axis: step number, or the running total of answer tokens or seconds" },
+        { "metric", default = "loss", help = "the step-line field on the y axis, or qa: the QA accuracy lines "
+            .. "of selfstudy.lua --qa, with ICL and bare as horizontal lines" },
+        { "x", default = "step", choices = { "step", "conversations", "answer_tokens", "seconds" },
+          help = "the x axis: step number, conversations so far, or the running total of answer tokens or seconds" },
+        { "smooth", type = "int", default = 1, help = "plot the trailing mean of this many points (1: as recorded)" },
         { "label", repeatable = true, help = "the legend text for each run, in order (default: file names)" },
         { "width", type = "int", default = 900, help = "image width in pixels" },
         { "height", type = "int", default = 540, help = "image height in pixels" },
@@ -38,6 +40,7 @@ local opts = options.parse(arg, {
 
 local X_LABELS = {
     step = "step",
+    conversations = "conversations (cumulative)",
     answer_tokens = "answer tokens (cumulative)",
     seconds = "seconds (cumulative)",
 }
@@ -63,6 +66,10 @@ local function check_options()
     if ext ~= "png" and ext ~= "svg" then
         error(("plot: --out %s: supported extensions are .png and .svg"):format(opts.out), 0)
     end
+    if opts.smooth < 1 then error(("plot: --smooth must be at least 1; got %d"):format(opts.smooth), 0) end
+    if opts.metric == "qa" and opts.x ~= "step" and opts.x ~= "conversations" then
+        error("plot: --metric qa plots against --x step or --x conversations (QA lines record no others)", 0)
+    end
     if #opts.label > 0 and #opts.label ~= #opts.runs then
         error(("plot: %d --label values for %d runs; give one per run or none"):format(
             #opts.label, #opts.runs), 0)
@@ -71,20 +78,34 @@ end
 
 check_options()
 local labels = #opts.label > 0 and opts.label or default_labels(opts.runs)
-local runs, points = {}, 0
+local runs, points, hlines = {}, 0, {}
 for i, path in ipairs(opts.runs) do
     local run = plot.read_run(path, { metric = opts.metric, x = opts.x })
     run.label = labels[i]
+    if opts.smooth > 1 then run.points = plot.smooth(run.points, opts.smooth) end
     runs[i] = run
     points = points + #run.points
+    for _, ref in ipairs(run.refs or {}) do
+        hlines[#hlines + 1] = { y = ref.y, label = #opts.runs > 1 and (ref.label .. " (" .. labels[i] .. ")") or ref.label }
+    end
 end
+
+-- what the y axis holds, with its unit
+local Y_LABELS = {
+    loss = "distill loss (nats, mean over the top-k targets)",
+    qa = "QA accuracy (% of questions right)",
+    seconds = "seconds per step",
+}
+local y_label = (Y_LABELS[opts.metric] or opts.metric) .. (opts.smooth > 1 and (", mean of " .. opts.smooth) or "")
 
 plot.render({
     runs = runs,
     out = opts.out,
-    title = opts.title or (opts.metric .. " vs " .. X_LABELS[opts.x]:gsub(" %(cumulative%)", "")),
+    title = opts.title or ((opts.metric == "qa" and "QA accuracy" or opts.metric) .. " vs "
+        .. X_LABELS[opts.x]:gsub(" %(cumulative%)", "")),
     x_label = X_LABELS[opts.x],
-    y_label = opts.metric .. (opts.log_y and " (log scale)" or ""),
+    y_label = y_label .. (opts.log_y and " (log scale)" or ""),
+    hlines = hlines,
     log_y = opts.log_y,
     width = opts.width,
     height = opts.height,

@@ -67,6 +67,7 @@ local PALETTE = {
 }
 local INK, AXIS, GRID, PAPER = "#222222", "#444444", "#e4e4e4", "#ffffff"
 local MAX_LABEL = 48 -- legend labels longer than this keep their tail
+local REF_COLORS = { "#555555", "#aaaaaa" } -- reference lines (spec.hlines), dark then light gray
 
 -- ---------------------------------------------------------------------------
 -- Reading metrics files
@@ -74,6 +75,32 @@ local MAX_LABEL = 48 -- legend labels longer than this keep their tail
 -- x fields the metrics file records per step, plotted as their running total
 -- (answer_tokens is recorded as the total so far already)
 local PER_STEP = { seconds = true }
+
+-- For --metric qa: a {"event": "qa", step, conversations, right, total}
+-- line is a point (y: percent right); {"event": "qa_reference", bare, icl,
+-- total} gives the run's reference lines (run.refs).
+local function read_qa_line(run, obj, xfield)
+    if type(obj) ~= "table" or type(obj.total) ~= "number" or obj.total <= 0 then return end
+    if obj.event == "qa" and type(obj.right) == "number" then
+        run.steps = run.steps + 1
+        local x = obj[xfield]
+        if type(x) == "number" then run.points[#run.points + 1] = { x, 100 * obj.right / obj.total } end
+    elseif obj.event == "qa_reference" and type(obj.icl) == "number" and type(obj.bare) == "number" then
+        run.refs = { { label = "ICL", y = 100 * obj.icl / obj.total }, { label = "bare", y = 100 * obj.bare / obj.total } }
+    end
+end
+
+-- A trailing moving average over n points (n >= 1): point i becomes the
+-- mean of points max(1, i - n + 1) .. i.
+function plot.smooth(points, n)
+    local out, sum = {}, 0
+    for i, p in ipairs(points) do
+        sum = sum + p[2]
+        if i > n then sum = sum - points[i - n][2] end
+        out[i] = { p[1], sum / math.min(i, n) }
+    end
+    return out
+end
 
 function plot.read_run(path, opts)
     opts = opts or {}
@@ -90,7 +117,9 @@ function plot.read_run(path, opts)
                 f:close()
                 error(("plot: %s:%d: not valid JSON (%s)"):format(path, n, tostring(obj)), 0)
             end
-            if type(obj) == "table" and obj.event == nil and type(obj.step) == "number" then
+            if metric == "qa" then
+                read_qa_line(run, obj, xfield)
+            elseif type(obj) == "table" and obj.event == nil and type(obj.step) == "number" then
                 run.steps = run.steps + 1
                 local x, y = obj[xfield], obj[metric]
                 if type(x) == "number" and PER_STEP[xfield] then
@@ -107,6 +136,10 @@ function plot.read_run(path, opts)
         end
     end
     f:close()
+    if metric == "qa" and run.steps == 0 then
+        error(("plot: %s has no QA lines ({\"event\": \"qa\", ...}: selfstudy.lua --qa FILE writes them, "
+            .. "--qa-every N also during the run)"):format(path), 0)
+    end
     if run.steps == 0 then
         error(("plot: %s has no step lines (expected one JSON object per line with a numeric \"step\")")
             :format(path), 0)
@@ -293,6 +326,20 @@ local function layout(spec, m)
         series[i] = { pts = pts, before = before, after = after,
                       label = shorten(run.label or ("run " .. i)), color = PALETTE[(i - 1) % #PALETTE + 1] }
     end
+    -- reference lines across the plot (QA: ICL and bare)
+    local hlines = {}
+    for k, hl in ipairs(spec.hlines or {}) do
+        if type(hl.y) == "number" and hl.y == hl.y and (not log_y or hl.y > 0) then
+            ymin, ymax = min(ymin, hl.y), max(ymax, hl.y)
+            hlines[#hlines + 1] = { y = hl.y, label = shorten(hl.label or ("line " .. k)),
+                color = hl.color or REF_COLORS[(k - 1) % #REF_COLORS + 1] }
+        end
+    end
+    if #hlines > 0 and not log_y and ymax > ymin then
+        -- room above and below, so that a line at the data's edge is not the frame
+        local span = ymax - ymin
+        ymin, ymax = ymin - 0.04 * span, ymax + 0.04 * span
+    end
 
     local hn, ht = m.text_h("normal"), m.text_h("title")
     local pad, tick, gap = 8 * s, 4 * s, 3 * s
@@ -396,9 +443,15 @@ local function layout(spec, m)
         end
     end
 
+    for _, hl in ipairs(hlines) do
+        local y = floor(py(hl.y) + 0.5)
+        add({ op = "rule", x1 = x0, y1 = y, x2 = x1, y2 = y, width = s, color = hl.color })
+    end
+
     -- Legend: top-right inside the plot, where falling loss curves rarely are.
     local rows = {}
     for _, sr in ipairs(series) do rows[#rows + 1] = { kind = "line", text = sr.label, color = sr.color } end
+    for _, hl in ipairs(hlines) do rows[#rows + 1] = { kind = "line", text = hl.label, color = hl.color } end
     if has_markers then
         rows[#rows + 1] = { kind = "ring", text = "held-out before", color = AXIS }
         rows[#rows + 1] = { kind = "dot", text = "held-out after", color = AXIS }

@@ -352,6 +352,48 @@ describe("recipes/plot.lua", function()
         assert.are.same({ 480, 300 }, { w, h })
     end)
 
+    it("plots QA accuracy with ICL and bare as lines, smooths on request, and labels the y axis", function()
+        local ok, why = need_host()
+        if not ok then return pending(why) end
+        write_run(dir .. "/qa.jsonl", 8)
+        local f = io.open(dir .. "/qa.jsonl", "ab")
+        f:write('{"event":"qa_reference","bare":1,"icl":40,"total":40}\n')
+        for _, s in ipairs({ 0, 4, 8 }) do
+            f:write(('{"event":"qa","step":%d,"conversations":%d,"right":%d,"total":40}\n'):format(s, 4 * s, 3 * s + 2))
+        end
+        f:close()
+        local run = plot.read_run(dir .. "/qa.jsonl", { metric = "qa", x = "conversations" })
+        assert.are.same({ { 0, 5 }, { 16, 35 }, { 32, 65 } }, run.points)
+        assert.are.same({ { label = "ICL", y = 100 }, { label = "bare", y = 2.5 } }, run.refs)
+        local rc, out, err = helper.cartridge("run", "recipes/plot.lua", dir .. "/qa.jsonl", "--metric", "qa",
+            "--x", "conversations", "--out", dir .. "/qa.svg")
+        assert.are.equal(0, rc, err)
+        assert.truthy(out:find("(1 run, 3 points)", 1, true), out)
+        local svg = helper.read_file(dir .. "/qa.svg")
+        for _, text in ipairs({ ">ICL</text>", ">bare</text>", ">QA accuracy (% of questions right)</text>",
+            ">QA accuracy vs conversations</text>", ">conversations (cumulative)</text>" }) do
+            assert.truthy(svg:find(text, 1, true), text)
+        end
+        -- the loss of the same file, smoothed over 3 steps, with its unit
+        rc, out, err = helper.cartridge("run", "recipes/plot.lua", dir .. "/qa.jsonl", "--smooth", "3",
+            "--out", dir .. "/loss.svg")
+        assert.are.equal(0, rc, err)
+        svg = helper.read_file(dir .. "/loss.svg")
+        assert.truthy(svg:find(">distill loss (nats, mean over the top-k targets), mean of 3</text>", 1, true))
+        assert.are.same({ { 1, 1 }, { 2, 2 }, { 3, 3 }, { 4, 5 } }, plot.smooth({ { 1, 1 }, { 2, 3 }, { 3, 5 },
+            { 4, 7 } }, 3))
+        -- a run without QA lines says how to get them
+        write_run(dir .. "/noqa.jsonl", 4)
+        rc, _, err = helper.cartridge("run", "recipes/plot.lua", dir .. "/noqa.jsonl", "--metric", "qa",
+            "--out", dir .. "/x.svg")
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("has no QA lines", 1, true) and err:find("--qa-every", 1, true), err)
+        rc, _, err = helper.cartridge("run", "recipes/plot.lua", dir .. "/qa.jsonl", "--smooth", "0",
+            "--out", dir .. "/x.svg")
+        assert.are_not.equal(0, rc)
+        assert.truthy(err:find("--smooth must be at least 1", 1, true), err)
+    end)
+
     it("exits non-zero naming the problem for bad input", function()
         local ok, why = need_host()
         if not ok then return pending(why) end
