@@ -36,6 +36,7 @@ local toolcall = require("cartridge.toolcall")
 local metrics = require("cartridge.metrics")
 local kvstore = require("cartridge.kvstore")
 local grammar = require("cartridge.grammar")
+local utility = require("cartridge.server_utility")
 local C = core.C
 local ffi = core.ffi
 
@@ -59,7 +60,7 @@ local ANTHROPIC_ERROR = { [400] = "invalid_request_error", [401] = "authenticati
 -- The error body a route answers with: Anthropic's shape on /v1/messages
 -- ({"type": "error", "error": {"type", "message"}}), OpenAI's elsewhere.
 local function route_error(route, status, message, type_, param, code)
-    if route == "/v1/messages" then
+    if route == "/v1/messages" or route == "/v1/messages/count_tokens" then
         return json.encode({ type = "error", error = { type = ANTHROPIC_ERROR[status] or "api_error", message = message } })
     end
     return error_body(message, type_, param, code)
@@ -184,6 +185,7 @@ function server.new(opts)
     self.cartridges = opts.cartridges or {}
     self.model_name = opts.model_name
     self.api_key = opts.api_key
+    self.util = server.util -- the request helpers cartridge.server_utility answers with
     -- what a request that omits a sampling field gets (serve.lua --temp,
     -- --top-p, --top-k, --min-p, --repeat-penalty, --seed); OpenAI's
     -- defaults otherwise: temperature 1, top_p 1, no top-k, min-p or penalty
@@ -270,6 +272,9 @@ end
 local function check_utf8(s, what)
     if C.cart_utf8_invalid_offset(s, #s) >= 0 then reject(400, what .. " is not valid UTF-8") end
 end
+
+-- What cartridge.server_utility's handlers raise and show errors with.
+server.util = { reject = reject, shown = shown, check_utf8 = check_utf8, is_request_error = server.is_request_error }
 
 -- Sampling and stopping options shared by both completion endpoints. Every
 -- number is range-checked against the C type it becomes (engine/sampler.h:
@@ -1722,8 +1727,13 @@ local ROUTES = {
     ["/v1/responses"] = { POST = true },
 }
 
--- The route a path names: itself, or the /v1 route it abbreviates.
+for route, method in pairs(utility.ROUTES) do ROUTES[route] = { [method] = true } end
+
+-- The route a path names: itself, the /v1 route it abbreviates, or a
+-- utility route (with the model id of /v1/models/{id}).
 local function route_of(path)
+    local route, id = utility.route_of(path)
+    if route then return route, id end
     if ROUTES[path] then return path end
     if ROUTES["/v1" .. path] then return "/v1" .. path end
     return nil
@@ -1731,7 +1741,7 @@ end
 
 function Server:on_request(id)
     local req = self.http:request(id)
-    req.route = route_of(req.path)
+    req.route, req.model_id = route_of(req.path)
     self.metrics:route(id, req.route)
     local allowed = ROUTES[req.route]
     if not allowed then
@@ -1759,6 +1769,9 @@ function Server:on_request(id)
     local ok, job = pcall(function()
         check_auth(self, req)
         if req.route == "/v1/models" or req.route == "/metrics" then return req.route end
+        if utility.ROUTES[req.route] then
+            return { utility = utility.handle(self, req, req.method == "POST" and parse_json(req) or nil) }
+        end
         return self:make_job(id, req)
     end)
     if not ok then
@@ -1769,6 +1782,7 @@ function Server:on_request(id)
         return fail_with(500, "internal error: " .. tostring(job), "server_error")
     end
     if job == "/v1/models" then return self.http:respond(id, 200, "application/json", self:models_body()) end
+    if type(job) == "table" and job.utility then return self.http:respond(id, 200, "application/json", job.utility) end
     if job == "/metrics" then return self.http:respond(id, 200, metrics.CONTENT_TYPE, self.metrics:render(self)) end
     -- Waiting jobs first fill the free slots (at the next admit), then the
     -- queue: requests that arrive together are counted against both.

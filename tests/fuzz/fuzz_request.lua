@@ -3,8 +3,9 @@
 -- lua/cartridge/server.lua.
 --
 -- Input: byte 0 picks the endpoint (its value mod 4: /v1/chat/completions,
--- /v1/completions, /v1/messages, /v1/responses); the rest is the request
--- body.
+-- /v1/completions, /v1/messages, /v1/responses; with bit 2 set instead
+-- /v1/messages/count_tokens, /tokenize, /detokenize, /apply-template, the
+-- utility routes, checked by check_utility); the rest is the request body.
 --
 --   1. json.decode(body). When it decodes, json.encode of the value must
 --      succeed and decode to an equal value whose encoding is the same text
@@ -83,8 +84,33 @@ local function check_job(job, path)
     slot.cart, slot.tokens, slot.loaded, slot.last_used = nil, {}, nil, 0 -- nothing carries over
 end
 
+-- The utility routes (cartridge.server_utility): a body either gives a 200
+-- whose text is JSON (token ids in the vocabulary) or a 4xx request error.
+local utility = require("cartridge.server_utility")
+local UTILITY = { "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/apply-template" }
+
+local function check_utility(route, body)
+    local ok, value = pcall(json.decode, body)
+    if not ok or type(value) ~= "table" then return end
+    local req = { path = route, route = route, method = "POST", body = body, header = function() return nil end }
+    local done, out = pcall(utility.handle, srv, req, value)
+    if not done then
+        if not (is_request_error(out) and out.status >= 400 and out.status <= 499 and type(out.message) == "string") then
+            util.finding("%s raised %s", route, util.describe(out))
+        end
+        return
+    end
+    local parsed_ok, r = pcall(json.decode, out)
+    if not parsed_ok or type(r) ~= "table" then util.finding("%s answered text that is not JSON: %s", route, out) end
+    for i, t in ipairs(route == "/tokenize" and r.tokens or {}) do
+        local id = type(t) == "table" and t.id or t
+        if type(id) ~= "number" or id < 0 or id >= n_vocab then util.finding("/tokenize: tokens[%d] = %s", i, tostring(id)) end
+    end
+end
+
 return function(data)
     if #data == 0 then return end
+    if data:byte(1) % 8 >= 4 then return check_utility(UTILITY[data:byte(1) % 4 + 1], data:sub(2)) end
     local path = PATHS[data:byte(1) % 4 + 1]
     local body = data:sub(2)
     util.check_json(body)

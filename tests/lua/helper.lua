@@ -160,8 +160,9 @@ end
 -- h.open[id] is true until the request is answered.
 function helper.fake_http()
     local h = { reqs = {}, answers = {}, open = {} }
-    function h:add(id, path, body)
-        self.reqs[id] = { id = id, method = "POST", path = path, body = body, header = function() return nil end }
+    function h:add(id, path, body, method)
+        self.reqs[id] = { id = id, method = method or "POST", path = path, body = body,
+            header = function() return nil end }
         self.open[id] = true
     end
     function h:request(id) return self.reqs[id] end

@@ -1078,3 +1078,78 @@ describe("fields the server does not honour", function()
         m:free()
     end)
 end)
+
+describe("the utility routes", function()
+    local server_mod = require("cartridge.server")
+    local MODEL = helper.root .. "/models/default.gguf"
+
+    it("answer /v1/models/{id}, count_tokens, /tokenize, /detokenize, /apply-template and /props", function()
+        if not helper.exists(MODEL) then return pending(MODEL .. " absent: build first") end
+        local m = cartridge.model.load(MODEL)
+        local h = helper.fake_http()
+        local srv = server_mod.new({ model = m, model_name = "default", http = h, parallel = 2, ctx = 256,
+            sampling = { temperature = 0.5, seed = 9 } })
+        local n = 0
+        local function call(method, path, body)
+            n = n + 1
+            h:add(n, path, body and json.encode(body) or nil, method)
+            srv:on_event({ kind = "request", id = n })
+            for _ = 1, 100 do
+                if not h.open[n] then break end
+                srv:turn()
+            end
+            return h.answers[n].status, json.decode(h.answers[n].body)
+        end
+        local status, r = call("GET", "/v1/models/default")
+        assert.are.equal(200, status)
+        assert.are.equal("default", r.id)
+        status, r = call("GET", "/v1/models/claude-x")
+        assert.are.equal(404, status)
+        assert.are.equal("model_not_found", r.error.code)
+        -- tokenize and back
+        local text = "Cartridges hold <|im_start|> and ünïcode."
+        status, r = call("POST", "/tokenize", { content = text })
+        assert.are.equal(200, status)
+        local tok = m:tokenizer()
+        assert.are.same(tok:encode(text, { special = true }), r.tokens)
+        local ids = r.tokens
+        status, r = call("POST", "/detokenize", { tokens = ids })
+        assert.are.equal(200, status)
+        assert.are.equal(text, r.content)
+        status, r = call("POST", "/tokenize", { content = "hi", with_pieces = true, add_special = true })
+        assert.are.same({ { id = 104, piece = "h" }, { id = 105, piece = "i" } }, r.tokens)
+        status, r = call("POST", "/tokenize", { content = 5 })
+        assert.are.equal(400, status)
+        status, r = call("POST", "/detokenize", { tokens = { 1, m.n_vocab } })
+        assert.are.equal(400, status)
+        assert.truthy(r.error.message:find("tokens[1] must be a token id", 1, true), r.error.message)
+        -- the template, as the chat route renders it
+        local msgs = { { role = "system", content = "Be brief." }, { role = "user", content = "Hi" } }
+        status, r = call("POST", "/apply-template", { messages = msgs })
+        assert.are.equal(200, status)
+        assert.are.equal(require("cartridge.chat").render(srv.template, msgs), r.prompt)
+        -- count_tokens: what /v1/messages then counts, in Anthropic's shapes
+        local body = { model = "default", system = "Be brief.", messages = { { role = "user", content = "Hi" } },
+            max_tokens = 1 }
+        local counted
+        status, r = call("POST", "/v1/messages/count_tokens", body)
+        assert.are.equal(200, status)
+        counted = r.input_tokens
+        status, r = call("POST", "/v1/messages", body)
+        assert.are.equal(200, status)
+        assert.are.equal(counted, r.usage.input_tokens)
+        status, r = call("POST", "/v1/messages/count_tokens", { messages = "no" })
+        assert.are.equal(400, status)
+        assert.are.equal("error", r.type)
+        -- props: the defaults in force
+        status, r = call("GET", "/props")
+        assert.are.equal(200, status)
+        assert.are.same({ 0.5, 9, 2, 256 }, { r.default_generation_settings.temperature,
+            r.default_generation_settings.seed, r.total_slots, r.default_generation_settings.n_ctx })
+        status = call("POST", "/props", {})
+        assert.are.equal(405, status)
+        print(("  %d utility requests answered as llama-server, Anthropic and OpenAI shape them"):format(n))
+        srv:free()
+        m:free()
+    end)
+end)
