@@ -19,6 +19,19 @@ local function chat_body(t)
     return json.encode(t)
 end
 
+-- One request to an in-process server over helper.fake_http: queued,
+-- announced and served by turns until answered; returns the answer
+-- { status, body }.
+local function answer_of(srv, h, id, route, body, method)
+    h:add(id, route, body and json.encode(body) or nil, method)
+    srv:on_event({ kind = "request", id = id })
+    for _ = 1, 100 do
+        if not h.open[id] then break end
+        srv:turn()
+    end
+    return h.answers[id]
+end
+
 setup(function()
     tmp = helper.tmpdir()
     servers = helper.servers(tmp)
@@ -918,14 +931,9 @@ describe("special-token texts in what clients write", function()
             prompt = job.prompt
             return job
         end
-        h:add(1, route, json.encode(body))
-        srv:on_event({ kind = "request", id = 1 })
-        for _ = 1, 100 do
-            if not h.open[1] then break end
-            srv:turn()
-        end
+        local a = answer_of(srv, h, 1, route, body)
         srv:free()
-        assert.are.equal(200, h.answers[1].status, h.answers[1].body)
+        assert.are.equal(200, a.status, a.body)
         return prompt
     end
 
@@ -997,14 +1005,9 @@ describe("server sampling defaults and response times", function()
         }
         local t0 = os.time()
         for i, b in ipairs(bodies) do
-            h:add(i, b[1], json.encode(b[2]))
-            srv:on_event({ kind = "request", id = i })
-            for _ = 1, 100 do
-                if not h.open[i] then break end
-                srv:turn()
-            end
-            assert.are.equal(200, h.answers[i].status, h.answers[i].body)
-            local r = json.decode(h.answers[i].body)
+            local a = answer_of(srv, h, i, b[1], b[2])
+            assert.are.equal(200, a.status, a.body)
+            local r = json.decode(a.body)
             local created = r.created or r.created_at
             if created then assert.is_true(created >= t0, b[1]) end
         end
@@ -1058,13 +1061,7 @@ describe("fields the server does not honour", function()
                 thinking = { type = "disabled" } } },
         }
         for i, case in ipairs(cases) do
-            h:add(i, case[1], json.encode(case[2]))
-            srv:on_event({ kind = "request", id = i })
-            for _ = 1, 100 do
-                if not h.open[i] then break end
-                srv:turn()
-            end
-            local a = h.answers[i]
+            local a = answer_of(srv, h, i, case[1], case[2])
             if case[3] then
                 assert.are.equal(400, a.status, a.body)
                 assert.truthy(a.body:find(case[3] .. ": this server does not support it yet", 1, true), a.body)
@@ -1092,13 +1089,8 @@ describe("the utility routes", function()
         local n = 0
         local function call(method, path, body)
             n = n + 1
-            h:add(n, path, body and json.encode(body) or nil, method)
-            srv:on_event({ kind = "request", id = n })
-            for _ = 1, 100 do
-                if not h.open[n] then break end
-                srv:turn()
-            end
-            return h.answers[n].status, json.decode(h.answers[n].body)
+            local a = answer_of(srv, h, n, path, body, method)
+            return a.status, json.decode(a.body)
         end
         local status, r = call("GET", "/v1/models/default")
         assert.are.equal(200, status)
