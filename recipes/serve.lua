@@ -31,6 +31,10 @@ local opts = options.parse(arg, {
     positional = { { "gguf", help = "the GGUF model (or --model)" } },
     flags = {
         { "model", help = "the GGUF model (the same as the positional argument)" },
+        { "served-model-name", help = "the bare model's name in the API (default: the GGUF's general.name)" },
+        { "alias", repeatable = true, help = "another name requests may give for the bare model (repeatable)" },
+        { "default-model", help = "what a request without model, or with an unknown one, gets (default: the "
+            .. "bare model without one, a 404 for an unknown one)" },
         { "host", default = "127.0.0.1", help = "address to listen on" },
         { "port", type = "int", default = 8080, help = "port (0: any free port, printed at start)" },
         { "cartridge", repeatable = true, help = "NAME=PATH or PATH of a cartridge to serve (repeatable)" },
@@ -78,7 +82,8 @@ if not kv_cache_max then error("serve: --kv-cache-max: " .. why, 0) end
 cartridge.set_threads(opts.threads)
 opts.model = require("cartridge.defaults").resolve_model(opts.model)
 local m = cartridge.model.load(opts.model)
-local model_name = tostring(m.file:get("general.name") or opts.model:match("([^/]+)%.gguf$") or opts.model)
+local model_name = opts.served_model_name
+    or tostring(m.file:get("general.name") or opts.model:match("([^/]+)%.gguf$") or opts.model)
 local carts = {}
 for _, spec in ipairs(opts.cartridge) do
     local name, path = spec:match("^([^=]+)=(.+)$")
@@ -115,7 +120,8 @@ local h = http.listen({ host = opts.host, port = opts.port, max_body_bytes = opt
 h:catch_signals()
 local srv = server_mod.new({
     model = m, model_name = model_name, cartridges = carts, http = h, parallel = opts.parallel, ctx = opts.ctx,
-    kv = opts.kv, api_key = opts.api_key, parse_special = opts.parse_special, sampling = sampling, max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
+    kv = opts.kv, api_key = opts.api_key, parse_special = opts.parse_special, sampling = sampling,
+    aliases = opts.alias, default_model = opts.default_model, max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
     queue_limit = opts.queue, kv_cache_dir = opts.kv_cache_dir, kv_cache_max = kv_cache_max, fleet = fleet,
     log = not opts.quiet and function(line) io.stderr:write(line, "\n") end or nil,
     warn = function(line) io.stderr:write(line, "\n") end,

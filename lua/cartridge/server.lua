@@ -186,6 +186,12 @@ function server.new(opts)
     self.model_name = opts.model_name
     self.api_key = opts.api_key
     self.util = server.util -- the request helpers cartridge.server_utility answers with
+    -- more names of the bare model (serve.lua --alias), and the name a request
+    -- without a model, or with an unknown one, gets (--default-model; nil:
+    -- the bare model without one, a 404 for an unknown one)
+    self.aliases = {}
+    for _, a in ipairs(opts.aliases or {}) do self.aliases[a] = true end
+    self.default_model = opts.default_model
     -- what a request that omits a sampling field gets (serve.lua --temp,
     -- --top-p, --top-k, --min-p, --repeat-penalty, --seed); OpenAI's
     -- defaults otherwise: temperature 1, top_p 1, no top-k, min-p or penalty
@@ -217,7 +223,23 @@ function server.new(opts)
             kv = opts.kv or "f16", cartridges = self.cartridges, model_name = self.model_name, log = self.log,
             warn = opts.warn or self.log, exclusive = true })
     end
+    self:check_names()
     return self
+end
+
+-- Refuses aliases that are another model's name and a default model that
+-- names nothing this server has.
+function Server:check_names()
+    for a in pairs(self.aliases) do
+        if a == self.model_name or self.cartridges[a] or (self.fleet and self.fleet.name == a) then
+            error(("serve: --alias %s is already the name of %s; choose another"):format(a,
+                a == self.model_name and "the model" or self.cartridges[a] and "a cartridge" or "the fleet"), 0)
+        end
+    end
+    if self.default_model and self:named(self.default_model) == false then
+        error(("serve: --default-model %s names no model, alias, cartridge or fleet of this server"):format(
+            self.default_model), 0)
+    end
 end
 
 function Server:free()
@@ -335,18 +357,31 @@ function Server:common_options(body)
 end
 
 -- The cartridge (or nil: the bare model) a request's "model" names.
+-- What a model name serves: nil (the bare model, under its name or an
+-- alias), the fleet, or a cartridge; false when the name is none of them.
+function Server:named(name)
+    if name == self.model_name or self.aliases[name] then return nil end
+    if self.fleet and name == self.fleet.name then return self.fleet end
+    return self.cartridges[name] or false
+end
+
+-- The cartridge (nil: the bare model) and name a request's model field
+-- picks. Without one, or with an unknown one when the server has a
+-- --default-model, the default's; else an unknown name is a 404.
 function Server:pick(body)
     local name = body.model
-    if name == nil or name == json.null then return nil, self.model_name end
+    if name == nil or name == json.null then
+        if self.default_model then return self:named(self.default_model), self.default_model end
+        return nil, self.model_name
+    end
     if type(name) ~= "string" then reject(400, "model must be a string; got " .. shown(name, body, "model"), "model") end
-    if name == self.model_name then return nil, name end
-    if self.fleet and name == self.fleet.name then return self.fleet, name end
-    local c = self.cartridges[name]
-    if not c then
+    local what = self:named(name)
+    if what == false then
+        if self.default_model then return self:named(self.default_model), self.default_model end
         reject(404, ("The model %s does not exist; GET /v1/models lists them."):format(shown(name)), "model",
             "model_not_found")
     end
-    return c, name
+    return what, name
 end
 
 -- body.messages, checked to be a non-empty array within the server's limit.
@@ -1702,6 +1737,13 @@ end
 
 function Server:models_body()
     local data = { { id = self.model_name, object = "model", created = self.created, owned_by = "cartridge" } }
+    local aliases = {}
+    for a in pairs(self.aliases) do aliases[#aliases + 1] = a end
+    table.sort(aliases)
+    for _, a in ipairs(aliases) do
+        data[#data + 1] = { id = a, object = "model", created = self.created, owned_by = "cartridge",
+            alias_of = self.model_name }
+    end
     local names = {}
     for name in pairs(self.cartridges) do names[#names + 1] = name end
     table.sort(names)

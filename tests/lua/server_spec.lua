@@ -1145,3 +1145,55 @@ describe("the utility routes", function()
         m:free()
     end)
 end)
+
+describe("model names", function()
+    local server_mod = require("cartridge.server")
+    local MODEL = helper.root .. "/models/default.gguf"
+
+    it("serves the bare model under --alias names and --default-model for missing or unknown names", function()
+        if not helper.exists(MODEL) then return pending(MODEL .. " absent: build first") end
+        local m = cartridge.model.load(MODEL)
+        local c = cartridge.cart.from_text(m, "Cartridges are trained KV prefixes.")
+        local function new(extra)
+            local h = helper.fake_http()
+            local o = { model = m, model_name = "qwen", http = h, parallel = 1, ctx = 256, cartridges = { docs = c } }
+            for k, v in pairs(extra) do o[k] = v end
+            return server_mod.new(o), h
+        end
+        local function model_of(srv, h, id, name)
+            local a = answer_of(srv, h, id, "/v1/chat/completions",
+                { model = name, messages = { { role = "user", content = "hi" } }, max_tokens = 1 })
+            return a.status, json.decode(a.body)
+        end
+        local srv, h = new({ aliases = { "gpt-4o", "claude-sonnet-4" } })
+        local status, r = model_of(srv, h, 1, "gpt-4o")
+        assert.are.equal(200, status)
+        assert.are.equal("gpt-4o", r.model)
+        status, r = model_of(srv, h, 2, "nope")
+        assert.are.equal(404, status)
+        local ids = {}
+        for _, e in ipairs(json.decode(srv:models_body()).data) do ids[#ids + 1] = e.id end
+        assert.are.same({ "qwen", "claude-sonnet-4", "gpt-4o", "docs" }, ids)
+        srv:free()
+        -- with a default model, an unknown name and no name get the cartridge
+        srv, h = new({ default_model = "docs" })
+        status, r = model_of(srv, h, 1, "claude-x")
+        assert.are.equal(200, status)
+        assert.are.equal("docs", r.model)
+        status, r = model_of(srv, h, 2, nil)
+        assert.are.equal("docs", r.model)
+        status, r = model_of(srv, h, 3, "qwen")
+        assert.are.equal("qwen", r.model)
+        srv:free()
+        -- clashes and a default that names nothing stop the server at start
+        for _, bad in ipairs({ { { aliases = { "docs" } }, "--alias docs is already the name of a cartridge" },
+            { { aliases = { "qwen" } }, "--alias qwen is already the name of the model" },
+            { { default_model = "x" }, "--default-model x names no model" } }) do
+            local ok, err = pcall(new, bad[1])
+            assert.is_false(ok)
+            assert.truthy(tostring(err):find(bad[2], 1, true), tostring(err))
+        end
+        c:free()
+        m:free()
+    end)
+end)
