@@ -33,6 +33,8 @@ local opts = options.parse(arg, {
         { "model", help = "the GGUF model (the same as the positional argument)" },
         { "served-model-name", help = "the bare model's name in the API (default: the GGUF's general.name)" },
         { "alias", repeatable = true, help = "another name requests may give for the bare model (repeatable)" },
+        { "cors", metavar = "ORIGIN", help = "let web pages from ORIGIN (or * for any) call the API: "
+            .. "Access-Control-Allow-Origin on every response, OPTIONS preflights answered (default: off)" },
         { "default-model", help = "what a request without model, or with an unknown one, gets (default: the "
             .. "bare model without one, a 404 for an unknown one)" },
         { "host", default = "127.0.0.1", help = "address to listen on" },
@@ -121,7 +123,7 @@ h:catch_signals()
 local srv = server_mod.new({
     model = m, model_name = model_name, cartridges = carts, http = h, parallel = opts.parallel, ctx = opts.ctx,
     kv = opts.kv, api_key = opts.api_key, parse_special = opts.parse_special, sampling = sampling,
-    aliases = opts.alias, default_model = opts.default_model, max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
+    aliases = opts.alias, default_model = opts.default_model, cors = opts.cors, max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
     queue_limit = opts.queue, kv_cache_dir = opts.kv_cache_dir, kv_cache_max = kv_cache_max, fleet = fleet,
     log = not opts.quiet and function(line) io.stderr:write(line, "\n") end or nil,
     warn = function(line) io.stderr:write(line, "\n") end,

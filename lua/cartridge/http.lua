@@ -168,7 +168,18 @@ end
 -- Answers request id: status, content_type (nil: none), body (a string, nil
 -- = empty), headers (a table, see header_text; the server sets
 -- Content-Length, Transfer-Encoding and Connection itself).
+-- headers merged with self.extra_headers (headers every response carries,
+-- e.g. CORS's Access-Control-Allow-Origin), the call's own winning.
+local function with_extra(self, headers)
+    if not self.extra_headers then return headers end
+    local all = {}
+    for k, v in pairs(self.extra_headers) do all[k] = v end
+    for k, v in pairs(headers or {}) do all[k] = v end
+    return all
+end
+
 function Server:respond(id, status, content_type, body, headers)
+    headers = with_extra(self, headers)
     body = body or ""
     local ok, why = written(C.cart_http_respond(handle(self), id, status, content_type, body, #body,
         header_text(headers)), "http:respond")
@@ -179,6 +190,7 @@ end
 -- Starts a chunked response; send the body with stream_write and finish with
 -- stream_end.
 function Server:stream_begin(id, status, content_type, headers)
+    headers = with_extra(self, headers)
     local ok, why = written(C.cart_http_stream_begin(handle(self), id, status, content_type,
         header_text(headers)), "http:stream_begin")
     if ok and self.on_answer then self.on_answer(id, status) end

@@ -186,6 +186,12 @@ function server.new(opts)
     self.model_name = opts.model_name
     self.api_key = opts.api_key
     self.util = server.util -- the request helpers cartridge.server_utility answers with
+    -- CORS (serve.lua --cors ORIGIN): every response allows that origin, and
+    -- OPTIONS answers a browser's preflight; off, OPTIONS is a 405
+    self.cors = opts.cors
+    if self.cors and self.http then
+        self.http.extra_headers = { ["Access-Control-Allow-Origin"] = self.cors, Vary = "Origin" }
+    end
     -- more names of the bare model (serve.lua --alias), and the name a request
     -- without a model, or with an unknown one, gets (--default-model; nil:
     -- the bare model without one, a 404 for an unknown one)
@@ -1786,6 +1792,15 @@ function Server:on_request(id)
     req.route, req.model_id = route_of(req.path)
     self.metrics:route(id, req.route)
     local allowed = ROUTES[req.route]
+    if req.method == "OPTIONS" and self.cors and allowed then
+        -- a browser's preflight: which methods and headers a page may use
+        local methods = { "OPTIONS" }
+        for k in pairs(allowed) do methods[#methods + 1] = k end
+        table.sort(methods)
+        return self.http:respond(id, 204, nil, "", { ["Access-Control-Allow-Methods"] = table.concat(methods, ", "),
+            ["Access-Control-Allow-Headers"] = "Authorization, Content-Type, x-api-key, anthropic-version",
+            ["Access-Control-Max-Age"] = "86400" })
+    end
     if not allowed then
         return self.http:respond(id, 404, "application/json",
             error_body(("Unknown endpoint %s %s"):format(req.method, req.path), "invalid_request_error", nil, "not_found"))
