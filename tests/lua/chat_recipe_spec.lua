@@ -33,6 +33,33 @@ describe("chat.lua", function()
         assert.truthy(err:find("no model named 'no-such-model'", 1, true), err)
     end)
 
+    it("talks to cartridges given with --load, and /unload and /load change them", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        local reader = helper.root .. "/models/reader.gguf"
+        if not helper.exists(reader) then return pending("models/reader.gguf is not in this checkout") end
+        -- a cartridge holding a fact document's own rows (untrained): the
+        -- reader reads its answer from them
+        local cartridge = require("cartridge")
+        local d = require("cartridge.facts").document(1003, 4)
+        local m = cartridge.model.load(reader)
+        local c = cartridge.cart.from_text(m, d.text)
+        local path = tmp .. "/doc.safetensors"
+        c:save(path, m)
+        local rows = c.p
+        c:free()
+        m:free()
+        local f = d.facts[1]
+        local rc, out, err = helper.run(chat_cmd(("printf '%s\\n/unload\\n/load %s\\n/load %s/none.safetensors\\n'")
+            :format(f.question, path, tmp), ("--model %s --load %s --temp 0 --n 24"):format(helper.q(reader),
+            helper.q(path))))
+        assert.are.equal(0, rc, err)
+        print(("  %s -> %s"):format(f.question, out:match("model> ([^\n(]*)")))
+        assert.truthy(err:find(("cartridge doc.safetensors (%d rows): %d KV rows"):format(rows, rows), 1, true), err)
+        assert.truthy(require("cartridge.facts").correct(out:match("model> ([^\n(]*)"), f.answer), out)
+        assert.truthy(err:find("(no cartridge (the bare model))", 1, true), err)
+        assert.truthy(err:find("none.safetensors", 1, true), err) -- a bad file is a message, not an exit
+    end)
+
     it("gives a reply what the cache has left and refuses a prompt that leaves no room", function()
         if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
         local model = helper.q(helper.root .. "/models/default.gguf")
