@@ -1,7 +1,7 @@
 /*
  * test_fs.c - fs.h: path kinds (a FIFO is never opened), mkdirs, listings,
- * atomic whole-file writes, modification times, same-file checks and the sweep of temporary
- * files left by dead processes.
+ * atomic whole-file writes, modification times, same-file checks, the sweep of temporary
+ * files left by dead processes, free space and lock files.
  */
 
 #include <stdio.h>
@@ -175,6 +175,40 @@ static void test_sweeps_only_dead_processes_temp_files(void) {
     printf("  removed %s; kept the live process's and a non-matching name\n", names);
 }
 
+static void test_reports_free_space_of_a_path_or_its_directory(void) {
+    char file[512];
+    path_in(file, sizeof file, "not-written-yet.bin");
+    const int64_t dir_free = cart_fs_free_bytes(tmp_dir), file_free = cart_fs_free_bytes(file);
+    printf("  free bytes at %s: %lld (a file not written yet there: %lld)\n", tmp_dir, (long long)dir_free,
+           (long long)file_free);
+    CHECK(dir_free > 0 && file_free > 0);
+    CHECK(cart_fs_free_bytes("/no/such/dir/x") == -1);
+    CHECK(strstr(cart_last_error(), "/no/such/dir/x") != NULL);
+    CHECK(cart_fs_free_bytes("") == -1);
+}
+
+static void test_lock_is_held_until_unlocked_and_names_its_holder(void) {
+    char lock[512], want[64];
+    path_in(lock, sizeof lock, ".lock");
+    const int fd = cart_fs_lock(lock);
+    CHECK(fd >= 0);
+    /* another open file of this process is another holder */
+    CHECK(cart_fs_lock(lock) == CART_E_STATE);
+    snprintf(want, sizeof want, "held by process %ld", (long)getpid());
+    CHECK_MSG(strstr(cart_last_error(), want) != NULL, "%s", cart_last_error());
+    /* and another process too */
+    pid_t child = fork();
+    if (child == 0) _exit(cart_fs_lock(lock) == CART_E_STATE ? 0 : 1);
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    cart_fs_unlock(fd);
+    const int again = cart_fs_lock(lock);
+    CHECK(again >= 0);
+    cart_fs_unlock(again);
+    CHECK(cart_fs_lock("/no/such/dir/.lock") == CART_E_IO);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR");
     snprintf(tmp_dir, sizeof tmp_dir, "%s/cart_fs_XXXXXX", base && base[0] ? base : "/tmp");
@@ -189,6 +223,8 @@ int main(void) {
     RUN(test_refuses_to_write_over_what_is_not_a_regular_file);
     RUN(test_reads_and_touches_modification_times);
     RUN(test_sweeps_only_dead_processes_temp_files);
+    RUN(test_reports_free_space_of_a_path_or_its_directory);
+    RUN(test_lock_is_held_until_unlocked_and_names_its_holder);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp_dir);
