@@ -32,6 +32,20 @@ local function answer_of(srv, h, id, route, body, method)
     return h.answers[id]
 end
 
+local DEMO = helper.root .. "/models/default.gguf"
+
+-- An in-process server over helper.fake_http on the embedded demo model,
+-- with opts over the defaults below: srv, h, m; or nil and why when the
+-- model is absent (for pending).
+local function demo_server(opts)
+    if not helper.exists(DEMO) then return nil, DEMO .. " absent: build first" end
+    local m = cartridge.model.load(DEMO)
+    local h = helper.fake_http()
+    local o = { model = m, model_name = "default", http = h, parallel = 1, ctx = 256 }
+    for k, v in pairs(opts or {}) do o[k] = v end
+    return require("cartridge.server").new(o), h, m
+end
+
 setup(function()
     tmp = helper.tmpdir()
     servers = helper.servers(tmp)
@@ -978,16 +992,11 @@ describe("special-token texts in what clients write", function()
 end)
 
 describe("server sampling defaults and response times", function()
-    local server_mod = require("cartridge.server")
-    local MODEL = helper.root .. "/models/default.gguf"
-
     it("gives a request that omits a sampling field the server's default (--temp ...), and a field given wins",
         function()
-        if not helper.exists(MODEL) then return pending(MODEL .. " absent: build first") end
-        local m = cartridge.model.load(MODEL)
-        local h = helper.fake_http()
-        local srv = server_mod.new({ model = m, model_name = "default", http = h, parallel = 1, ctx = 256,
-            sampling = { temperature = 0.25, top_k = 5, min_p = 0.1, repeat_penalty = 1.2, seed = 7 } })
+        local srv, h, m = demo_server({ sampling = { temperature = 0.25, top_k = 5, min_p = 0.1, repeat_penalty = 1.2,
+            seed = 7 } })
+        if not srv then return pending(h) end
         srv.created = 0 -- as if started long ago: responses carry their own time
         local seen = {}
         local real = srv.make_job
@@ -1019,21 +1028,16 @@ describe("server sampling defaults and response times", function()
         assert.are.same({ 0.25, 5, 7 }, { seen[3].temperature, seen[3].top_k, seen[3].seed })
         assert.are.same({ 0.25, 5, 7 }, { seen[4].temperature, seen[4].top_k, seen[4].seed })
         -- out of range is refused at start, naming the flag
-        local ok, err = pcall(server_mod.sampling_defaults, { temperature = 3 })
+        local ok, err = pcall(require("cartridge.server").sampling_defaults, { temperature = 3 })
         assert.is_false(ok)
         assert.truthy(err:find("--temp must be a number in [0, 2]", 1, true), err)
     end)
 end)
 
 describe("fields the server does not honour", function()
-    local server_mod = require("cartridge.server")
-    local MODEL = helper.root .. "/models/default.gguf"
-
     it("are a 400 naming the field when they ask for something, and pass at their off values", function()
-        if not helper.exists(MODEL) then return pending(MODEL .. " absent: build first") end
-        local m = cartridge.model.load(MODEL)
-        local h = helper.fake_http()
-        local srv = server_mod.new({ model = m, model_name = "default", http = h, parallel = 1, ctx = 256 })
+        local srv, h, m = demo_server()
+        if not srv then return pending(h) end
         local chat = function(extra)
             local b = { messages = { { role = "user", content = "hi" } }, max_tokens = 1 }
             for k, v in pairs(extra) do b[k] = v end
@@ -1077,15 +1081,9 @@ describe("fields the server does not honour", function()
 end)
 
 describe("the utility routes", function()
-    local server_mod = require("cartridge.server")
-    local MODEL = helper.root .. "/models/default.gguf"
-
     it("answer /v1/models/{id}, count_tokens, /tokenize, /detokenize, /apply-template and /props", function()
-        if not helper.exists(MODEL) then return pending(MODEL .. " absent: build first") end
-        local m = cartridge.model.load(MODEL)
-        local h = helper.fake_http()
-        local srv = server_mod.new({ model = m, model_name = "default", http = h, parallel = 2, ctx = 256,
-            sampling = { temperature = 0.5, seed = 9 } })
+        local srv, h, m = demo_server({ parallel = 2, sampling = { temperature = 0.5, seed = 9 } })
+        if not srv then return pending(h) end
         local n = 0
         local function call(method, path, body)
             n = n + 1
