@@ -287,18 +287,17 @@ function cart.identity_problems(meta, g, m)
         add("it was trained on a %s model, and %s is %s", tostring(meta["cartridge.architecture"]), m.path,
             m.config.arch)
     end
-    local fp = meta["cartridge.model_fingerprint"]
+    local fp, model_fp = meta["cartridge.model_fingerprint"], cart.fingerprint(m)
     if not fp then
         add("its metadata names no model fingerprint (cartridge.model_fingerprint)")
-    elseif fp ~= cart.fingerprint(m) then
-        add("it was trained on model '%s' (fingerprint %s), and %s has fingerprint %s", name, fp, m.path,
-            cart.fingerprint(m))
+    elseif fp ~= model_fp then
+        add("it was trained on model '%s' (fingerprint %s), and %s has fingerprint %s", name, fp, m.path, model_fp)
     end
     if format == "cartridge-v2" then
         local want = meta["cartridge.model_content_hash"]
         if not want then
             add("its metadata has no cartridge.model_content_hash, which a cartridge-v2 file records")
-        elseif fp == cart.fingerprint(m) and want ~= m:content_hash() then
+        elseif fp == model_fp and want ~= m:content_hash() then
             add("it was trained on model '%s' (content hash %s), and the weights of %s hash to %s: the same "
                 .. "tensors with other values (a damaged or edited copy)", name, want, m.path, m:content_hash())
         end

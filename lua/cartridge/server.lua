@@ -1741,7 +1741,9 @@ end
 -- ---------------------------------------------------------------------------
 -- Handling HTTP events
 
-function Server:models_body()
+-- The entries of GET /v1/models: the bare model, its aliases, the
+-- cartridges and the fleet.
+function Server:models_list()
     local data = { { id = self.model_name, object = "model", created = self.created, owned_by = "cartridge" } }
     local aliases = {}
     for a in pairs(self.aliases) do aliases[#aliases + 1] = a end
@@ -1762,7 +1764,11 @@ function Server:models_body()
         data[#data + 1] = { id = f.name, object = "model", created = self.created, owned_by = "cartridge",
             fleet = { documents = #f.man.docs, rag_docs = f.rag_docs, budget = f.budget, base_model = self.model_name } }
     end
-    return json.encode({ object = "list", data = json.array(data) })
+    return data
+end
+
+function Server:models_body()
+    return json.encode({ object = "list", data = json.array(self:models_list()) })
 end
 
 local ROUTES = {

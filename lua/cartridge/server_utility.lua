@@ -49,8 +49,7 @@ end
 local handlers = {}
 
 handlers["/v1/models/{id}"] = function(srv, req)
-    local list = json.decode(srv:models_body()).data
-    for _, entry in ipairs(list) do
+    for _, entry in ipairs(srv:models_list()) do
         if entry.id == req.model_id then return json.encode(entry) end
     end
     srv.util.reject(404, ("The model '%s' does not exist; GET /v1/models lists the models this server has")
