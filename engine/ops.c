@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "kernels/expf.h"
 #include "kernels/kernels.h"
 #include "ops.h"
 
@@ -67,10 +68,26 @@ void qk_prepare_forward(float *q, float *k, float *q_rstd, float *k_rstd, const 
     rope_forward(k, cs, n_head_kv, head_dim, n_rot, neox);
 }
 
+void cart_expf_n(float *y, const float *x, int64_t n) {
+    cart_kern()->expf_n(y, x, n);
+}
+
+/* e^-x for x[0 .. n), n <= EXP_CHUNK, into e (the level's expf_n). */
+enum { EXP_CHUNK = 256 };
+static void exp_neg(float *e, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) e[i] = -x[i];
+    cart_kern()->expf_n(e, e, n);
+}
+
 void swiglu_forward(float *gate, const float *up, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    float e[EXP_CHUNK];
+    for (int64_t i0 = 0; i0 < n; i0 += EXP_CHUNK) {
+        const int64_t m = n - i0 < EXP_CHUNK ? n - i0 : EXP_CHUNK;
+        exp_neg(e, gate + i0, m);
+        for (int64_t i = 0; i < m; i++) {
+            float g = gate[i0 + i];
+            gate[i0 + i] = g / (1.0f + e[i]) * up[i0 + i];
+        }
     }
 }
 
@@ -136,7 +153,7 @@ void moe_route(int32_t *sel, float *w, float *pr, int32_t n_expert, int32_t k) {
         if (pr[e] > max) max = pr[e];
     double sum = 0.0;
     for (int32_t e = 0; e < n_expert; e++) {
-        pr[e] = expf(pr[e] - max);
+        pr[e] = cart_expf_ref(pr[e] - max);
         sum += (double)pr[e];
     }
     float inv = (float)(1.0 / sum);
@@ -248,13 +265,12 @@ static void softmax_tile(float *score, int64_t nt, float scale, float *run_max, 
         if (score[j] > tile_max) tile_max = score[j];
     }
     float new_max = tile_max > *run_max ? tile_max : *run_max;
-    float correction = expf(*run_max - new_max);
+    float correction = cart_expf_ref(*run_max - new_max);
     *run_sum *= correction;
     for (int32_t d = 0; d < head_dim; d++) out[d] *= correction;
-    for (int64_t j = 0; j < nt; j++) {
-        score[j] = expf(score[j] - new_max);
-        *run_sum += score[j];
-    }
+    for (int64_t j = 0; j < nt; j++) score[j] -= new_max;
+    cart_kern()->expf_n(score, score, nt);
+    for (int64_t j = 0; j < nt; j++) *run_sum += score[j];
     *run_max = new_max;
 }
 
@@ -418,10 +434,16 @@ void rmsnorm_backward(float *dx, const float *dy, const float *x, const float *r
 
 void swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate, const float *up,
                      int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i], sig = 1.0f / (1.0f + expf(-g));
-        dup[i] += dh[i] * g * sig;
-        dgate[i] += dh[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
+    float e[EXP_CHUNK];
+    for (int64_t i0 = 0; i0 < n; i0 += EXP_CHUNK) {
+        const int64_t m = n - i0 < EXP_CHUNK ? n - i0 : EXP_CHUNK;
+        exp_neg(e, gate + i0, m);
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t i = i0 + j;
+            float g = gate[i], sig = 1.0f / (1.0f + e[j]);
+            dup[i] += dh[i] * g * sig;
+            dgate[i] += dh[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
+        }
     }
 }
 
@@ -448,13 +470,12 @@ void attention_head_forward(float *out, float *lse, const float *q, const float 
                 if (score[j] > tile_max) tile_max = score[j];
             }
             float new_max = tile_max > run_max ? tile_max : run_max;
-            float correction = expf(run_max - new_max);
+            float correction = cart_expf_ref(run_max - new_max);
             run_sum *= correction;
             for (int32_t d = 0; d < head_dim; d++) out[d] *= correction;
-            for (int64_t j = 0; j < nt; j++) {
-                score[j] = expf(score[j] - new_max);
-                run_sum += score[j];
-            }
+            for (int64_t j = 0; j < nt; j++) score[j] -= new_max;
+            cart_kern()->expf_n(score, score, nt);
+            for (int64_t j = 0; j < nt; j++) run_sum += score[j];
             rows_values(out, score, v + t0 * stride, stride, nt, head_dim);
             run_max = new_max;
         }
@@ -508,6 +529,15 @@ void attention_heads_forward(float *const *out, float *const *lse, const float *
     }
 }
 
+/* The attention backward's probabilities and score gradients over a tile
+ * from the scores (in p) and dout . v (in ds): p = e^(s scale - lse), ds =
+ * p (ds - delta) scale. */
+static void probs(float *p, float *ds, int64_t nt, float scale, float lse, float delta) {
+    for (int64_t j = 0; j < nt; j++) p[j] = p[j] * scale - lse;
+    cart_kern()->expf_n(p, p, nt);
+    for (int64_t j = 0; j < nt; j++) ds[j] = p[j] * (ds[j] - delta) * scale;
+}
+
 void attention_head_backward(float *dq, float *dka, float *dva, int64_t skip_a, float *dkb,
                              float *dvb, const float *dout, const float *out, float lse,
                              const float *q, const float *ka, const float *va, int64_t na,
@@ -526,10 +556,7 @@ void attention_head_backward(float *dq, float *dka, float *dva, int64_t skip_a, 
             int64_t nt = n - t0 < TILE ? n - t0 : TILE;
             rows_scores(p, q, k + t0 * stride, stride, head_dim, nt);
             rows_scores(ds, dout, v + t0 * stride, stride, head_dim, nt);
-            for (int64_t j = 0; j < nt; j++) {
-                p[j] = expf(p[j] * scale - lse);
-                ds[j] = p[j] * (ds[j] - delta) * scale;
-            }
+            probs(p, ds, nt, scale, lse, delta);
             rows_values(dq, ds, k + t0 * stride, stride, nt, head_dim);
             if (!dk) continue;
             for (int64_t j = 0; j < nt; j++) {
@@ -548,10 +575,7 @@ void attention_tile_backward(float *dq, float *dkt, float *dvt, int64_t skip, co
     float p[TILE], ds[TILE];
     rows_scores(p, q, k, stride, head_dim, nt);
     rows_scores(ds, dout, v, stride, head_dim, nt);
-    for (int64_t j = 0; j < nt; j++) {
-        p[j] = expf(p[j] * scale - lse);
-        ds[j] = p[j] * (ds[j] - delta) * scale;
-    }
+    probs(p, ds, nt, scale, lse, delta);
     rows_values(dq, ds, k, stride, nt, head_dim);
     if (!dkt) return;
     if (head_dim % 16 == 0) {
@@ -578,12 +602,7 @@ void attention_tiles_backward(float *const *dq, float *dkt, float *dvt, int64_t 
     const cart_kernels *kern = cart_kern();
     kern->scores_mq(p, TILE, q, nq, k, stride, head_dim, nt);
     kern->scores_mq(ds, TILE, dout, nq, v, stride, head_dim, nt);
-    for (int32_t a = 0; a < nq; a++)
-        for (int64_t j = 0; j < nt; j++) {
-            float *pa = p + a * TILE, *da = ds + a * TILE;
-            pa[j] = expf(pa[j] * scale - lse[a]);
-            da[j] = pa[j] * (da[j] - delta[a]) * scale;
-        }
+    for (int32_t a = 0; a < nq; a++) probs(p + a * TILE, ds + a * TILE, nt, scale, lse[a], delta[a]);
     kern->values_mq(dq, ds, TILE, nq, k, stride, nt, head_dim);
     if (dkt) kern->outer_add(dkt, dvt, ds, p, TILE, q, dout, nq, skip, nt, head_dim);
 }

@@ -48,6 +48,11 @@ void qk_prepare_forward(float *q, float *k, float *q_rstd, float *k_rstd, const 
                         const float *cs, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                         int32_t n_rot, int32_t neox, float eps);
 
+/* y[i] = e^x[i] for i < n (y may be x): the active level's kernel, the bits
+ * of glibc's expf (engine/kernels/expf.h) on every level and machine. Every
+ * exponential of the float kernels below is this one. */
+void cart_expf_n(float *y, const float *x, int64_t n);
+
 /* gate[i] = silu(gate[i]) * up[i] over n values; silu(x) = x / (1 + exp(-x)). */
 void swiglu_forward(float *gate, const float *up, int64_t n);
 

@@ -449,6 +449,50 @@ QK_PRIM void qf_store(float *p, qf v, int n) {
 #define QK_FN qk_groups_avx2
 #include "qgeneric.h"
 
+/* ---- e^x: expf.h's arithmetic on 4 doubles at a time ---------------------- */
+
+#include "expf.h"
+
+/* e^x of 4 floats, before the special cases (expf.h). */
+static inline __m128 expf_4(__m128 x) {
+    const __m256d xd = _mm256_cvtps_pd(x);
+    const __m256d inv = _mm256_set1_pd(CART_EXPF_INVLN2N), shift = _mm256_set1_pd(CART_EXPF_SHIFT);
+    __m256d kd = _mm256_fmadd_pd(inv, xd, shift);
+    const __m256i ki = _mm256_castpd_si256(kd);
+    kd = _mm256_sub_pd(kd, shift);
+    const __m256d r = _mm256_fmsub_pd(inv, xd, kd);
+    const __m256i idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+    const __m256i tab = _mm256_i64gather_epi64((const long long *)cart_expf_tab, idx, 8);
+    const __m256d s = _mm256_castsi256_pd(_mm256_add_epi64(tab, _mm256_slli_epi64(ki, 47)));
+    const __m256d z = _mm256_fmadd_pd(_mm256_set1_pd(CART_EXPF_C0), r, _mm256_set1_pd(CART_EXPF_C1));
+    const __m256d r2 = _mm256_mul_pd(r, r);
+    __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(CART_EXPF_C2), r, _mm256_set1_pd(1.0));
+    y = _mm256_fmadd_pd(z, r2, y);
+    return _mm256_cvtpd_ps(_mm256_mul_pd(y, s));
+}
+
+static void expf_n_avx2(float *y, const float *x, int64_t n) {
+    const __m256i big = _mm256_set1_epi32((int)CART_EXPF_BIG), abs = _mm256_set1_epi32(0x7fffffff);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256i mag = _mm256_and_si256(_mm256_castps_si256(v), abs);
+        const int special = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(mag, big)));
+        const __m256 e = _mm256_set_m128(expf_4(_mm256_extractf128_ps(v, 1)), expf_4(_mm256_castps256_ps128(v)));
+        if (special) {
+            float xs[8];
+            _mm256_storeu_ps(xs, v);
+            _mm256_storeu_ps(y + i, e);
+            for (int l = 0; l < 8; l++)
+                if (special >> l & 1) y[i + l] = cart_expf_ref(xs[l]);
+        } else {
+            _mm256_storeu_ps(y + i, e);
+        }
+    }
+    cart_expf_ref_n(y + i, x + i, n - i);
+}
+#define GK_EXPF_N expf_n_avx2
+
 #include "generic.h"
 
 #else

@@ -1080,6 +1080,54 @@ static void qk_quantize_rows_512(qk_act *a, const float *x, int64_t ldx, int64_t
 #define QK_FN qk_groups_avx512
 #include "qgeneric.h"
 
+/* ---- e^x: expf.h's arithmetic on 8 doubles at a time ---------------------- */
+
+#include "expf.h"
+
+/* e^x of 8 floats, before the special cases (expf.h). The table's 32
+ * entries are four registers; two two-register permutes and a blend pick
+ * an entry by the low five bits of k. */
+static inline __m256 expf_8(__m256 x, const __m512d tab[4]) {
+    const __m512d xd = _mm512_cvtps_pd(x);
+    const __m512d inv = _mm512_set1_pd(CART_EXPF_INVLN2N), shift = _mm512_set1_pd(CART_EXPF_SHIFT);
+    __m512d kd = _mm512_fmadd_pd(inv, xd, shift);
+    const __m512i ki = _mm512_castpd_si512(kd);
+    kd = _mm512_sub_pd(kd, shift);
+    const __m512d r = _mm512_fmsub_pd(inv, xd, kd);
+    const __m512d lo = _mm512_permutex2var_pd(tab[0], ki, tab[1]);
+    const __m512d hi = _mm512_permutex2var_pd(tab[2], ki, tab[3]);
+    const __m512d t = _mm512_mask_blend_pd(_mm512_test_epi64_mask(ki, _mm512_set1_epi64(16)), lo, hi);
+    const __m512d s = _mm512_castsi512_pd(_mm512_add_epi64(_mm512_castpd_si512(t), _mm512_slli_epi64(ki, 47)));
+    const __m512d z = _mm512_fmadd_pd(_mm512_set1_pd(CART_EXPF_C0), r, _mm512_set1_pd(CART_EXPF_C1));
+    const __m512d r2 = _mm512_mul_pd(r, r);
+    __m512d y = _mm512_fmadd_pd(_mm512_set1_pd(CART_EXPF_C2), r, _mm512_set1_pd(1.0));
+    y = _mm512_fmadd_pd(z, r2, y);
+    return _mm512_cvtpd_ps(_mm512_mul_pd(y, s));
+}
+
+static void expf_n_512(float *y, const float *x, int64_t n) {
+    __m512d tab[4];
+    for (int j = 0; j < 4; j++) tab[j] = _mm512_loadu_pd((const double *)cart_expf_tab + 8 * j);
+    const __m512i big = _mm512_set1_epi32((int)CART_EXPF_BIG), abs = _mm512_set1_epi32(0x7fffffff);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        const __mmask16 special =
+            _mm512_mask_cmpgt_epu32_mask(m, _mm512_and_si512(_mm512_castps_si512(v), abs), big);
+        const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(expf_8(_mm512_castps512_ps256(v), tab)),
+                                            expf_8(_mm512_extractf32x8_ps(v, 1), tab), 1);
+        if (special) {
+            float xs[16];
+            _mm512_storeu_ps(xs, v);
+            _mm512_mask_storeu_ps(y + i, m, e);
+            for (int l = 0; l < 16; l++)
+                if (special >> l & 1) y[i + l] = cart_expf_ref(xs[l]);
+        } else {
+            _mm512_mask_storeu_ps(y + i, m, e);
+        }
+    }
+}
+
 /* ---- the table ------------------------------------------------------------ */
 
 static const cart_kernels table = {
@@ -1099,6 +1147,7 @@ static const cart_kernels table = {
     .scores_mq = rows_scores_mq,
     .values_mq = rows_values_mq,
     .outer_add = outer_add_512,
+    .expf_n = expf_n_512,
     .qk_groups = qk_groups_avx512,
     .qk_quantize = qk_quantize_rows_512,
     .f16_to_f32 = f16_to_f32_n,

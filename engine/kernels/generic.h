@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "expf.h"
 
 #define GK_MV (GK_NV * VW) /* outputs per micro-tile */
 #define GK_NA (16 / VW)    /* vectors per 16-lane sum */
@@ -808,6 +809,15 @@ static void gk_outer_add(float *dk, float *dv, const float *ds, const float *p, 
     gk_outer_one(dv, p, ld, dout, nq, skip, nt, head_dim);
 }
 
+/* ---- e^x ------------------------------------------------------------------ */
+
+#ifndef GK_EXPF_N /* a level without its own: the definition, one element at a time */
+static void gk_expf_n(float *y, const float *x, int64_t n) {
+    cart_expf_ref_n(y, x, n);
+}
+#define GK_EXPF_N gk_expf_n
+#endif
+
 /* ---- the table ------------------------------------------------------------ */
 
 static const cart_kernels gk_table = {
@@ -827,6 +837,7 @@ static const cart_kernels gk_table = {
     .scores_mq = gk_scores_mq,
     .values_mq = gk_values_mq,
     .outer_add = gk_outer_add,
+    .expf_n = GK_EXPF_N,
 #ifdef QK_FN
     .qk_groups = QK_FN,
 #endif

@@ -170,6 +170,10 @@ typedef struct cart_kernels {
     /* The activations' quantization (qdot.h); NULL: qk_quantize_rows_c. */
     qk_quantize_fn qk_quantize;
 
+    /* y[i] = e^x[i] for i < n (y may be x), the bits of expf.h's
+     * cart_expf_ref. */
+    void (*expf_n)(float *y, const float *x, int64_t n);
+
     /* Bulk conversions (any alignment), as the scalar functions of dtype.h. */
     void (*f16_to_f32)(float *dst, const uint16_t *src, int64_t n);
     void (*f32_to_f16)(uint16_t *dst, const float *src, int64_t n);

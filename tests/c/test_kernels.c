@@ -24,6 +24,7 @@
 #include "dtype.h"
 #include "matmul.h"
 #include "ops.h"
+#include "kernels/expf.h"
 #include "pool.h"
 
 /* The largest |a - b| over n floats, counting any bit difference (a NaN
@@ -369,6 +370,89 @@ static void test_bulk_conversions_match_scalar_on_every_level(void) {
     free(f), free(h);
 }
 
+/* ---- e^x ------------------------------------------------------------------ */
+
+/* Bit patterns for the e^x check: every STRIDE-th of the 2^32 (all of them
+ * with CART_EXHAUSTIVE=1), then every pattern within 4096 of each bound of
+ * glibc's special cases, of the zeros, of the infinities and of 1.0. */
+enum { EXP_BATCH = 1 << 16, EXP_STRIDE = 251 };
+
+static int64_t exp_patterns(uint32_t *out, int64_t at, int exhaustive) {
+    const int64_t sweep = exhaustive ? ((int64_t)1 << 32) : ((int64_t)1 << 32) / EXP_STRIDE;
+    const float bounds[] = {88.0f, -88.0f, 0x1.62e42ep6f, -0x1.9fe368p6f, -0x1.9d1d9ep6f, 0.0f, -0.0f,
+                            INFINITY, -INFINITY, 1.0f, -1.0f};
+    const int64_t nb = (int64_t)(sizeof bounds / sizeof bounds[0]);
+    int64_t n = 0;
+    for (; n < EXP_BATCH && at + n < sweep; n++)
+        out[n] = (uint32_t)((at + n) * (exhaustive ? 1 : EXP_STRIDE));
+    for (int64_t i = at + n - sweep; n < EXP_BATCH && i >= 0 && i < nb * 8192; n++, i++) {
+        uint32_t b;
+        memcpy(&b, &bounds[i / 8192], 4);
+        out[n] = b + (uint32_t)(i % 8192) - 4096u;
+    }
+    return n;
+}
+
+static void test_expf_is_glibc_bits_on_every_level(void) {
+    int32_t levels[CART_ISA_COUNT];
+    const int nlevels = other_levels(levels);
+    const char *env = getenv("CART_EXHAUSTIVE");
+    const int exhaustive = env && strcmp(env, "1") == 0;
+#if defined(__GLIBC__) && defined(__x86_64__)
+    const int vs_libc = __builtin_cpu_supports("fma"); /* glibc then runs its FMA build */
+#elif defined(__GLIBC__) && defined(__aarch64__)
+    const int vs_libc = 1;
+#else
+    const int vs_libc = 0;
+#endif
+    uint32_t *bits = malloc(sizeof(uint32_t) * EXP_BATCH);
+    float *x = malloc(sizeof(float) * (EXP_BATCH + 1)), *ref = malloc(sizeof(float) * EXP_BATCH);
+    float *got = malloc(sizeof(float) * (EXP_BATCH + 1));
+    int64_t total = 0, libc_differ = 0, level_differ[CART_ISA_COUNT] = {0};
+    for (int64_t at = 0;; at += EXP_BATCH) {
+        const int64_t n = exp_patterns(bits, at, exhaustive);
+        if (n == 0) break;
+        const int off = (int)(at / EXP_BATCH % 2); /* aligned and misaligned starts */
+        memcpy(x + off, bits, 4 * (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            ref[i] = cart_expf_ref(x[off + i]);
+            if (vs_libc) {
+                const float l = expf(x[off + i]);
+                if (memcmp(&l, &ref[i], 4) != 0 && libc_differ++ < 5)
+                    fprintf(stderr, "  expf(bits %08x): libc %a, cart_expf_ref %a\n", (unsigned)bits[i], l, ref[i]);
+            }
+        }
+        for (int l = 0; l < nlevels; l++) {
+            CHECK_OK(cart_isa_set(levels[l]));
+            const int64_t m = n - (at / EXP_BATCH % 17); /* every tail length occurs */
+            cart_expf_n(got + off, x + off, m);
+            for (int64_t i = 0; i < m; i++)
+                if (memcmp(&got[off + i], &ref[i], 4) != 0 && level_differ[l]++ < 5)
+                    fprintf(stderr, "  %s expf_n(bits %08x): %a, the definition %a\n", cart_isa_name(levels[l]),
+                            (unsigned)bits[i], got[off + i], ref[i]);
+        }
+        CHECK_OK(cart_isa_set(CART_ISA_SCALAR));
+        cart_expf_n(got, x + off, n);
+        for (int64_t i = 0; i < n; i++)
+            if (memcmp(&got[i], &ref[i], 4) != 0) level_differ[CART_ISA_SCALAR]++;
+        total += n;
+    }
+    CHECK_MSG(libc_differ == 0, "cart_expf_ref differs from the C library's expf on %lld of %lld inputs",
+              (long long)libc_differ, (long long)total);
+    printf("  cart_expf_ref vs the C library's expf over %lld bit patterns (%s): %s\n", (long long)total,
+           exhaustive ? "all 2^32 and the bounds" : "every 251st and the bounds",
+           vs_libc ? (libc_differ ? "DIFFER" : "identical") : "not compared (not glibc's FMA build here)");
+    CHECK(level_differ[CART_ISA_SCALAR] == 0);
+    for (int l = 0; l < nlevels; l++) {
+        CHECK_MSG(level_differ[l] == 0, "%s: expf_n differs from the definition on %lld inputs",
+                  cart_isa_name(levels[l]), (long long)level_differ[l]);
+        printf("  %s vs the definition, expf_n: %s (max difference %s, tolerance 0)\n", cart_isa_name(levels[l]),
+               level_differ[l] ? "DIFFER" : "identical", level_differ[l] ? "nonzero" : "0");
+    }
+    CHECK_OK(cart_isa_set(cart_isa_best()));
+    free(bits), free(x), free(ref), free(got);
+}
+
 /* ---- the level API --------------------------------------------------------- */
 
 static void test_levels_are_named_parsed_and_refused_when_missing(void) {
@@ -398,6 +482,7 @@ static void test_levels_are_named_parsed_and_refused_when_missing(void) {
 int main(void) {
     RUN(test_levels_are_named_parsed_and_refused_when_missing);
     RUN(test_bulk_conversions_match_scalar_on_every_level);
+    RUN(test_expf_is_glibc_bits_on_every_level);
     RUN(test_attention_matches_scalar_on_every_level);
     RUN(test_multi_query_attention_is_each_query_alone);
     RUN(test_products_match_scalar_on_every_level);
