@@ -317,24 +317,30 @@ local teacher = opts.teacher_pass and token_flops * teacher_tokens + pair_flops 
 -- (five products of the forward's two: 2.5 times its FLOPs)
 local train_flops = 2 * (token_flops * student_tokens + 2 * head_params * head_rows) + 3.5 * pair_flops * student_pairs
 local adam_bytes = opts.steps * 7 * 4 * c:trainable_count() -- rows, gradient, two moments: read and written
+-- { name, floor s, what it counts, measured s (nil: timed with the phase above) }
 local terms = {
-    { "bot A prefill", a_pre / gemm_rate, ("%d tokens, %.0f GFLOP"):format(wa.prefill, a_pre / 1e9) },
+    { "bot A prefill", a_pre / gemm_rate, ("%d tokens, %.0f GFLOP"):format(wa.prefill, a_pre / 1e9), wa.prefill_s },
     { "bot A decode", a_dec, ("%d lockstep steps, %d stream-steps: %.0f GFLOP, %.1f GB"):format(a_steps, a_ss,
-        a_dflops / 1e9, a_dbytes / 1e9) },
-    { "bot B prefill", b_pre / gemm_rate, ("%d tokens, %.0f GFLOP"):format(wb.prefill, b_pre / 1e9) },
+        a_dflops / 1e9, a_dbytes / 1e9), wa.decode_s },
+    { "bot B prefill", b_pre / gemm_rate, ("%d tokens, %.0f GFLOP"):format(wb.prefill, b_pre / 1e9), wb.prefill_s },
     { "bot B decode", b_dec, ("%d lockstep steps, %d stream-steps: %.0f GFLOP, %.1f GB"):format(b_steps, b_ss,
-        b_dflops / 1e9, b_dbytes / 1e9) },
+        b_dflops / 1e9, b_dbytes / 1e9), wb.decode_s },
     { "teacher pass", teacher / gemm_rate, opts.teacher_pass and ("%d tokens"):format(teacher_tokens)
-        or "none: bot B's logits are the targets" },
+        or "none: bot B's logits are the targets", st.teacher },
     { "training", train_flops / gemm_rate, ("%d student tokens, %d supervised: %.0f GFLOP"):format(student_tokens,
-        head_rows, train_flops / 1e9) },
+        head_rows, train_flops / 1e9), train_s },
     { "Adam", adam_bytes / bandwidth, ("%.2f GB"):format(adam_bytes / 1e9) },
 }
 local floor = 0
 for _, t in ipairs(terms) do floor = floor + t[2] end
 print(("floor     %6.2f s/conversation at the %.0f GFLOP/s GEMM peak and %.1f GB/s (a decode step: the longer of "
     .. "its FLOPs and its bytes):"):format(per(floor), gemm_rate / 1e9, bandwidth / 1e9))
-for _, t in ipairs(terms) do print(("  %-14s %6.2f s/conversation  %s"):format(t[1], per(t[2]), t[3])) end
+for _, t in ipairs(terms) do
+    -- beside each term the phase's measured seconds and their ratio to it
+    local m_s = t[4] and ("measured %5.2f (%s)"):format(per(t[4]), t[2] > 0 and ("%.2fx"):format(t[4] / t[2]) or "-")
+        or "measured with training"
+    print(("  %-14s %6.2f s/conversation  %-24s %s"):format(t[1], per(t[2]), m_s, t[3]))
+end
 print(("measured / floor: %.2fx (bots %.2fx, training step %.2fx)"):format(total / floor,
     per(st.a + st.b) / per(terms[1][2] + terms[2][2] + terms[3][2] + terms[4][2]),
     per(train_s) / per(terms[6][2] + terms[7][2])))

@@ -651,7 +651,7 @@ static ALWAYS_INLINE void gemv_kind(const int kind, const mm_src *w, int64_t r0,
         gemv_pass(3, 7, kind, w, r0, r1, x, ldx, y, ldy, tmp);
         break;
     default:
-        gemv_pass(3, 8, kind, w, r0, r1, x, ldx, y, ldy, tmp);
+        gemv_pass(2, 8, kind, w, r0, r1, x, ldx, y, ldy, tmp);
         break;
     }
 }

@@ -276,7 +276,7 @@ end
 -- prefilled and the rows they attend to, and per lockstep decode step the
 -- streams in it and the rows they read from their caches (a list of {
 -- streams, rows }).
-local function new_work() return { prefill = 0, prefill_rows = 0, steps = {} } end
+local function new_work() return { prefill = 0, prefill_rows = 0, steps = {}, prefill_s = 0, decode_s = 0 } end
 
 -- The synthesizer: holds the model, tokenizer, corpus and settings.
 local Synth = {}
@@ -402,7 +402,10 @@ function Synth:generate(streams, work)
             work.prefill_rows = work.prefill_rows + n * before + n * (n + 1) / 2
         end
     end
+    local t0 = work and C.cart_now_seconds()
     local logits = m:forward_batch(kvs, ids, "last")
+    if work then work.prefill_s = work.prefill_s + (C.cart_now_seconds() - t0) end
+    t0 = work and C.cart_now_seconds()
     local active = {}
     for i = 1, #streams do active[i] = i end
     while #active > 0 do
@@ -434,6 +437,7 @@ function Synth:generate(streams, work)
         end
         logits = m:forward_batch(next_kvs, next_ids, "last", counts)
     end
+    if work then work.decode_s = work.decode_s + (C.cart_now_seconds() - t0) end
 end
 
 local function now() return C.cart_now_seconds() end

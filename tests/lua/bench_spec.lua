@@ -55,13 +55,16 @@ describe("benchmark recipes at a tiny shape", function()
         assert.truthy(out:find("\nfloor +" .. NUM .. " s/conversation at the %d+ GFLOP/s GEMM peak"), out)
         -- the floor's terms, from the work the run did: bot A decodes only what it wrote (max-q 12: at most 11
         -- tokens after the prefill's, for each of the 4 conversations, in one or two lockstep groups)
+        -- each beside the phase's measured seconds and their ratio to it
+        local MEASURED = " s/conversation  measured +" .. NUM .. " %(" .. NUM .. "x%) +"
         for _, term in ipairs({ "bot A prefill", "bot B prefill", "training" }) do
-            assert.truthy(out:find("\n  " .. term .. " +" .. NUM .. " s/conversation  %d+ "), out)
+            assert.truthy(out:find("\n  " .. term .. " +" .. NUM .. MEASURED .. "%d+ "), out)
         end
-        local a_steps, a_streams = out:match("\n  bot A decode +" .. NUM .. " s/conversation  (%d+) lockstep steps, (%d+) stream%-steps")
+        assert.truthy(out:find("\n  Adam +" .. NUM .. " s/conversation  measured with training +" .. NUM .. " GB"), out)
+        local a_steps, a_streams = out:match("\n  bot A decode +" .. NUM .. MEASURED .. "(%d+) lockstep steps, (%d+) stream%-steps")
         assert.truthy(a_steps, out)
         assert.is_true(tonumber(a_steps) <= 2 * 11 and tonumber(a_streams) <= 4 * 11, out)
-        assert.truthy(out:find("\n  teacher pass +" .. NUM .. " s/conversation  none"), out)
+        assert.truthy(out:find("\n  teacher pass +" .. NUM .. " s/conversation  measured +" .. NUM .. " %(%-%) +none"), out)
         assert.truthy(out:find("\nmeasured / floor: " .. NUM .. "x %(bots " .. NUM .. "x, training step " .. NUM .. "x%)"), out)
     end)
 
