@@ -72,6 +72,10 @@ void cart_expf_n(float *y, const float *x, int64_t n) {
     cart_kern()->expf_n(y, x, n);
 }
 
+void cart_exp_n(double *y, const double *x, int64_t n) {
+    cart_kern()->exp_n(y, x, n);
+}
+
 /* e^-x for x[0 .. n), n <= EXP_CHUNK, into e (the level's expf_n). */
 enum { EXP_CHUNK = 256 };
 static void exp_neg(float *e, const float *x, int64_t n) {

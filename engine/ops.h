@@ -53,6 +53,10 @@ void qk_prepare_forward(float *q, float *k, float *q_rstd, float *k_rstd, const 
  * exponential of the float kernels below is this one. */
 void cart_expf_n(float *y, const float *x, int64_t n);
 
+/* y[i] = e^x[i] in double for i < n (y may be x): the active level's kernel,
+ * the bits of the C library's exp on every level (engine/kernels/exp.h). */
+void cart_exp_n(double *y, const double *x, int64_t n);
+
 /* gate[i] = silu(gate[i]) * up[i] over n values; silu(x) = x / (1 + exp(-x)). */
 void swiglu_forward(float *gate, const float *up, int64_t n);
 

@@ -372,6 +372,23 @@ int cart_cartridge_compose_grad(const cart_cartridge *composed, cart_cartridge *
     return CART_OK;
 }
 
+/* ---- log-sum-exp over a vocabulary ------------------------------------------ */
+
+enum { LSE_CHUNK = 512 };
+
+/* sum over v < n of e^(x[v] - shift), the terms taken in double and added
+ * in v order (the vocabulary loops' arithmetic, their exps on whole vectors). */
+static double sum_exp(const float *x, int64_t n, double shift) {
+    double t[LSE_CHUNK], sum = 0.0;
+    for (int64_t v0 = 0; v0 < n; v0 += LSE_CHUNK) {
+        const int64_t m = n - v0 < LSE_CHUNK ? n - v0 : LSE_CHUNK;
+        for (int64_t v = 0; v < m; v++) t[v] = (double)x[v0 + v] - shift;
+        cart_exp_n(t, t, m);
+        for (int64_t v = 0; v < m; v++) sum += t[v];
+    }
+    return sum;
+}
+
 /* ---- teacher targets ------------------------------------------------------- */
 
 int cart_topk_targets(int32_t *ids, float *logprobs, int32_t *n_out, const float *logits,
@@ -385,8 +402,7 @@ int cart_topk_targets(int32_t *ids, float *logprobs, int32_t *n_out, const float
     float max = logits[0];
     for (int64_t i = 1; i < n_vocab; i++)
         if (logits[i] > max) max = logits[i];
-    double sum = 0.0;
-    for (int64_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - (double)max);
+    double sum = sum_exp(logits, n_vocab, (double)max);
     double log_z = (double)max + log(sum);
     /* top-k by insertion into a sorted list: k is small (20) */
     int32_t count = 0;
@@ -1711,8 +1727,7 @@ static double row_loss(float *lr, int64_t V, int64_t row, const cart_distill_tar
     float max = lr[0];
     for (int64_t v = 1; v < V; v++)
         if (lr[v] > max) max = lr[v];
-    double sum = 0.0;
-    for (int64_t v = 0; v < V; v++) sum += exp((double)lr[v] - max);
+    double sum = sum_exp(lr, V, (double)max);
     double lse = (double)max + log(sum);
     double loss = 0.0, weight = 0.0; /* weight: the teacher probability reading this row */
     int64_t e1 = *e0;
@@ -1724,7 +1739,14 @@ static double row_loss(float *lr, int64_t V, int64_t row, const cart_distill_tar
         e1++;
     }
     if (backward) {
-        for (int64_t v = 0; v < V; v++) lr[v] = (float)(scale * weight * exp((double)lr[v] - lse));
+        const double sw = scale * weight;
+        double t[LSE_CHUNK];
+        for (int64_t v0 = 0; v0 < V; v0 += LSE_CHUNK) {
+            const int64_t m = V - v0 < LSE_CHUNK ? V - v0 : LSE_CHUNK;
+            for (int64_t v = 0; v < m; v++) t[v] = (double)lr[v0 + v] - lse;
+            cart_exp_n(t, t, m);
+            for (int64_t v = 0; v < m; v++) lr[v0 + v] = (float)(sw * t[v]);
+        }
         for (int64_t k = *e0; k < e1; k++) {
             int64_t e = refs[k].index;
             lr[tg->token[e]] -= (float)(scale * exp((double)tg->logprob[e]));

@@ -449,6 +449,49 @@ QK_PRIM void qf_store(float *p, qf v, int n) {
 #define QK_FN qk_groups_avx2
 #include "qgeneric.h"
 
+/* ---- e^x in double: exp.h's main path on 4 lanes -------------------------- */
+
+#include <math.h>
+
+#include "exp.h"
+
+static void exp_n_avx2(double *y, const double *x, int64_t n) {
+    const __m256d inv = _mm256_set1_pd(CART_EXP_INVLN2N), shift = _mm256_set1_pd(CART_EXP_SHIFT);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const __m256d xv = _mm256_loadu_pd(x + i);
+        const __m256i bits = _mm256_castpd_si256(xv);
+        const __m256i top = _mm256_sub_epi64(_mm256_and_si256(_mm256_srli_epi64(bits, 52), _mm256_set1_epi64x(0x7ff)),
+                                             _mm256_set1_epi64x(CART_EXP_LOW));
+        const __m256i out = _mm256_or_si256(_mm256_cmpgt_epi64(_mm256_setzero_si256(), top),
+                                            _mm256_cmpgt_epi64(top, _mm256_set1_epi64x(CART_EXP_SPAN)));
+        __m256d kd = _mm256_fmadd_pd(xv, inv, shift);
+        const __m256i ki = _mm256_castpd_si256(kd);
+        kd = _mm256_sub_pd(kd, shift);
+        __m256d r = _mm256_fmadd_pd(kd, _mm256_set1_pd(CART_EXP_NEGLN2HIN), xv);
+        r = _mm256_fmadd_pd(kd, _mm256_set1_pd(CART_EXP_NEGLN2LON), r);
+        const __m256i idx = _mm256_slli_epi64(_mm256_and_si256(ki, _mm256_set1_epi64x(127)), 1);
+        const __m256d tail = _mm256_i64gather_pd((const double *)cart_exp_tab, idx, 8);
+        const __m256i sb = _mm256_add_epi64(_mm256_i64gather_epi64((const long long *)cart_exp_tab + 1, idx, 8),
+                                            _mm256_slli_epi64(ki, 45));
+        const __m256d a = _mm256_fmadd_pd(r, _mm256_set1_pd(CART_EXP_C3), _mm256_set1_pd(CART_EXP_C2));
+        const __m256d b = _mm256_add_pd(r, tail);
+        const __m256d r2 = _mm256_mul_pd(r, r);
+        const __m256d c = _mm256_fmadd_pd(r, _mm256_set1_pd(CART_EXP_C5), _mm256_set1_pd(CART_EXP_C4));
+        const __m256d tmp = _mm256_fmadd_pd(_mm256_mul_pd(r2, r2), c, _mm256_fmadd_pd(a, r2, b));
+        const __m256d scale = _mm256_castsi256_pd(sb);
+        const int special = _mm256_movemask_pd(_mm256_castsi256_pd(out));
+        double xs[4];
+        if (special) _mm256_storeu_pd(xs, xv); /* y may be x */
+        _mm256_storeu_pd(y + i, _mm256_fmadd_pd(scale, tmp, scale));
+        if (special)
+            for (int l = 0; l < 4; l++)
+                if (special >> l & 1) y[i + l] = exp(xs[l]);
+    }
+    for (; i < n; i++) y[i] = exp(x[i]);
+}
+#define GK_EXP_N exp_n_avx2
+
 /* ---- e^x: expf.h's arithmetic on 4 doubles at a time ---------------------- */
 
 #include "expf.h"

@@ -1080,6 +1080,43 @@ static void qk_quantize_rows_512(qk_act *a, const float *x, int64_t ldx, int64_t
 #define QK_FN qk_groups_avx512
 #include "qgeneric.h"
 
+/* ---- e^x in double: exp.h's main path on 8 lanes -------------------------- */
+
+#include "exp.h"
+
+static void exp_n_512(double *y, const double *x, int64_t n) {
+    const __m512d inv = _mm512_set1_pd(CART_EXP_INVLN2N), shift = _mm512_set1_pd(CART_EXP_SHIFT);
+    for (int64_t i = 0; i < n; i += 8) {
+        const __mmask8 m = n - i >= 8 ? (__mmask8)0xff : (__mmask8)((1u << (n - i)) - 1);
+        const __m512d xv = _mm512_maskz_loadu_pd(m, x + i);
+        const __m512i top = _mm512_sub_epi64(
+            _mm512_and_si512(_mm512_srli_epi64(_mm512_castpd_si512(xv), 52), _mm512_set1_epi64(0x7ff)),
+            _mm512_set1_epi64(CART_EXP_LOW));
+        const __mmask8 special = _mm512_mask_cmpgt_epu64_mask(m, top, _mm512_set1_epi64(CART_EXP_SPAN));
+        __m512d kd = _mm512_fmadd_pd(xv, inv, shift);
+        const __m512i ki = _mm512_castpd_si512(kd);
+        kd = _mm512_sub_pd(kd, shift);
+        __m512d r = _mm512_fmadd_pd(kd, _mm512_set1_pd(CART_EXP_NEGLN2HIN), xv);
+        r = _mm512_fmadd_pd(kd, _mm512_set1_pd(CART_EXP_NEGLN2LON), r);
+        const __m512i idx = _mm512_slli_epi64(_mm512_and_si512(ki, _mm512_set1_epi64(127)), 1);
+        const __m512d tail = _mm512_i64gather_pd(idx, (const double *)cart_exp_tab, 8);
+        const __m512i sb = _mm512_add_epi64(_mm512_i64gather_epi64(idx, (const long long *)cart_exp_tab + 1, 8),
+                                            _mm512_slli_epi64(ki, 45));
+        const __m512d a = _mm512_fmadd_pd(r, _mm512_set1_pd(CART_EXP_C3), _mm512_set1_pd(CART_EXP_C2));
+        const __m512d b = _mm512_add_pd(r, tail);
+        const __m512d r2 = _mm512_mul_pd(r, r);
+        const __m512d c = _mm512_fmadd_pd(r, _mm512_set1_pd(CART_EXP_C5), _mm512_set1_pd(CART_EXP_C4));
+        const __m512d tmp = _mm512_fmadd_pd(_mm512_mul_pd(r2, r2), c, _mm512_fmadd_pd(a, r2, b));
+        const __m512d scale = _mm512_castsi512_pd(sb);
+        double xs[8];
+        if (special) _mm512_storeu_pd(xs, xv); /* y may be x */
+        _mm512_mask_storeu_pd(y + i, m, _mm512_fmadd_pd(scale, tmp, scale));
+        if (special)
+            for (int l = 0; l < 8; l++)
+                if (special >> l & 1) y[i + l] = exp(xs[l]);
+    }
+}
+
 /* ---- e^x: expf.h's arithmetic on 8 doubles at a time ---------------------- */
 
 #include "expf.h"
@@ -1148,6 +1185,7 @@ static const cart_kernels table = {
     .values_mq = rows_values_mq,
     .outer_add = outer_add_512,
     .expf_n = expf_n_512,
+    .exp_n = exp_n_512,
     .qk_groups = qk_groups_avx512,
     .qk_quantize = qk_quantize_rows_512,
     .f16_to_f32 = f16_to_f32_n,

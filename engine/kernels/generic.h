@@ -32,6 +32,7 @@
  * zero-padded buffers, which keeps the same operations (fma(0, 0, s) for a
  * missing element) without masks.
  */
+#include <math.h>
 #include <string.h>
 
 #include "dtype.h"
@@ -818,6 +819,13 @@ static void gk_expf_n(float *y, const float *x, int64_t n) {
 #define GK_EXPF_N gk_expf_n
 #endif
 
+#ifndef GK_EXP_N /* a level without its own: the C library's exp */
+static void gk_exp_n(double *y, const double *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = exp(x[i]);
+}
+#define GK_EXP_N gk_exp_n
+#endif
+
 /* ---- the table ------------------------------------------------------------ */
 
 static const cart_kernels gk_table = {
@@ -838,6 +846,7 @@ static const cart_kernels gk_table = {
     .values_mq = gk_values_mq,
     .outer_add = gk_outer_add,
     .expf_n = GK_EXPF_N,
+    .exp_n = GK_EXP_N,
 #ifdef QK_FN
     .qk_groups = QK_FN,
 #endif

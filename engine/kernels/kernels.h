@@ -173,6 +173,9 @@ typedef struct cart_kernels {
     /* y[i] = e^x[i] for i < n (y may be x), the bits of expf.h's
      * cart_expf_ref. */
     void (*expf_n)(float *y, const float *x, int64_t n);
+    /* y[i] = e^x[i] in double for i < n (y may be x), the bits of the C
+     * library's exp (exp.h). */
+    void (*exp_n)(double *y, const double *x, int64_t n);
 
     /* Bulk conversions (any alignment), as the scalar functions of dtype.h. */
     void (*f16_to_f32)(float *dst, const uint16_t *src, int64_t n);
