@@ -17,9 +17,12 @@
 -- prefill or training term is its FLOPs at this machine's f32 GEMM peak; a
 -- decode step takes the longer of its FLOPs at the peak and its bytes (the
 -- weights once, every stream's cache rows) at the read bandwidth; Adam is
--- bytes. Both rates are measured here first (probe.h): the peak by a plain
--- 1536^3 GEMM (the faster of OpenBLAS and the engine's f32 kernel), not by
--- the engine's own prefill, and the bandwidth by integer sums over 512 MiB.
+-- bytes. Both rates are measured here (probe.h), before the run and again
+-- after it, and the better of the two counts (on a shared machine a probe
+-- taken while a neighbour is busy would lower the floor): the peak by a
+-- plain 1536^3 GEMM (the faster of OpenBLAS and the engine's f32 kernel),
+-- not by the engine's own prefill, and the bandwidth by integer sums over
+-- 512 MiB.
 --
 -- --ranks N runs recipes/selfstudy.lua itself three times with these
 -- budgets: one process of one thread, N ranks of one thread under
@@ -215,9 +218,15 @@ if opts.ranks ~= 0 then return ranks_mode() end
 -- One process: the breakdown and the floor
 
 cartridge.set_threads(opts.threads)
-local bandwidth = C.cart_probe_read_bandwidth(512 * 2 ^ 20, 5, nil)
-local engine_gemm = C.cart_probe_engine_gemm(1536, 3, nil)
-local gemm_rate = math.max(C.cart_probe_blas_gemm(1536, 3), engine_gemm)
+-- the machine's rates: the best of a probe now and (below) after the run
+local bandwidth, engine_gemm, gemm_rate = 0, 0, 0
+local function probe()
+    local bw, eg = C.cart_probe_read_bandwidth(512 * 2 ^ 20, 5, nil), C.cart_probe_engine_gemm(1536, 3, nil)
+    local g = math.max(C.cart_probe_blas_gemm(1536, 3), eg)
+    bandwidth, engine_gemm, gemm_rate = math.max(bandwidth, bw), math.max(engine_gemm, eg), math.max(gemm_rate, g)
+    return g, bw
+end
+probe()
 local now = C.cart_now_seconds
 local m = cartridge.model.load(path)
 local mc = m.config
@@ -229,7 +238,7 @@ print(("model %s (%d layers, hidden %d); corpus %d files, %d tokens; %d threads"
 local layer_params = mc.n_layer * (mc.n_embd * (mc.n_head + 2 * mc.n_head_kv) * mc.head_dim
     + mc.n_head * mc.head_dim * mc.n_embd + 3 * mc.n_embd * mc.n_ff)
 local head_params = mc.n_vocab * mc.n_embd
-print(("machine: %s; kernels %s; f32 GEMM peak %.0f GFLOP/s; read bandwidth %.1f GB/s")
+print(("machine: %s; kernels %s; f32 GEMM peak %.0f GFLOP/s; read bandwidth %.1f GB/s (probed before the run)")
     :format(cartridge.ffi.string(C.cart_cpu_features()), cartridge.isa(), gemm_rate / 1e9, bandwidth / 1e9))
 
 local template = chat.for_model(m)
@@ -281,6 +290,9 @@ for step = 1, opts.steps do
 end
 io.stderr:write("\n")
 local total = now() - started
+local after_gemm, after_bw = probe()
+print(("probed again after the run: f32 GEMM peak %.0f GFLOP/s, read bandwidth %.1f GB/s; the floor takes the better "
+    .. "of each"):format(after_gemm / 1e9, after_bw / 1e9))
 local st = synth.stats.time
 local per = function(x) return x / convos end
 print(("%d conversations, %d supervised answer tokens, %.1f s in all"):format(convos, tokens, total))

@@ -52,6 +52,8 @@ describe("benchmark recipes at a tiny shape", function()
         assert.truthy(out:find("\n4 conversations, %d+ supervised answer tokens"), out)
         assert.truthy(out:find("\nmeasured +" .. NUM .. " s/conversation: bot A " .. NUM .. ", bot B " .. NUM
             .. ", teacher " .. NUM .. ", training step " .. NUM), out)
+        assert.truthy(out:find("\nprobed again after the run: f32 GEMM peak %d+ GFLOP/s, read bandwidth " .. NUM
+            .. " GB/s; the floor takes the better of each"), out)
         assert.truthy(out:find("\nfloor +" .. NUM .. " s/conversation at the %d+ GFLOP/s GEMM peak"), out)
         -- the floor's terms, from the work the run did: bot A decodes only what it wrote (max-q 12: at most 11
         -- tokens after the prefill's, for each of the 4 conversations, in one or two lockstep groups)
