@@ -768,6 +768,7 @@ static ALWAYS_INLINE void values_rows(const int F16, float *acc, const float *p,
         if (nv == 16) values_span(16, F16, acc + d0, p, vd, stride, nt);
         else if (nv == 8) values_span(8, F16, acc + d0, p, vd, stride, nt);
         else if (nv == 4) values_span(4, F16, acc + d0, p, vd, stride, nt);
+        else if (nv == 2) values_span(2, F16, acc + d0, p, vd, stride, nt);
         else values_span(nv, F16, acc + d0, p, vd, stride, nt);
     }
 }
@@ -777,6 +778,7 @@ static void rows_scores(float *score, const float *q, const float *kt, int64_t s
                         int64_t nt) {
     if (head_dim == 128) scores_rows(8, 0, score, q, kt, stride, head_dim, nt);
     else if (head_dim == 64) scores_rows(4, 0, score, q, kt, stride, head_dim, nt);
+    else if (head_dim == 32) scores_rows(2, 0, score, q, kt, stride, head_dim, nt);
     else if (head_dim == 256) scores_rows(16, 0, score, q, kt, stride, head_dim, nt);
     else scores_rows(0, 0, score, q, kt, stride, head_dim, nt);
 }
@@ -793,6 +795,7 @@ static void rows_scores_f16(float *score, const float *q, const uint16_t *k, int
                             int32_t head_dim, int64_t nt) {
     if (head_dim == 128) scores_rows(8, 1, score, q, k, stride, head_dim, nt);
     else if (head_dim == 64) scores_rows(4, 1, score, q, k, stride, head_dim, nt);
+    else if (head_dim == 32) scores_rows(2, 1, score, q, k, stride, head_dim, nt);
     else if (head_dim == 256) scores_rows(16, 1, score, q, k, stride, head_dim, nt);
     else scores_rows(0, 1, score, q, k, stride, head_dim, nt);
 }
@@ -840,6 +843,7 @@ static void rows_scores_mq(float *score, int64_t ld, const float *const *q, int3
                            int64_t stride, int32_t head_dim, int64_t nt) {
     if (head_dim == 128) scores_mq_nv(8, score, ld, q, nq, k, stride, head_dim, nt);
     else if (head_dim == 64) scores_mq_nv(4, score, ld, q, nq, k, stride, head_dim, nt);
+    else if (head_dim == 32) scores_mq_nv(2, score, ld, q, nq, k, stride, head_dim, nt);
     else if (head_dim == 256) scores_mq_nv(16, score, ld, q, nq, k, stride, head_dim, nt);
     else for (int32_t a = 0; a < nq; a++) rows_scores(score + a * ld, q[a], k, stride, head_dim, nt);
 }
