@@ -28,6 +28,7 @@
 #include "grammar.h"
 #include "adam.h"
 #include "train.h"
+#include "compact.h"
 #include "params.h"
 #include "spec.h"
 #include "http.h"

@@ -682,6 +682,9 @@ typedef struct forward_state {
     int64_t *stream_logits;       /* [n_streams] logit rows each stream asked for */
     cart_kv *const *kvs;
     int32_t layer;
+    const int64_t *q_rows; /* cart_model_forward_queries: the tokens whose queries are wanted */
+    int64_t n_q_rows;
+    float *q_out;          /* ... and where each layer's go, layer after layer */
     float *arena;    /* the allocation behind all of the above */
 } forward_state;
 
@@ -997,6 +1000,11 @@ static int forward_layer(forward_state *s, const int64_t *n_tokens, int32_t n_st
     if ((rc = linear_runs(s, v_from_k ? 2 : 3, qkv, qkv_ld, s->xn, E, qkv_w, pool))) return rc;
     if (v_from_k) memcpy(s->v, s->k, sizeof(float) * (size_t)(T * KD));
     cart_pool_for(pool, T, 16, qk_prepare_range, s);
+    if (s->q_out) {
+        for (int64_t j = 0; j < s->n_q_rows; j++)
+            memcpy(s->q_out + j * HD, s->q + s->q_rows[j] * HD, sizeof(float) * (size_t)HD);
+        s->q_out += s->n_q_rows * HD;
+    }
     for (int32_t b = 0, t = 0; b < n_streams; t += (int32_t)n_tokens[b], b++)
         if (n_tokens[b] > 0)
             cart_kv_write(s->kvs[b], s->layer, cart_kv_len(s->kvs[b]), n_tokens[b], s->k + t * KD, s->v + t * KD);
@@ -1088,14 +1096,16 @@ static void forward_hidden(const forward_state *s, const int64_t *rows, int64_t 
     }
 }
 
-/* The pass behind cart_model_forward (hidden = 0: logits of the rows) and
- * cart_model_forward_hidden (hidden = 1: final hidden states of the rows). */
+/* The pass behind cart_model_forward (hidden = 0: logits of the rows),
+ * cart_model_forward_hidden (hidden = 1: final hidden states of the rows)
+ * and cart_model_forward_queries (hidden = 2: each layer's queries). */
 static int forward_pass(cart_model *m, cart_kv *const *kvs, int32_t n_streams, const int32_t *tokens,
                         const int64_t *n_tokens, const int64_t *rows, int64_t n_rows, float *out, int hidden) {
     int64_t T = 0;
     int rc = forward_check(m, kvs, n_streams, tokens, n_tokens, rows, n_rows, &T);
     if (rc || T == 0) return rc;
     forward_state s = {.m = m, .c = &m->cfg, .T = T, .kvs = kvs};
+    if (hidden == 2) s.q_rows = rows, s.n_q_rows = n_rows, s.q_out = out;
     cart_pool *pool = cart_default_pool();
     if ((rc = forward_setup(&s, tokens, n_tokens, n_streams, pool))) {
         free(s.arena);
@@ -1105,8 +1115,8 @@ static int forward_pass(cart_model *m, cart_kv *const *kvs, int32_t n_streams, c
         s.layer = l;
         rc = forward_layer(&s, n_tokens, n_streams, pool);
     }
-    if (!rc && hidden) forward_hidden(&s, rows, n_rows, out);
-    else if (!rc) rc = forward_logits(&s, n_streams, rows, n_rows, out, pool);
+    if (!rc && hidden == 1) forward_hidden(&s, rows, n_rows, out);
+    else if (!rc && hidden == 0) rc = forward_logits(&s, n_streams, rows, n_rows, out, pool);
     if (!rc)
         for (int32_t b = 0; b < n_streams; b++)
             cart_kv_set_len(kvs[b], cart_kv_len(kvs[b]) + n_tokens[b]);
@@ -1124,4 +1134,37 @@ int cart_model_forward_hidden(cart_model *m, cart_kv *const *kvs, int32_t n_stre
                               const int32_t *tokens, const int64_t *n_tokens, const int64_t *rows,
                               int64_t n_rows, float *hidden) {
     return forward_pass(m, kvs, n_streams, tokens, n_tokens, rows, n_rows, hidden, 1);
+}
+
+int cart_model_forward_queries(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
+                               const int32_t *tokens, const int64_t *n_tokens, const int64_t *rows,
+                               int64_t n_rows, float *queries) {
+    return forward_pass(m, kvs, n_streams, tokens, n_tokens, rows, n_rows, queries, 2);
+}
+
+int64_t cart_model_query_floats(const cart_model *m, int64_t n_rows) {
+    int64_t n = 0;
+    for (int32_t l = 0; l < m->cfg.n_layer; l++) n += (int64_t)m->layers[l].g.n_head * m->layers[l].g.head_dim;
+    return n * n_rows;
+}
+
+int cart_model_rope_shift(const cart_model *m, int32_t layer, float *k, int64_t n_rows, int64_t ld,
+                          int64_t delta) {
+    if (layer < 0 || layer >= m->cfg.n_layer)
+        return cart_fail(CART_E_ARG, "cart_model_rope_shift: layer %d of %d", layer, m->cfg.n_layer);
+    const layer_weights *L = &m->layers[layer];
+    const cart_layer_config *g = &L->g;
+    if (ld < (int64_t)g->n_head_kv * g->head_dim)
+        return cart_fail(CART_E_ARG, "cart_model_rope_shift: row stride %lld below the layer's %d x %d",
+                         (long long)ld, g->n_head_kv, g->head_dim);
+    const int32_t n_rot = m->rope_n_rot[L->rope_table];
+    float cs[1024];
+    if (n_rot > 1024) return cart_fail(CART_E_ARG, "cart_model_rope_shift: %d rotated dims", n_rot);
+    rope_angles_ff(cs, delta < 0 ? -delta : delta, n_rot, m->rope_base[L->rope_table],
+                   L->rope_table == 0 ? m->rope_freqs : NULL);
+    for (int64_t r = 0; r < n_rows; r++) {
+        if (delta < 0) rope_backward(k + r * ld, cs, g->n_head_kv, g->head_dim, g->n_rot, m->cfg.rope_neox);
+        else rope_forward(k + r * ld, cs, g->n_head_kv, g->head_dim, g->n_rot, m->cfg.rope_neox);
+    }
+    return CART_OK;
 }

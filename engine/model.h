@@ -211,6 +211,27 @@ int cart_model_forward_hidden(cart_model *m, cart_kv *const *kvs, int32_t n_stre
                               const int32_t *tokens, const int64_t *n_tokens, const int64_t *rows,
                               int64_t n_rows, float *hidden);
 
+/* The same pass as cart_model_forward (the same checks, the caches grow
+ * the same way), returning the attention queries instead of logits: for
+ * each layer in order, n_rows rows of n_head x head_dim floats (that
+ * layer's), the queries of tokens rows[j] (indices into the concatenated
+ * tokens) after the q norm and RoPE, as the attention multiplies them with
+ * the keys. `queries` holds cart_model_query_floats(m, n_rows) floats. For
+ * KV compaction (compact.h), which needs the queries a cache will meet. */
+int cart_model_forward_queries(cart_model *m, cart_kv *const *kvs, int32_t n_streams,
+                               const int32_t *tokens, const int64_t *n_tokens, const int64_t *rows,
+                               int64_t n_rows, float *queries);
+int64_t cart_model_query_floats(const cart_model *m, int64_t n_rows);
+
+/* Moves n_rows cached keys of `layer` (rows `ld` floats apart, each
+ * n_head_kv x head_dim, after RoPE) by `delta` positions: each rotated pair
+ * turns by delta times its frequency (backwards for a negative delta), the
+ * layer's own RoPE table. A key computed at position P then scores as one
+ * at P + delta, up to f32 rounding: a compacted cache keeps its rows'
+ * distances to the queries that follow it. */
+int cart_model_rope_shift(const cart_model *m, int32_t layer, float *k, int64_t n_rows, int64_t ld,
+                          int64_t delta);
+
 #ifdef __cplusplus
 }
 #endif

@@ -44,11 +44,12 @@ local PRESETS = {
     -- the reader: a small synthetic-task model that learns to answer from its context
     reader = { layers = 3, embd = 128, ff = 384, heads = 4, kv_heads = 4, head_dim = 32, ctx = 4096, merges = 1500,
         steps = 3600, lookup_steps = 3000, lookup_mix = 0.1, min_facts = 1, curriculum = 0.5, bot_a_mix = 0.2,
-        focus_mix = 0.5, batch = 16, lr = 3e-3, out = "models/reader.gguf", dtype = "f16",
+        focus_mix = 0.5, phrasings = true, reverse = 0.2, batch = 16, lr = 3e-3, out = "models/reader.gguf",
+        dtype = "f16",
         -- then bot A's focus instruction, continuing the f16 GGUF of the above
         -- with a fresh optimizer (what --from does)
         stage2 = { steps = 400, batch = 16, lr = 3e-3, warmup = 20, bot_a_mix = 0.7, focus_mix = 1, min_facts = 8,
-            curriculum = 0, lookup_mix = 0.05 } },
+            curriculum = 0, lookup_mix = 0.05, phrasings = true, reverse = 0.2 } },
     -- a few steps of a tiny one, for the tests
     tiny = { layers = 2, embd = 64, ff = 128, heads = 4, kv_heads = 2, head_dim = 16, ctx = 2048, merges = 200,
         steps = 20, batch = 2, lr = 3e-3, out = "out/tiny-reader.gguf", dtype = "f32" },
@@ -76,6 +77,8 @@ local opts = options.parse(arg, {
         { "lookup-mix", type = "number", help = "after --lookup-steps, this fraction of the conversations stays keyed lists (default: the preset's, else 0)" },
         { "bot-a-mix", type = "number", help = "the fraction of document conversations that teach bot A's part: an excerpt and a seed instruction, answered with a question about one of its facts (default: one in ten)" },
         { "focus-mix", type = "number", help = "of bot A's conversations, the fraction whose instruction quotes one sentence of the excerpt (self-study's focus seed) (default: the preset's, else none)" },
+        { "phrasings", type = "boolean", help = "reading turns ask each fact in any of its three phrasings (default: the preset's, else the first only); bot A's question is always the first" },
+        { "reverse", type = "number", help = "the fraction of reading turns asked in reverse (\"Who lives in X?\"), where the document has one (default: the preset's, else none)" },
         { "seed", type = "int", default = 1, help = "initialization and data" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
         { "save-every", type = "int", default = 100, help = "write the training state every N steps (0: never)" },
@@ -114,6 +117,9 @@ schedule("lookup_steps", 0)
 schedule("lookup_mix", 0)
 schedule("bot_a_mix", nil)
 schedule("focus_mix", nil)
+schedule("phrasings", nil)
+schedule("reverse", nil)
+if opts.reverse and (opts.reverse < 0 or opts.reverse > 1) then fail("--reverse is a fraction: give a number in 0..1") end
 if steps < 1 or batch < 1 then fail("--steps and --batch must be at least 1") end
 if opts.min_facts < 1 or opts.min_facts > opts.max_facts then fail("need 1 <= --min-facts <= --max-facts") end
 if opts.lookup_steps < 0 then fail("--lookup-steps must be at least 0") end
@@ -141,7 +147,7 @@ if not init_path then
     for s = 0, 199 do
         local d = facts.document(1000000 + s, 40) -- vocabulary text: seeds outside both ranges
         texts[#texts + 1] = d.text
-        for _, f in ipairs(d.facts) do texts[#texts + 1] = f.question .. "\n" .. f.answer end
+        for _, e in ipairs(facts.questions(d)) do texts[#texts + 1] = e.question .. "\n" .. e.answer end
     end
     for _, seed in ipairs(require("cartridge.selfstudy").SEEDS) do texts[#texts + 1] = seed.text end
     -- every name often enough that it becomes one token
@@ -310,7 +316,8 @@ local function conversation(step, i)
     local n = g:int(opts.min_facts, facts_at(step))
     local d = facts.document(g:below(1000), n, { relations = g:int(1, math.min(8, n)) })
     local seq, spans = ids.new(), {}
-    for k, piece in ipairs(facts.conversation(g, d, T, { bot_a = opts.bot_a_mix, focus = opts.focus_mix })) do
+    for k, piece in ipairs(facts.conversation(g, d, T, { bot_a = opts.bot_a_mix, focus = opts.focus_mix,
+        phrasings = opts.phrasings, reverse = opts.reverse })) do
         local from = #seq
         tok:encode_ids(piece.text, { special = true, add_special = k == 1 }, seq)
         if piece.supervised then spans[#spans + 1] = { from, #seq } end
@@ -341,16 +348,28 @@ local function heldout(k)
     return d, path, "\n\n# Document: " .. path .. "\n\n" .. d.text
 end
 
+-- ICL accuracy on the first phrasing (icl), the held-out phrasings 2 and 3
+-- (icl_held) and the reverse questions (icl_rev, of n_rev); bare on the
+-- first phrasing.
 local function evaluate(n_docs)
-    local icl, bare, n, chance = 0, 0, 0, 0
+    local r = { icl = 0, bare = 0, n = 0, chance = 0, icl_held = 0, n_held = 0, icl_rev = 0, n_rev = 0 }
     for k = 1, n_docs do
         local d, _, system = heldout(k)
-        chance = chance + facts.chance(d) * #d.facts
-        icl = icl + facts.accuracy(m, d.facts, { system = system, max_a = 16 })
-        bare = bare + facts.accuracy(m, d.facts, { max_a = 16 })
-        n = n + #d.facts
+        local qa = facts.questions(d)
+        local first, held, rev = facts.select(qa, "first"), facts.select(qa, "held-out"), facts.select(qa, "reverse")
+        r.chance = r.chance + facts.chance(d) * #d.facts
+        r.icl = r.icl + facts.accuracy(m, first, { system = system, max_a = 16 })
+        r.bare = r.bare + facts.accuracy(m, first, { max_a = 16 })
+        r.n = r.n + #first
+        if opts.phrasings then
+            r.icl_held, r.n_held = r.icl_held + facts.accuracy(m, held, { system = system, max_a = 16 }), r.n_held + #held
+        end
+        if opts.reverse and #rev > 0 then
+            r.icl_rev, r.n_rev = r.icl_rev + facts.accuracy(m, rev, { system = system, max_a = 16 }), r.n_rev + #rev
+        end
     end
-    return icl, bare, n, chance / n
+    r.chance = r.chance / r.n
+    return r
 end
 
 local bar = progress.new(steps, "pretrain")
@@ -391,10 +410,12 @@ for step = first_step, steps do
     record({ step = step, steps = steps, loss = loss, lr = lr_at(step), grad_norm = norm, tokens = tokens_seen,
         seconds = C.cart_now_seconds() - started })
     if opts.eval_every > 0 and step % opts.eval_every == 0 then
-        local icl, bare, n = evaluate(math.max(1, math.ceil(40 / opts.eval_facts)))
+        local r = evaluate(math.max(1, math.ceil(40 / opts.eval_facts)))
         bar:clear()
-        print(("step %5d: held-out document: with it %d/%d, bare %d/%d"):format(step, icl, n, bare, n))
-        record({ event = "eval", step = step, icl = icl, bare = bare, n = n })
+        print(("step %5d: held-out document: with it %d/%d (held-out phrasings %d/%d, reverse %d/%d), bare %d/%d")
+            :format(step, r.icl, r.n, r.icl_held, r.n_held, r.icl_rev, r.n_rev, r.bare, r.n))
+        record({ event = "eval", step = step, icl = r.icl, bare = r.bare, n = r.n, icl_held = r.icl_held,
+            n_held = r.n_held, icl_rev = r.icl_rev, n_rev = r.n_rev })
     end
     if (opts.save_every > 0 and step % opts.save_every == 0 and step < steps) or step == opts.stop_after then
         params:save_state(state_path, opt, { ["pretrain.step"] = step, ["pretrain.seed"] = opts.seed })
@@ -415,11 +436,13 @@ print(("trained %d steps in %.1f min (%.0f tokens/s); wrote %s"):format(steps - 
 if not opts.from then os.remove(init_path) end
 
 if opts.eval > 0 then
-    local icl, bare, n, chance = evaluate(opts.eval)
-    print(("held-out (%d documents of %d facts, seeds 1001-%d): with the document %d/%d = %.1f%%, "
-        .. "bare %d/%d = %.1f%% (chance %.1f%%)"):format(opts.eval, opts.eval_facts, 1000 + opts.eval, icl, n, 100 * icl / n, bare, n,
-        100 * bare / n, 100 * chance))
-    record({ event = "eval", step = steps, icl = icl, bare = bare, n = n, chance = chance })
+    local r = evaluate(opts.eval)
+    local function pct(a, b) return b > 0 and ("%d/%d = %.1f%%"):format(a, b, 100 * a / b) or "not asked" end
+    print(("held-out (%d documents of %d facts, seeds 1001-%d): with the document %s (held-out phrasings %s, "
+        .. "reverse %s), bare %s (chance %.1f%%)"):format(opts.eval, opts.eval_facts, 1000 + opts.eval,
+        pct(r.icl, r.n), pct(r.icl_held, r.n_held), pct(r.icl_rev, r.n_rev), pct(r.bare, r.n), 100 * r.chance))
+    record({ event = "eval", step = steps, icl = r.icl, bare = r.bare, n = r.n, chance = r.chance,
+        icl_held = r.icl_held, n_held = r.n_held, icl_rev = r.icl_rev, n_rev = r.n_rev })
     -- bot A's part: self-study's conversations on a few of the held-out
     -- documents, as selfstudy.lua draws them (chunks a quarter to a half of
     -- the document); a question counts when it is exactly one of the
@@ -453,9 +476,10 @@ if final_out then
         "--eval", tostring(final_eval), "--eval-facts", tostring(opts.eval_facts), "--save-every",
         tostring(opts.save_every) }
     for _, k in ipairs({ "steps", "batch", "lr", "warmup", "bot_a_mix", "focus_mix", "min_facts", "curriculum",
-        "lookup_mix" }) do
-        arg[#arg + 1], arg[#arg + 2] = "--" .. k:gsub("_", "-"), tostring(s2[k])
+        "lookup_mix", "reverse" }) do
+        if s2[k] ~= nil then arg[#arg + 1], arg[#arg + 2] = "--" .. k:gsub("_", "-"), tostring(s2[k]) end
     end
+    if s2.phrasings then arg[#arg + 1] = "--phrasings" end
     dofile((debug.getinfo(1, "S").source:gsub("^@", "")))
     os.remove(out)
 end

@@ -26,7 +26,10 @@
 -- writes one) in each arm, greedily, and counts an answer when the reply's
 -- first line holds the expected answer as a whole word (case-insensitive)
 -- and none of the question's "others" (the document's other values of that
--- relation); --json also gives every question's reply and verdict per arm:
+-- relation). Each phrasing set is scored on its own (--phrasing): first
+-- (the form self-study's bot A writes), held-out (phrasings 2 and 3, which
+-- bot A never writes) and reverse. --json also gives every question's reply
+-- and verdict per arm and set:
 --
 --   cartridge run recipes/report.lua --model models/reader.gguf --qa out/facts/qa.jsonl \
 --       --corpus out/facts/doc.md --load out/facts/c.safetensors
@@ -50,6 +53,7 @@ local opts = options.parse(arg, {
         { "heldout", help = "a JSON array of held-out texts to score" },
         { "qa", help = "instead: a JSONL file of {\"question\", \"answer\"[, \"others\"]} lines to answer (the answer as a whole word of the reply's first line, none of the others beside it)" },
         { "max-a", type = "int", default = 24, help = "--qa: answer budget, tokens" },
+        { "phrasing", default = "each", help = "--qa: which questions: each (every phrasing set on its own: first, held-out, reverse), all, first, held-out, reverse, 1, 2 or 3" },
         { "load", repeatable = true, help = "a cartridge to score (repeatable)" },
         { "icl-max", type = "int", default = 4096, help = "corpus tokens in the ICL context at most" },
         { "make-stories", help = "instead: write a story corpus (corpus.md) and held-out endings (heldout.json) here" },
@@ -139,17 +143,36 @@ if opts.qa then
         arms[#arms + 1] = { name = "ICL (corpus in context" .. (truncated and ", truncated)" or ")"), system = text }
     end
     local started = C.cart_now_seconds()
-    print(("questions: %d from %s; model %s"):format(#qa, opts.qa, m.path))
-    print(("%-46s %8s %10s %14s"):format("arm", "KV rows", "KV bytes", "exact match"))
+    local sets = {}
+    if opts.phrasing == "each" then
+        for _, set in ipairs(facts.PHRASING_SETS) do
+            if #facts.select(qa, set) > 0 then sets[#sets + 1] = set end
+        end
+    else
+        sets[1] = facts.check_set(opts.phrasing, "report")
+        if #facts.select(qa, sets[1]) == 0 then
+            error(("report: %s has no questions of phrasing set %s"):format(opts.qa, sets[1]), 0)
+        end
+    end
+    print(("questions: %d from %s (%s); model %s"):format(#qa, opts.qa, table.concat(sets, ", "), m.path))
+    local head = { ("%-46s %8s %10s"):format("arm", "KV rows", "KV bytes") }
+    for _, set in ipairs(sets) do head[#head + 1] = ("%14s"):format(set) end
+    print(table.concat(head, " "))
     local rows_out = {}
     for _, a in ipairs(arms) do
-        local right, total, rows, replies = facts.accuracy(m, qa, { cartridge = a.cartridge, system = a.system,
-            max_a = opts.max_a })
-        a.rows = rows
-        print(("%-46s %8d %10s %7d/%-3d %3.0f%%"):format(a.name, a.rows, fmt.bytes(a.rows * row_bytes), right, total,
-            100 * right / total))
-        rows_out[#rows_out + 1] = { arm = a.name, kv_rows = a.rows, kv_bytes = a.rows * row_bytes, right = right,
-            total = total, answers = replies }
+        local out = { arm = a.name, sets = {} }
+        local cols = {}
+        for _, set in ipairs(sets) do
+            local right, total, rows, replies = facts.accuracy(m, facts.select(qa, set), { cartridge = a.cartridge,
+                system = a.system, max_a = opts.max_a })
+            a.rows = rows
+            cols[#cols + 1] = ("%14s"):format(("%d/%d %3.0f%%"):format(right, total, 100 * right / total))
+            out.sets[set] = { right = right, total = total, answers = replies }
+            if #sets == 1 then out.right, out.total, out.answers = right, total, replies end
+        end
+        out.kv_rows, out.kv_bytes = a.rows, a.rows * row_bytes
+        print(("%-46s %8d %10s %s"):format(a.name, a.rows, fmt.bytes(a.rows * row_bytes), table.concat(cols, " ")))
+        rows_out[#rows_out + 1] = out
     end
     print(("(%.1f s)"):format(C.cart_now_seconds() - started))
     if opts.json then print(json.encode(rows_out)) end

@@ -45,7 +45,7 @@ local opts = options.parse(arg, {
         { "save", default = "out/cartridge.safetensors", help = "where the cartridge is written (atomically)" },
         { "save-every", type = "int", default = 0, help = "checkpoint to --save every N steps (0: at the end only)" },
         { "resume", help = "start from a saved cartridge's rows (Adam restarts)" },
-        { "init", choices = { "opening", "spread" }, default = "opening", help = "the rows' start: the model's K/V of the corpus opening (p tokens), or of p tokens spread evenly over the whole corpus, prefilled once (it must fit the model's context)" },
+        { "init", choices = { "opening", "spread", "evict", "compact" }, default = "opening", help = "the rows' start: the model's K/V of the corpus opening (p tokens); of p tokens spread evenly over the whole corpus; the p rows per KV head the model attends to most when it reads the corpus again (evict); or those keys with values fitted to match its attention outputs (compact: attention matching). All but opening prefill the whole corpus once (it must fit the model's context)" },
         { "draft-ref", type = "boolean", help = "embed the corpus token ids (for corpus-drafted serving)" },
         { "gen-batch", type = "int", default = 0, help = "conversations generated per lockstep group (a multiple of --accum; 0: the smallest multiple that is at least 16); the same bits" },
         { "qa", help = "a JSONL file of {\"question\", \"answer\"} lines: exact-match accuracy of the cartridge as it trains" },
@@ -192,14 +192,29 @@ else
     local ids, all = selfstudy.init_ids(tok, template, corpus.text, opts.p)
     if opts.frozen >= #ids then fail(("--frozen %d must be below the %d init rows"):format(opts.frozen, #ids)) end
     c = cart.new(m, #ids, opts.frozen)
-    if opts.init == "spread" then
-        if #all > m.config.n_ctx_train then
-            fail(("--init spread prefills the whole corpus, %d tokens as a system message, and the model's context "
-                .. "is %d: use --init opening, or a shorter corpus"):format(#all, m.config.n_ctx_train))
+    if opts.init ~= "opening" then
+        local reread = opts.init ~= "spread" and #all > c.p
+            and require("cartridge.compact").reread_ids(tok, template, corpus.text) or {}
+        if #all + #reread > m.config.n_ctx_train then
+            fail(("--init %s prefills the whole corpus, %d tokens as a system message%s, and the model's context "
+                .. "is %d: use --init opening, or a shorter corpus"):format(opts.init, #all,
+                #reread > 0 and (" and %d more reading it again"):format(#reread) or "", m.config.n_ctx_train))
         end
+    end
+    if opts.init == "spread" then
         if dist.root() then selfstudy.init_spread(m, c, all) end
         print(("cartridge initialized from %d of the corpus's %d tokens, spread evenly: p = %d rows/layer x %d layers")
             :format(c.p, #all, c.p, c.n_layer))
+    elseif (opts.init == "evict" or opts.init == "compact") and #all > c.p then
+        local info = { seconds = 0, error = 0 }
+        if dist.root() then
+            local compact = require("cartridge.compact")
+            info = compact.fill(m, c, all, compact.reread_ids(tok, template, corpus.text),
+                opts.init == "compact" and "match" or "evict")
+        end
+        print(("cartridge initialized by %s from the corpus's %d tokens: p = %d rows/layer x %d layers, in %.1f s "
+            .. "(attention output error on re-reading %.3f)"):format(opts.init == "compact" and "attention matching"
+            or "eviction", #all, c.p, c.n_layer, info.seconds, info.error))
     else
         if dist.root() then c:capture(m, ids) end
         print(("cartridge initialized from the corpus opening: p = %d rows/layer x %d layers"):format(c.p, c.n_layer))
@@ -328,23 +343,46 @@ if dist.root() then
 end
 
 -- exact-match accuracy on --qa: bare and ICL once, the cartridge as it
--- trains (rank 0 alone; the others wait at the next step's collectives)
+-- trains (rank 0 alone; the others wait at the next step's collectives).
+-- right/total: the first phrasing (make_facts.lua's files; a file without
+-- phrasings is all first); held-out and reverse beside it when the file has
+-- them, as "sets".
 local qa, facts
+local function score_sets(arm)
+    local out, first = {}, nil
+    for _, set in ipairs(facts.PHRASING_SETS) do
+        local list = facts.select(qa, set)
+        if #list > 0 then
+            local right, total = facts.accuracy(m, list, { cartridge = arm.cartridge, system = arm.system, max_a = 32 })
+            out[set] = { right = right, total = total }
+            first = first or out[set]
+        end
+    end
+    return out, out.first or first
+end
+local function sets_text(sets)
+    local parts = {}
+    for _, set in ipairs(facts.PHRASING_SETS) do
+        if sets[set] then parts[#parts + 1] = ("%s %d/%d"):format(set, sets[set].right, sets[set].total) end
+    end
+    return table.concat(parts, ", ")
+end
 local function score_qa(step)
     local t0 = C.cart_now_seconds()
-    local right, total = facts.accuracy(m, qa, { cartridge = c, max_a = 32 })
-    print(("step %3d (%d conversations): cartridge answers %d/%d of %s (%.1f s)"):format(step, step * opts.accum,
-        right, total, opts.qa, C.cart_now_seconds() - t0))
-    record({ event = "qa", step = step, conversations = step * opts.accum, right = right, total = total })
+    local sets, first = score_sets({ cartridge = c })
+    print(("step %3d (%d conversations): cartridge answers %s of %s (%.1f s)"):format(step, step * opts.accum,
+        sets_text(sets), opts.qa, C.cart_now_seconds() - t0))
+    record({ event = "qa", step = step, conversations = step * opts.accum, right = first.right, total = first.total,
+        sets = sets })
 end
 if opts.qa and dist.root() then -- only rank 0's host needs the file
     facts = require("cartridge.facts")
     qa = facts.read_qa(opts.qa)
-    local bare = facts.accuracy(m, qa, { max_a = 32 })
-    local icl_text = serve.icl_text(corpus, tok, opts.icl_max)
-    local icl = facts.accuracy(m, qa, { system = icl_text, max_a = 32 })
-    print(("qa: %d questions; bare %d/%d, ICL %d/%d"):format(#qa, bare, #qa, icl, #qa))
-    record({ event = "qa_reference", bare = bare, icl = icl, total = #qa })
+    local bare, bare_first = score_sets({})
+    local icl, icl_first = score_sets({ system = (serve.icl_text(corpus, tok, opts.icl_max)) })
+    print(("qa: %d questions; bare %s; ICL %s"):format(#qa, sets_text(bare), sets_text(icl)))
+    record({ event = "qa_reference", bare = bare_first.right, icl = icl_first.right, total = icl_first.total,
+        sets = { bare = bare, icl = icl } })
     score_qa(0)
 end
 

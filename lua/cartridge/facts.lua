@@ -8,7 +8,8 @@
 --   local facts = require("cartridge.facts")
 --   local d = facts.document(seed, 40)       -- 40 facts
 --   d.text                                   -- the document, Markdown
---   d.facts[i] = { sentence, question, answer, relation, person, chance }
+--   d.facts[i] = { sentence, question, questions, reverse, answer, relation,
+--                  person, chance }   -- question == questions[1]
 --   facts.chance(d)                          -- expected accuracy of guessing
 --
 -- `chance` of a fact is the accuracy a reader without the document reaches
@@ -83,35 +84,50 @@ local function invented(g, lo, hi)
     end
 end
 
+-- Each relation asks its question in three phrasings: the first is the one
+-- self-study's bot A is taught to write (and the one make_facts.lua lists
+-- first), the other two are held out from bot A, and a reader learns all of
+-- them. `reverse` asks for the person from the value ("Who lives in
+-- Braneamkris?"); a document asks it only where that value is its only one
+-- of the relation, so it has one answer.
 local RELATIONS = {
     { name = "home", value = function(g) return invented(g, 2, 3) end,
         sentence = function(p, v) return ("%s lives in %s."):format(p, v) end,
-        question = function(p) return ("Where does %s live?"):format(p) end, chance = 0 },
+        questions = { "Where does %s live?", "In which town does %s live?", "Where is the home of %s?" },
+        reverse = "Who lives in %s?", chance = 0 },
     { name = "job", value = function(g) return g:pick(JOBS) end,
         sentence = function(p, v) return ("%s works as a %s."):format(p, v) end,
-        question = function(p) return ("What is the job of %s?"):format(p) end, chance = 1 / #JOBS },
+        questions = { "What is the job of %s?", "What does %s do for a living?", "What work does %s do?" },
+        reverse = "Who works as a %s?", chance = 1 / #JOBS },
     { name = "age", value = function(g) return tostring(g:int(18, 89)) end,
         sentence = function(p, v) return ("%s is %s years old."):format(p, v) end,
-        question = function(p) return ("How old is %s?"):format(p) end, chance = 1 / 72 },
+        questions = { "How old is %s?", "What is the age of %s?", "How many years old is %s?" },
+        reverse = "Who is %s years old?", chance = 1 / 72 },
     { name = "pet", value = function(g) return { g:pick(ANIMALS), invented(g, 1, 2) } end,
         sentence = function(p, v)
             return ("%s has %s %s named %s."):format(p, v[1]:match("^[aeiou]") and "an" or "a", v[1], v[2])
         end,
-        question = function(p) return ("What is the name of the pet of %s?"):format(p) end,
-        answer = function(v) return v[2] end, chance = 0 },
+        questions = { "What is the name of the pet of %s?", "What is the pet of %s called?",
+            "What name does the pet of %s have?" },
+        reverse = "Whose pet is named %s?", answer = function(v) return v[2] end, chance = 0 },
     { name = "color", value = function(g) return g:pick(COLORS) end,
         sentence = function(p, v) return ("The favorite color of %s is %s."):format(p, v) end,
-        question = function(p) return ("What is the favorite color of %s?"):format(p) end, chance = 1 / #COLORS },
+        questions = { "What is the favorite color of %s?", "Which color does %s like best?",
+            "What color does %s like most?" },
+        reverse = "Whose favorite color is %s?", chance = 1 / #COLORS },
     { name = "food", value = function(g) return g:pick(FOODS) end,
         sentence = function(p, v) return ("%s likes to eat %s."):format(p, v) end,
-        question = function(p) return ("What does %s like to eat?"):format(p) end, chance = 1 / #FOODS },
+        questions = { "What does %s like to eat?", "What food does %s like?", "Which food does %s enjoy eating?" },
+        reverse = "Who likes to eat %s?", chance = 1 / #FOODS },
     { name = "month", value = function(g) return g:pick(MONTHS) end,
         sentence = function(p, v) return ("%s was born in %s."):format(p, v) end,
-        question = function(p) return ("In which month was %s born?"):format(p) end, chance = 1 / #MONTHS },
+        questions = { "In which month was %s born?", "What is the birth month of %s?", "When was %s born?" },
+        reverse = "Who was born in %s?", chance = 1 / #MONTHS },
     { name = "instrument", value = function(g) return g:pick(INSTRUMENTS) end,
         sentence = function(p, v) return ("%s plays the %s."):format(p, v) end,
-        question = function(p) return ("Which instrument does %s play?"):format(p) end,
-        chance = 1 / #INSTRUMENTS },
+        questions = { "Which instrument does %s play?", "What does %s play?",
+            "What musical instrument does %s play?" },
+        reverse = "Who plays the %s?", chance = 1 / #INSTRUMENTS },
 }
 facts.RELATIONS = RELATIONS
 
@@ -147,9 +163,21 @@ function facts.document(seed, n, opts)
         local p = pool[i]
         people[i] = p
         local answer = rel.answer and rel.answer(v) or v
-        local sentence = rel.sentence(p, v)
-        list[i] = { sentence = sentence, question = rel.question(p, v), answer = answer,
-            relation = rel.name, person = p, chance = rel.chance }
+        local questions = {}
+        for j, q in ipairs(rel.questions) do questions[j] = q:format(p) end
+        list[i] = { sentence = rel.sentence(p, v), question = questions[1], questions = questions, answer = answer,
+            relation = rel.name, person = p, chance = rel.chance, reverse_form = rel.reverse }
+    end
+    -- the reverse question, where the value is the document's only one of
+    -- its relation (no draws: the documents keep their bytes)
+    local count = {}
+    for _, f in ipairs(list) do
+        local key = f.relation .. "\0" .. f.answer:lower()
+        count[key] = (count[key] or 0) + 1
+    end
+    for _, f in ipairs(list) do
+        if count[f.relation .. "\0" .. f.answer:lower()] == 1 then f.reverse = f.reverse_form:format(f.answer) end
+        f.reverse_form = nil
     end
     local order = {}
     for i = 1, #list do order[i] = list[i] end
@@ -201,7 +229,10 @@ end
 -- readers were.
 -- opts.focus: the fraction of bot A's conversations whose instruction is
 -- self-study's focus instruction, quoting one complete sentence of the
--- excerpt (nil: none, drawn as before).
+-- excerpt (nil: none, drawn as before). opts.phrasings: reading turns ask
+-- in any of a relation's phrasings (else the first only, as the first
+-- readers learnt); opts.reverse: the fraction asked in reverse. Bot A's
+-- question is always the first phrasing.
 function facts.conversation(g, d, T, opts)
     local selfstudy = require("cartridge.selfstudy")
     opts = opts or {}
@@ -245,12 +276,19 @@ function facts.conversation(g, d, T, opts)
         end
     end
     -- the whole document: most of its facts asked, so that a pass over it
-    -- trains many lookups; an excerpt: a few. A reply restates the fact's
-    -- sentence ("Kinras lives in Sothhim."): it names the person it looked
-    -- up, and it still contains the exact answer that facts.correct wants.
+    -- trains many lookups; an excerpt: a few. Each in any of its phrasings,
+    -- or in reverse (opts.reverse of the time, where the document has one).
+    -- A reply restates the fact's sentence ("Kinras lives in Sothhim."): it
+    -- names the person it looked up, and it still contains the exact answer
+    -- (value or person) that facts.correct wants.
     for i = 1, math.min(#pool, kind < 7 and g:int(8, 24) or g:int(1, 6)) do
-        ask(pool[i].question)
-        reply(pool[i].sentence)
+        local f = pool[i]
+        if f.reverse and opts.reverse and g:below(1000) < opts.reverse * 1000 then
+            ask(f.reverse)
+        else
+            ask(opts.phrasings and f.questions[g:below(#f.questions) + 1] or f.question)
+        end
+        reply(f.sentence)
     end
     return pieces
 end
@@ -286,6 +324,55 @@ function facts.correct(reply, expected, others)
     return true
 end
 
+-- Every question of document d, as make_facts.lua writes them to
+-- qa.jsonl: each fact in its phrasings 1, 2 and 3 (phrasing "1", "2",
+-- "3"), then the facts that have one in reverse (phrasing "reverse", whose
+-- answer is the person and whose others are the document's other people).
+-- Grouped by phrasing, first phrasing first, so the first #d.facts entries
+-- are the questions bot A is taught to write.
+function facts.questions(d)
+    local out, others = {}, facts.others(d)
+    for j = 1, #RELATIONS[1].questions do
+        for i, f in ipairs(d.facts) do
+            out[#out + 1] = { question = f.questions[j], answer = f.answer, relation = f.relation,
+                others = others[i], phrasing = tostring(j) }
+        end
+    end
+    for _, f in ipairs(d.facts) do
+        if f.reverse then
+            local people = {}
+            for _, p in ipairs(d.people) do if p ~= f.person then people[#people + 1] = p end end
+            out[#out + 1] = { question = f.reverse, answer = f.person, relation = f.relation, others = people,
+                phrasing = "reverse" }
+        end
+    end
+    return out
+end
+
+-- The phrasing sets a --phrasing flag names: "1", "2", "3", "reverse",
+-- "held-out" (2 and 3: what bot A is never taught to write), "first" (= 1)
+-- and "all". An entry without a phrasing (older files) is phrasing "1".
+facts.PHRASING_SETS = { "first", "held-out", "reverse" }
+function facts.in_set(e, set)
+    local ph = e.phrasing or "1"
+    if set == "all" then return true end
+    if set == "first" then return ph == "1" end
+    if set == "held-out" then return ph ~= "1" and ph ~= "reverse" end
+    return ph == set
+end
+function facts.check_set(set, who)
+    for _, s in ipairs({ "all", "first", "held-out", "reverse", "1", "2", "3" }) do
+        if set == s then return set end
+    end
+    error(("%s: --phrasing %s is not a phrasing set: give 1, 2, 3, first, held-out, reverse or all")
+        :format(who, tostring(set)), 0)
+end
+function facts.select(qa, set)
+    local out = {}
+    for _, e in ipairs(qa) do if facts.in_set(e, set) then out[#out + 1] = e end end
+    return out
+end
+
 -- The other values of each fact's relation in document d, for
 -- facts.correct: others[i] lists the answers of d's other facts of fact
 -- i's relation that differ from fact i's answer.
@@ -319,11 +406,14 @@ function facts.read_qa(path)
             if others_ok and e.others then
                 for _, o in ipairs(e.others) do others_ok = others_ok and type(o) == "string" end
             end
+            local phrasing_ok = ok and type(e) == "table" and (e.phrasing == nil or e.phrasing == "1"
+                or e.phrasing == "2" or e.phrasing == "3" or e.phrasing == "reverse")
             if not ok or type(e) ~= "table" or type(e.question) ~= "string" or type(e.answer) ~= "string"
-                or e.answer == "" or not others_ok then
+                or e.answer == "" or not others_ok or not phrasing_ok then
                 f:close()
                 error(('qa: %s line %d is not {"question": string, "answer": non-empty string, optional '
-                    .. '"others": [strings]}%s'):format(path, n_line, ok and "" or (": " .. tostring(e))), 0)
+                    .. '"others": [strings], optional "phrasing": "1"|"2"|"3"|"reverse"}%s')
+                    :format(path, n_line, ok and "" or (": " .. tostring(e))), 0)
             end
             qa[#qa + 1] = e
         end
@@ -338,19 +428,68 @@ end
 -- neither (bare); opts.max_a (24) tokens at most; scored by facts.correct
 -- with each question's others. Returns right, total, the KV rows in front
 -- of the last question's turn, and every question's { question, expected,
--- reply, right }.
+-- reply, right }. The replies are serve.answer's, token for token: the
+-- arm's front (cartridge rows, or the system block) is computed once and
+-- copied into each question's cache, and up to 16 questions decode in one
+-- lockstep batch (the engine gives each stream the bits it gets alone).
 function facts.accuracy(m, qa, opts)
-    local serve = require("cartridge.serve")
+    local chat = require("cartridge.chat")
+    local selfstudy = require("cartridge.selfstudy")
     opts = opts or {}
-    local right, rows, replies = 0, 0, {}
-    for i, e in ipairs(qa) do
-        local r = serve.answer({ model = m, cartridge = opts.cartridge, system = opts.system, question = e.question,
-            max_a = opts.max_a or 24 })
-        local ok = facts.correct(r.text, e.answer, e.others)
-        if ok then right = right + 1 end
-        replies[i] = { question = e.question, expected = e.answer, reply = r.text, right = ok }
-        rows = r.rows + r.prompt_tokens - r.question_tokens
+    local tok, T = m:tokenizer(), chat.for_model(m)
+    local max_a = opts.max_a or 24
+    local front, front_ids = nil, {}
+    if opts.system then
+        front_ids = tok:encode(selfstudy.system_block(T, opts.system), { special = true, add_special = true })
     end
+    local p = opts.cartridge and opts.cartridge.p or 0
+    local right, rows, replies = 0, 0, {}
+    for first = 1, #qa, 16 do
+        local kvs, streams, prompts = {}, {}, {}
+        for i = first, math.min(#qa, first + 15) do
+            local text = T.user_open .. qa[i].question .. T.close .. T.opener(false)
+            local prompt = tok:encode(text, { special = true, add_special = not opts.cartridge and not opts.system })
+            local kv = m:new_kv(p + #front_ids + #prompt + max_a + 16, "f16")
+            if opts.cartridge then opts.cartridge:append_to(kv) end
+            if opts.system then
+                if not front then
+                    front = m:new_kv(#front_ids + 1, "f16")
+                    m:forward(front, front_ids, "none")
+                end
+                kv:copy_from(front)
+            end
+            kvs[#kvs + 1], prompts[#prompts + 1] = kv, prompt
+            streams[#streams + 1] = { i = i, ids = {}, done = false }
+            rows = p + #front_ids + #prompt - #tok:encode(text, { special = true }) -- + BOS, where added
+        end
+        local logits = m:forward_batch(kvs, prompts, "last")
+        while true do
+            local live_kvs, next_ids, live = {}, {}, {}
+            for j, st in ipairs(streams) do
+                if not st.done then
+                    local id = m:argmax(logits, st.row or (j - 1))
+                    if tok:is_eog(id) then st.done = true else st.ids[#st.ids + 1] = id end
+                    if #st.ids == max_a then st.done = true end
+                    if not st.done then
+                        live_kvs[#live_kvs + 1], next_ids[#next_ids + 1], live[#live + 1] = kvs[j], { id }, st
+                    end
+                end
+            end
+            if #live == 0 then break end
+            logits = m:forward_batch(live_kvs, next_ids, "last")
+            for j, st in ipairs(live) do st.row = j - 1 end
+            for _, st in ipairs(streams) do if st.done then st.row = nil end end
+        end
+        for j, st in ipairs(streams) do
+            kvs[j]:free()
+            local e = qa[st.i]
+            local reply = selfstudy.clean(tok:decode(st.ids, { special = false }))
+            local ok = facts.correct(reply, e.answer, e.others)
+            if ok then right = right + 1 end
+            replies[st.i] = { question = e.question, expected = e.answer, reply = reply, right = ok }
+        end
+    end
+    if front then front:free() end
     return right, #qa, rows, replies
 end
 
