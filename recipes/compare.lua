@@ -16,14 +16,21 @@
 --             reads the corpus again (SnapKV/H2O-style; engine/compact.h)
 --   compact   those keys with values fitted by least squares so that the
 --             attention outputs match (attention matching; no training)
---   selfstudy self-study with the README's settings (--init spread,
---             --conversations of them)
---   selfstudy+compact  self-study from --init compact, --compact-conversations
+--   selfstudy self-study with the README's settings but from --init
+--             spread (--conversations of them)
+--   selfstudy+compact  self-study with the README's settings, from --init
+--             compact (--compact-conversations of them): the README's cartridge
 --
 -- beside the bare model and the whole corpus in context (ICL). Prints one
 -- table (method, p, KV bytes, build seconds, right/total per set) and, with
 -- --png, a plot of accuracy on --plot-set against KV bytes, a line per
 -- method, ICL and bare as horizontal lines. --json adds every figure.
+--
+-- --docs report|tuning|FIRST-LAST instead runs every method on each of
+-- those make_facts.lua documents (40 facts; protocol.lua's seed ranges) and
+-- prints the same table summed over them (p and KV bytes their means):
+--
+--   cartridge run recipes/compare.lua --model models/reader.gguf --docs report --png out/compare.png
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
 local defaults = require("cartridge.defaults")
@@ -32,6 +39,7 @@ local selfstudy = require("cartridge.selfstudy")
 local serve = require("cartridge.serve")
 local facts = require("cartridge.facts")
 local compact = require("cartridge.compact")
+local protocol = require("cartridge.protocol")
 local cart = require("cartridge.cart")
 local chat = require("cartridge.chat")
 local json = require("cartridge.json")
@@ -44,12 +52,13 @@ local opts = options.parse(arg, {
     summary = "Compare a cartridge with truncation, spreading, KV eviction and attention matching at the same KV memory.",
     flags = {
         { "model", help = "GGUF model (default: " .. defaults.user_model .. ", else the embedded demo model)" },
-        { "corpus", help = "the document (required)" },
-        { "qa", help = "its questions, a JSONL file as make_facts.lua writes (required)" },
+        { "corpus", help = "the document" },
+        { "qa", help = "its questions, a JSONL file as make_facts.lua writes" },
+        { "docs", help = "instead of --corpus and --qa: report, tuning or FIRST-LAST, make_facts.lua documents by seed" },
         { "fractions", default = "32,16,8,4", help = "p = n / each of these (comma-separated)" },
         { "methods", default = table.concat(METHODS, ","), help = "which methods (comma-separated, of " .. table.concat(METHODS, ", ") .. ")" },
         { "conversations", type = "int", default = 400, help = "selfstudy: conversations (--steps x --accum 4)" },
-        { "compact-conversations", type = "int", default = 100, help = "selfstudy+compact: conversations" },
+        { "compact-conversations", type = "int", default = 400, help = "selfstudy+compact: conversations" },
         { "lr", type = "number", default = 0.2, help = "self-study's learning rate" },
         { "seed", type = "int", default = 42, help = "self-study's seed" },
         { "plot-set", default = "held-out", help = "the phrasing set the plot shows (first, held-out, reverse, all)" },
@@ -60,7 +69,20 @@ local opts = options.parse(arg, {
     },
 })
 local function fail(msg) error("compare: " .. msg, 0) end
-if not opts.corpus or not opts.qa then fail("--corpus DOC and --qa FILE are required (make_facts.lua writes both)") end
+if not opts.docs and (not opts.corpus or not opts.qa) then
+    fail("--corpus DOC and --qa FILE are required (make_facts.lua writes both), or --docs report|tuning|FIRST-LAST")
+end
+local seeds
+if opts.docs then
+    local r = opts.docs == "report" and protocol.REPORT or opts.docs == "tuning" and protocol.TUNING or nil
+    local first, last = r and r.first, r and r.last
+    if not r then
+        first, last = opts.docs:match("^(%d+)%-(%d+)$")
+        first, last = tonumber(first), tonumber(last)
+    end
+    if not first or last < first then fail("--docs is report, tuning or FIRST-LAST (seeds), not " .. opts.docs) end
+    seeds = { first = first, last = last }
+end
 facts.check_set(opts.plot_set, "compare")
 local fractions, methods = {}, {}
 for f in opts.fractions:gmatch("[^,]+") do
@@ -83,23 +105,20 @@ local model_path = defaults.pick_model(opts.model)
 local m = cartridge.model.load(model_path)
 local tok = m:tokenizer()
 local template = chat.for_model(m)
-local corpus = corpus_mod.load({ opts.corpus }, tok)
-local qa = facts.read_qa(opts.qa)
-local _, all = selfstudy.init_ids(tok, template, corpus.text, 16)
-local n = #all
 local row_bytes = 0 -- one position's K and V over every layer, f16 as a serving cache holds them
 for _, g in ipairs(m.layers) do row_bytes = row_bytes + 2 * g.n_head_kv * g.head_dim * 2 end
-local sets = {}
-for _, s in ipairs(facts.PHRASING_SETS) do
-    if #facts.select(qa, s) > 0 then sets[#sets + 1] = s end
-end
+local sets = facts.PHRASING_SETS
+local corpus, qa, all, n, doc_path -- the document being compared
 
 -- Scores one arm on every set: { [set] = { right, total } }.
 local function score(arm)
     local out = {}
     for _, s in ipairs(sets) do
-        local right, total = facts.accuracy(m, facts.select(qa, s), { cartridge = arm.cartridge, system = arm.system,
-            max_a = opts.max_a })
+        local list = facts.select(qa, s)
+        local right, total = 0, 0
+        if #list > 0 then
+            right, total = facts.accuracy(m, list, { cartridge = arm.cartridge, system = arm.system, max_a = opts.max_a })
+        end
         out[s] = { right = right, total = total }
     end
     return out
@@ -108,30 +127,12 @@ end
 local tmp = os.tmpname()
 local dir = tmp .. ".d"
 fs.mkdirs(dir)
-local host = package.loaded["cartridge.host"]
-local exe = host and host.executable or (cartridge.root .. "/build/cartridge")
-local function q(x) return "'" .. tostring(x):gsub("'", "'\\''") .. "'" end
 
--- Self-study as the README runs it (chunks a quarter to a half of the
--- corpus), as its own process; returns the cartridge.
+-- Self-study as the README runs it (protocol.lua), as its own process.
 local function run_selfstudy(p, init, conversations)
-    local quarter = math.floor(corpus.n_tokens / 4)
-    local save = ("%s/p%d-%s.safetensors"):format(dir, p, init)
-    local args = { "--model", model_path, "--corpus", opts.corpus, "--p", p, "--lr", opts.lr, "--steps",
-        conversations / 4, "--accum", 4, "--chunk-min", quarter, "--chunk-max", 2 * quarter, "--max-q", 32,
-        "--max-a", 32, "--seeds", "focus", "--turns", 6, "--init", init, "--seed", opts.seed, "--threads",
-        opts.threads, "--save", save }
-    local quoted = {}
-    for i, a in ipairs(args) do quoted[i] = q(a) end
-    local cmd = q(exe) .. " run " .. q(cartridge.root .. "/recipes/selfstudy.lua") .. " " .. table.concat(quoted, " ")
-        .. " > " .. q(save .. ".log") .. " 2>&1"
-    if not os.execute(cmd) then
-        local f = io.open(save .. ".log", "rb")
-        local log = f and f:read("*a") or ""
-        if f then f:close() end
-        fail(("self-study at p = %d failed:\n%s"):format(p, log:sub(-2000)))
-    end
-    return (cart.load(save, m))
+    local args = protocol.selfstudy_args(model_path, doc_path, corpus.n_tokens, p, { init = init,
+        conversations = conversations, lr = opts.lr, seed = opts.seed, threads = opts.threads })
+    return (cart.load(protocol.run_selfstudy(args, ("%s/p%d-%s.safetensors"):format(dir, p, init)), m))
 end
 
 local function build(method, p)
@@ -155,42 +156,97 @@ local function build(method, p)
     return run_selfstudy(p, "compact", opts.compact_conversations)
 end
 
-local function cell(r) return r and ("%d/%d"):format(r.right, r.total) or "-" end
+local function cell(r) return r and r.total > 0 and ("%d/%d"):format(r.right, r.total) or "-" end
 local function line(name, p, bytes, seconds, r)
     local cols = { ("%-18s %6s %10s %8s"):format(name, p, bytes, seconds) }
     for _, s in ipairs(sets) do cols[#cols + 1] = ("%10s"):format(cell(r[s])) end
     print(table.concat(cols, " "))
 end
+local function header()
+    local head = { ("%-18s %6s %10s %8s"):format("method", "p", "KV bytes", "build s") }
+    for _, s in ipairs(sets) do head[#head + 1] = ("%10s"):format(s) end
+    print(table.concat(head, " "))
+end
 
-print(("corpus %s: n = %d tokens as a system block; %d questions (%s); model %s"):format(opts.corpus, n, #qa,
-    table.concat(sets, ", "), model_path))
-local head = { ("%-18s %6s %10s %8s"):format("method", "p", "KV bytes", "build s") }
-for _, s in ipairs(sets) do head[#head + 1] = ("%10s"):format(s) end
-print(table.concat(head, " "))
-local results = {}
-local bare = score({})
-line("bare", 0, fmt.bytes(0), "-", bare)
-local icl_text = serve.icl_text(corpus, tok, m.config.n_ctx_train)
-local icl = score({ system = icl_text })
-line("ICL", n, fmt.bytes(n * row_bytes), "-", icl)
-results[#results + 1] = { method = "bare", p = 0, kv_bytes = 0, sets = bare }
-results[#results + 1] = { method = "ICL", p = n, kv_bytes = n * row_bytes, sets = icl }
-for _, method in ipairs(methods) do
-    for _, f in ipairs(fractions) do
-        local p = math.max(16, math.floor(n / f + 0.5))
-        if p < n then
-            local t0 = C.cart_now_seconds()
-            local c = build(method, p)
-            local seconds = C.cart_now_seconds() - t0
-            local r = score({ cartridge = c })
-            line(method, c.p, fmt.bytes(c.p * row_bytes), ("%.1f"):format(seconds), r)
-            results[#results + 1] = { method = method, fraction = f, p = c.p, kv_bytes = c.p * row_bytes,
-                seconds = seconds, sets = r }
-            c:free()
+-- Every method at every p on one document; quiet: no table.
+local function compare_doc(path, qa_list, quiet)
+    doc_path, qa = path, qa_list
+    corpus = corpus_mod.load({ path }, tok)
+    local _
+    _, all = selfstudy.init_ids(tok, template, corpus.text, 16)
+    n = #all
+    local show = quiet and function() end or line
+    local results = {}
+    local bare = score({})
+    show("bare", 0, fmt.bytes(0), "-", bare)
+    local icl = score({ system = serve.icl_text(corpus, tok, m.config.n_ctx_train) })
+    show("ICL", n, fmt.bytes(n * row_bytes), "-", icl)
+    results[#results + 1] = { method = "bare", p = 0, kv_bytes = 0, sets = bare }
+    results[#results + 1] = { method = "ICL", p = n, kv_bytes = n * row_bytes, sets = icl }
+    for _, method in ipairs(methods) do
+        for _, f in ipairs(fractions) do
+            local p = protocol.p_of(n, f)
+            if p < n then
+                local t0 = C.cart_now_seconds()
+                local c = build(method, p)
+                local seconds = C.cart_now_seconds() - t0
+                local r = score({ cartridge = c })
+                show(method, c.p, fmt.bytes(c.p * row_bytes), ("%.1f"):format(seconds), r)
+                results[#results + 1] = { method = method, fraction = f, p = c.p, kv_bytes = c.p * row_bytes,
+                    seconds = seconds, sets = r }
+                c:free()
+            end
+        end
+    end
+    return results
+end
+
+-- Sums of several documents' results, entry by entry (the same order).
+local function add(total, results, k)
+    for i, r in ipairs(results) do
+        local t = total[i] or { method = r.method, fraction = r.fraction, p = 0, kv_bytes = 0, seconds = 0, sets = {} }
+        total[i] = t
+        t.p = t.p + (r.p - t.p) / k
+        t.kv_bytes = t.kv_bytes + (r.kv_bytes - t.kv_bytes) / k
+        t.seconds = t.seconds + ((r.seconds or 0) - t.seconds) / k
+        for s, v in pairs(r.sets) do
+            local c = t.sets[s] or { right = 0, total = 0 }
+            t.sets[s] = c
+            c.right, c.total = c.right + v.right, c.total + v.total
         end
     end
 end
-for _, f in ipairs(fs.list(dir)) do os.remove(dir .. "/" .. f) end
+
+local results
+if seeds then
+    results = {}
+    local started = C.cart_now_seconds()
+    for seed = seeds.first, seeds.last do
+        local d = facts.document(seed, 40)
+        local path = ("%s/doc%d.md"):format(dir, seed)
+        fs.write_atomic(path, d.text)
+        local one = compare_doc(path, facts.questions(d), true)
+        add(results, one, seed - seeds.first + 1)
+        local icl, sst = one[2].sets, nil
+        for _, r in ipairs(one) do if r.method == "selfstudy" and r.fraction == 8 then sst = r.sets end end
+        print(("doc %d: n %d; ICL %s first, %s held-out%s (%.1f min so far)"):format(seed, n, cell(icl.first),
+            cell(icl["held-out"]), sst and (("; selfstudy at n/8 %s first, %s held-out"):format(cell(sst.first),
+            cell(sst["held-out"]))) or "", (C.cart_now_seconds() - started) / 60))
+    end
+    print(("documents %d-%d (%d), summed; p and KV bytes are means over them; model %s"):format(seeds.first,
+        seeds.last, seeds.last - seeds.first + 1, model_path))
+    header()
+    for _, r in ipairs(results) do
+        line(r.method, ("%.0f"):format(r.p), fmt.bytes(r.kv_bytes), r.method == "bare" and "-" or r.method == "ICL"
+            and "-" or ("%.1f"):format(r.seconds), r.sets)
+    end
+else
+    print(("corpus %s; %s; model %s"):format(opts.corpus, opts.qa, model_path))
+    header()
+    results = compare_doc(opts.corpus, facts.read_qa(opts.qa))
+end
+local bare, icl = results[1].sets, results[2].sets
+for _, f in ipairs(fs.list(dir)) do os.remove(dir .. "/" .. f) end -- documents, cartridges, logs
 os.remove(dir)
 os.remove(tmp)
 

@@ -147,7 +147,10 @@ if not init_path then
     for s = 0, 199 do
         local d = facts.document(1000000 + s, 40) -- vocabulary text: seeds outside both ranges
         texts[#texts + 1] = d.text
-        for _, e in ipairs(facts.questions(d)) do texts[#texts + 1] = e.question .. "\n" .. e.answer end
+        -- the first phrasings only: the vocabulary (and so the keyed-list
+        -- phase, whose learning jumps at a step that moves with it) stays
+        -- the one the first readers learnt; other phrasings split finer
+        for _, f in ipairs(d.facts) do texts[#texts + 1] = f.question .. "\n" .. f.answer end
     end
     for _, seed in ipairs(require("cartridge.selfstudy").SEEDS) do texts[#texts + 1] = seed.text end
     -- every name often enough that it becomes one token
