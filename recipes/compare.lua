@@ -269,7 +269,7 @@ if opts.png then
         end
         if #pts > 0 then runs[#runs + 1] = { label = method, points = pts } end
     end
-    plot.render({ runs = runs, out = opts.png, title = ("QA accuracy (%s phrasings) against KV memory"):format(
+    plot.render({ runs = runs, out = opts.png, title = ("QA accuracy, %s, by KV size"):format(
         opts.plot_set), x_label = "KV cache, KiB (f16)", y_label = "accuracy, fraction right",
         hlines = { { y = acc(icl), label = "ICL" }, { y = acc(bare), label = "bare" } } })
     print("wrote " .. opts.png)
