@@ -39,6 +39,7 @@ local opts = options.parse(arg, {
         { "seed", type = "int", default = 42, help = "self-study's seed" },
         { "lr", type = "number", default = protocol.SETTINGS.lr, help = "self-study's --lr" },
         { "turns", type = "int", default = protocol.SETTINGS.turns, help = "self-study's --turns" },
+        { "accum", type = "int", default = protocol.SETTINGS.accum, help = "self-study's --accum (conversations per optimizer step)" },
         { "seeds", default = protocol.SETTINGS.seeds, help = "self-study's --seeds (bot A's instructions)" },
         { "out", help = "keep documents, cartridges and logs here (default: a temporary directory, removed)" },
         { "json", type = "boolean", help = "also print every figure as JSON" },
@@ -54,7 +55,9 @@ else
     first, last = tonumber(first), tonumber(last)
     if not first or last < first then fail("--docs is report, tuning or FIRST-LAST (seeds), not " .. opts.docs) end
 end
-if opts.conversations < 4 or opts.conversations % 4 ~= 0 then fail("--conversations must be a multiple of 4") end
+if opts.accum < 1 or opts.conversations < opts.accum or opts.conversations % opts.accum ~= 0 then
+    fail("--conversations must be a multiple of --accum")
+end
 
 cartridge.set_threads(opts.threads)
 local model_path = opts.model or (cartridge.root .. "/models/reader.gguf")
@@ -88,7 +91,7 @@ for seed = first, last do
     local t0 = C.cart_now_seconds()
     local args = protocol.selfstudy_args(model_path, doc, corpus.n_tokens, p, { conversations = opts.conversations,
         init = opts.init, seed = opts.seed, threads = opts.threads, lr = opts.lr, turns = opts.turns,
-        seeds = opts.seeds })
+        seeds = opts.seeds, accum = opts.accum })
     local c = cartridge.cart.load(protocol.run_selfstudy(args, ddir .. "/cartridge.safetensors"), m)
     local train_s = C.cart_now_seconds() - t0
     local row = { seed = seed, n = #all, p = p, train_seconds = train_s, arms = {} }
