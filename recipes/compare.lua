@@ -74,13 +74,7 @@ if not opts.docs and (not opts.corpus or not opts.qa) then
 end
 local seeds
 if opts.docs then
-    local r = opts.docs == "report" and protocol.REPORT or opts.docs == "tuning" and protocol.TUNING or nil
-    local first, last = r and r.first, r and r.last
-    if not r then
-        first, last = opts.docs:match("^(%d+)%-(%d+)$")
-        first, last = tonumber(first), tonumber(last)
-    end
-    if not first or last < first then fail("--docs is report, tuning or FIRST-LAST (seeds), not " .. opts.docs) end
+    local first, last = protocol.docs_range(opts.docs, "compare")
     seeds = { first = first, last = last }
 end
 facts.check_set(opts.plot_set, "compare")
@@ -175,6 +169,7 @@ local function compare_doc(path, qa_list, quiet)
     local _
     _, all = selfstudy.init_ids(tok, template, corpus.text, 16)
     n = #all
+    if not quiet then header() end
     local show = quiet and function() end or line
     local results = {}
     local bare = score({})
@@ -241,9 +236,9 @@ if seeds then
             and "-" or ("%.1f"):format(r.seconds), r.sets)
     end
 else
+    local list = facts.read_qa(opts.qa)
     print(("corpus %s; %s; model %s"):format(opts.corpus, opts.qa, model_path))
-    header()
-    results = compare_doc(opts.corpus, facts.read_qa(opts.qa))
+    results = compare_doc(opts.corpus, list)
 end
 local bare, icl = results[1].sets, results[2].sets
 for _, f in ipairs(fs.list(dir)) do os.remove(dir .. "/" .. f) end -- documents, cartridges, logs

@@ -47,14 +47,7 @@ local opts = options.parse(arg, {
     },
 })
 local function fail(msg) error("eval_facts: " .. msg, 0) end
-local first, last
-if opts.docs == "report" then first, last = protocol.REPORT.first, protocol.REPORT.last
-elseif opts.docs == "tuning" then first, last = protocol.TUNING.first, protocol.TUNING.last
-else
-    first, last = opts.docs:match("^(%d+)%-(%d+)$")
-    first, last = tonumber(first), tonumber(last)
-    if not first or last < first then fail("--docs is report, tuning or FIRST-LAST (seeds), not " .. opts.docs) end
-end
+local first, last = protocol.docs_range(opts.docs, "eval_facts")
 if opts.accum < 1 or opts.conversations < opts.accum or opts.conversations % opts.accum ~= 0 then
     fail("--conversations must be a multiple of --accum")
 end

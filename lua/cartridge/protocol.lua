@@ -26,6 +26,21 @@ protocol.SPEC = { first = 3001 }
 protocol.SETTINGS = { fraction = 8, conversations = 400, accum = 4, lr = 0.2, max_q = 32, max_a = 32,
     seeds = "focus", turns = 12, init = "compact" }
 
+-- The seeds a --docs flag names: "report", "tuning" or "FIRST-LAST";
+-- returns first, last or raises an error naming the flag's forms.
+function protocol.docs_range(spec, who)
+    local r = spec == "report" and protocol.REPORT or spec == "tuning" and protocol.TUNING or nil
+    local first, last = r and r.first, r and r.last
+    if not r then
+        first, last = tostring(spec):match("^(%d+)%-(%d+)$")
+        first, last = tonumber(first), tonumber(last)
+    end
+    if not first or last < first then
+        error(("%s: --docs is report, tuning or FIRST-LAST (seeds), not %s"):format(who, tostring(spec)), 0)
+    end
+    return first, last
+end
+
 -- p for a document of n tokens at 1/fraction.
 function protocol.p_of(n, fraction)
     return math.max(16, math.floor(n / (fraction or protocol.SETTINGS.fraction) + 0.5))
