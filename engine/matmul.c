@@ -57,7 +57,7 @@ int64_t mm_scratch_floats(const mm_src *w, int32_t path, int64_t mv) {
     case MM_PATH_BACKWARD:
         return (int64_t)MM_BWD_BLOCK + mm_bwd_cols(w);
     default:
-        return dequant ? (int64_t)MM_GEMV_MAXR * MM_GEMV_KB : 0;
+        return dequant ? (int64_t)MM_GEMV_MAXR * MM_GEMV_KB : 16 * ((w->cols + 15) & ~(int64_t)15);
     }
 }
 

@@ -42,6 +42,8 @@ local opts = options.parse(arg, {
         { "reps", type = "int", default = 3, help = "runs of prefill and of decode; the best counts" },
         { "batch", type = "int", repeatable = true, default = { 4, 16 }, help = "lockstep stream counts" },
         { "batch-steps", type = "int", default = 32, help = "decode steps per lockstep run" },
+        { "batch-ctx", type = "int", default = 32, help = "cached tokens per lockstep stream before its steps "
+            .. "(plus 0-6, so that streams differ); self-study's bot B decodes after about 870" },
         { "kv", default = "f16", choices = { "f16", "f32" }, help = "KV cache dtype" },
         { "widen", type = "boolean", help = "also measure prefill with f32-widened weights" },
         { "vs-llama", help = "folder with llama.cpp's bench_llama.mjs installed (npm install there)" },
@@ -55,6 +57,14 @@ local DTYPES_ALL = { "f16", "q8_0", "q6_K", "q5_K", "q4_K" }
 local dtypes = {}
 if opts.dtype == "all" then dtypes = DTYPES_ALL
 else for d in opts.dtype:gmatch("[^,]+") do dtypes[#dtypes + 1] = d end end
+for _, f in ipairs({ "threads", "prompt", "decode", "reps", "batch_steps", "batch_ctx" }) do
+    if opts[f] < 1 then
+        error(("--%s must be at least 1; got %d"):format(f:gsub("_", "-"), opts[f]), 0)
+    end
+end
+for _, B in ipairs(opts.batch) do
+    if B < 1 then error(("--batch must be at least 1; got %d"):format(B), 0) end
+end
 if opts.model and #dtypes > 1 then error("--model measures one file: give --dtype one value or leave it out", 0) end
 for _, d in ipairs(dtypes) do require("cartridge.dtype").id(d) end -- an unknown name stops here
 
@@ -175,8 +185,8 @@ local function decode_batches(m, c)
     for _, B in ipairs(opts.batch) do
         local kvs, ids = {}, {}
         for b = 1, B do
-            kvs[b] = m:new_kv(64 + opts.batch_steps + 8, opts.kv)
-            m:forward(kvs[b], random_ids(32 + b % 7, c.n_vocab), "none")
+            kvs[b] = m:new_kv(opts.batch_ctx + 8 + opts.batch_steps + 8, opts.kv)
+            m:forward(kvs[b], random_ids(opts.batch_ctx + b % 7, c.n_vocab), "none")
             ids[b] = { b }
         end
         local t = now()
@@ -185,8 +195,9 @@ local function decode_batches(m, c)
             for b = 1, B do ids[b] = { m:argmax(logits, b - 1) } end
         end
         agg[B] = B * opts.batch_steps / (now() - t)
-        print(("decode %2d streams    %4d steps   %7.1f tok/s aggregate, %.1f tok/s each")
-            :format(B, opts.batch_steps, agg[B], agg[B] / B))
+        print(("decode %2d streams    %4d steps   %7.1f tok/s aggregate, %.1f tok/s each%s")
+            :format(B, opts.batch_steps, agg[B], agg[B] / B,
+                opts.batch_ctx ~= 32 and (" (after %d cached tokens)"):format(opts.batch_ctx) or ""))
         for b = 1, B do kvs[b]:free() end
     end
     return agg

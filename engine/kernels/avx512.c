@@ -19,7 +19,10 @@
  * GEMV (few tokens). Each pass reads R weight rows once and applies them to T
  * tokens, R x T zmm accumulators of 16 lane sums; f16/bf16 and q8_0 are
  * widened in registers, other block types dequantized 1024 elements of R rows
- * at a time into L1.
+ * at a time into L1. From 8 tokens on (lockstep decode), float weights go in
+ * groups of rows, every pass of 8 tokens over a group before the next, the
+ * depth in blocks whose packed activations stay in L1 (gemv_blocked): a row
+ * comes from DRAM once and the loads stop bounding the FMAs.
  *
  * Attention: 16 keys' scores at a time, their lane sums added by one
  * transposing tree; value sums one FMA chain per output. f16 cache rows are
@@ -656,9 +659,108 @@ static ALWAYS_INLINE void gemv_kind(const int kind, const mm_src *w, int64_t r0,
     }
 }
 
+enum {
+    GEMV_G = 32,    /* weight rows per group of the blocked GEMV: in L2 for its later passes */
+    GEMV_KBL = 256 /* depth per block of the blocked GEMV: 8 tokens' activations, 8 KiB in L1 */
+};
+
+/* acc[r][t] += lane-wise products of weight rows wr[0], wr[1] and 8 tokens'
+ * activations packed as xs[step][token][16] (zero past the depth), over kn
+ * elements from k = 0: per lane the same FMAs as gemv_span. */
+static ALWAYS_INLINE void gemv_span_packed(const int kind, const uint8_t *const *wr,
+                                           const float *xs, int64_t kn, __m512 acc[2][8]) {
+    const int64_t esize = kind == MM_W_F32 ? 4 : 2;
+    int64_t k = 0;
+    for (; k < kn; k += 16, xs += 128) {
+        __m512 wv[2];
+        if (k + 16 <= kn) {
+            for (int r = 0; r < 2; r++) wv[r] = load_w16_full(kind, wr[r] + k * esize);
+        } else {
+            const __mmask16 km = lanes(kn - k);
+            for (int r = 0; r < 2; r++) wv[r] = load_w16(kind, wr[r] + k * esize, km);
+        }
+        for (int t = 0; t < 8; t++) {
+            __m512 xv = _mm512_load_ps(xs + 16 * t);
+            __asm__("" : "+v"(xv)); /* one load per token, not one per row: the loads bound */
+            for (int r = 0; r < 2; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+}
+
+/* xp[pass][step][token][16] = the activations of tokens [0, 8 * passes),
+ * zero past the depth. */
+static void gemv_pack8(float *xp, const float *x, int64_t ldx, int64_t depth, int64_t passes) {
+    const int64_t steps = (depth + 15) / 16;
+    for (int64_t t = 0; t < 8 * passes; t++) {
+        float *dst = xp + (t / 8) * steps * 128 + (t % 8) * 16;
+        for (int64_t s = 0; s < steps; s++) {
+            const __mmask16 km = lanes(min64(16, depth - 16 * s));
+            _mm512_store_ps(dst + s * 128, _mm512_maskz_loadu_ps(km, x + t * ldx + 16 * s));
+        }
+    }
+}
+
+/* Passes of 8 tokens over f32/f16/bf16 rows [r0, r1) for n >= 8 tokens
+ * (batched decode: the tokens of many streams). Rows go GEMV_G at a time,
+ * every pass of a group before the next group, so a row comes from DRAM once
+ * however many passes (fetched ahead during the previous group's first pass);
+ * the depth goes in blocks of GEMV_KBL, the activations packed once into xp
+ * (16 x depth rounded up to 16 floats: mm_scratch_floats). A (row, token)'s
+ * 16 lane sums wait in `part` between blocks, so each lane is the same chain
+ * of FMAs as in gemv_tile and a stream's bits do not depend on the batch.
+ * Returns the tokens done (a multiple of 8); the rest go to gemv_kind. */
+static ALWAYS_INLINE int64_t gemv_blocked(const int kind, const mm_src *w, int64_t r0, int64_t r1,
+                                          const float *x, int64_t ldx, int64_t n, float *y,
+                                          int64_t ldy, float *xp) {
+    const int64_t esize = kind == MM_W_F32 ? 4 : 2, depth = w->cols, passes = n / 8;
+    const int64_t steps = (depth + 15) / 16;
+    gemv_pack8(xp, x, ldx, depth, passes);
+    __m512 part[GEMV_G][8];
+    for (int64_t g0 = r0; g0 < r1; g0 += GEMV_G) {
+        const int64_t gn = min64(GEMV_G, r1 - g0);
+        for (int64_t p = 0; p < passes; p++) {
+            for (int r = 0; r < GEMV_G; r++)
+                for (int t = 0; t < 8; t++) part[r][t] = _mm512_setzero_ps();
+            for (int64_t k0 = 0; k0 < depth; k0 += GEMV_KBL) {
+                const int64_t kn = min64(GEMV_KBL, depth - k0);
+                const float *xs = xp + p * steps * 128 + (k0 / 16) * 128;
+                for (int64_t j = 0; j < gn; j += 2) { /* an odd last row is done twice */
+                    __m512 acc[2][8];
+                    const uint8_t *wr[2];
+                    for (int r = 0; r < 2; r++) {
+                        wr[r] = w->data + (uint64_t)(g0 + min64(j + r, gn - 1)) * w->row_bytes +
+                                k0 * esize;
+                        for (int t = 0; t < 8; t++) acc[r][t] = part[j + r][t];
+                    }
+                    if (p == 0 && g0 + GEMV_G < r1) /* the next group's piece, from DRAM */
+                        for (int r = 0; r < 2; r++) {
+                            const int64_t row = min64(g0 + GEMV_G + j + r, r1 - 1);
+                            const char *q = (const char *)w->data + (uint64_t)row * w->row_bytes +
+                                            k0 * esize;
+                            for (int64_t b = 0; b < kn * esize; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
+                        }
+                    gemv_span_packed(kind, wr, xs, kn, acc);
+                    for (int r = 0; r < 2; r++)
+                        for (int t = 0; t < 8; t++) part[j + r][t] = acc[r][t];
+                }
+            }
+            for (int64_t r = 0; r < gn; r++)
+                for (int t = 0; t < 8; t++)
+                    y[(8 * p + t) * ldy + g0 + r] = _mm512_reduce_add_ps(part[r][t]);
+        }
+    }
+    return 8 * passes;
+}
+
 static void mm512_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x, int64_t ldx, int64_t n,
                      int64_t r0, int64_t r1, float *scratch) {
-    for (int64_t t0 = 0; t0 < n; t0 += MM_GEMV_T) {
+    int64_t first = 0;
+    if (n >= 8) {
+        if (w->kind == MM_W_F16) first = gemv_blocked(MM_W_F16, w, r0, r1, x, ldx, n, y, ldy, scratch);
+        else if (w->kind == MM_W_BF16) first = gemv_blocked(MM_W_BF16, w, r0, r1, x, ldx, n, y, ldy, scratch);
+        else if (w->kind == MM_W_F32) first = gemv_blocked(MM_W_F32, w, r0, r1, x, ldx, n, y, ldy, scratch);
+    }
+    for (int64_t t0 = first; t0 < n; t0 += MM_GEMV_T) {
         const int64_t nt = min64(MM_GEMV_T, n - t0);
         const float *xt = x + t0 * ldx;
         float *yt = y + t0 * ldy;

@@ -4,7 +4,7 @@
  *
  *   bench_matmul [--threads 1,2] [--dtypes f32,f16,bf16,q8_0,q4_K]
  *                [--shapes q,kv,o,gate,down,head] [--seconds 0.3]
- *                [--paths gemm512,gemm64,gemv,bwd512]
+ *                [--paths gemm512,gemm64,gemv,gemv16,bwd512]
  *
  * Two more shapes are gemma-4-26B-A4B's experts (hidden 2816, expert width
  * 704): edown [2816 x 704], the down projection llama-quantize leaves at
@@ -118,7 +118,7 @@ static timing time_calls(float *out, int64_t ldo, const float *in, int64_t ldi,
 
 int main(int argc, char **argv) {
     char threads_arg[64] = "1,2", dtypes_arg[128] = "f32,f16,bf16,q8_0,q4_K";
-    char shapes_arg[128] = "q,kv,o,gate,down,head", paths[128] = "gemm512,gemm64,gemv,bwd512";
+    char shapes_arg[128] = "q,kv,o,gate,down,head", paths[128] = "gemm512,gemm64,gemv,gemv16,bwd512";
     double seconds = 0.3;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--threads"))
@@ -139,8 +139,8 @@ int main(int argc, char **argv) {
     char path_list[128], *path_items[MAX_LIST];
     snprintf(path_list, sizeof path_list, "%s", paths);
     for (int p = 0, np = split(path_list, path_items); p < np; p++)
-        if (!listed("gemm512,gemm64,gemv,bwd512", path_items[p])) {
-            fprintf(stderr, "unknown path %s (gemm512, gemm64, gemv, bwd512)\n", path_items[p]);
+        if (!listed("gemm512,gemm64,gemv,gemv16,bwd512", path_items[p])) {
+            fprintf(stderr, "unknown path %s (gemm512, gemm64, gemv, gemv16, bwd512)\n", path_items[p]);
             return 2;
         }
     char *thread_items[MAX_LIST], *dtype_items[MAX_LIST], *shape_items[MAX_LIST];
@@ -158,7 +158,8 @@ int main(int argc, char **argv) {
         }
         cart_blas_set_threads(atoi(thread_items[t]));
         double blas = 0, own = 0;
-        if (listed(paths, "gemm512") || listed(paths, "gemm64") || listed(paths, "bwd512"))
+        if (listed(paths, "gemm512") || listed(paths, "gemm64") || listed(paths, "gemv16") ||
+            listed(paths, "bwd512"))
             blas = cart_probe_blas_gemm(1536, 3), own = cart_probe_engine_gemm(1536, 3, pool);
         peak_of[t] = (blas > own ? blas : own) * 1e-9;
         gbs_of[t] = cart_probe_read_bandwidth(512 << 20, 5, pool) * 1e-9;
@@ -252,6 +253,13 @@ int main(int argc, char **argv) {
                              (double)bytes / g.best * 1e-9, (double)bytes / g.median * 1e-9,
                              100 * (double)bytes / g.best * 1e-9 / gbs_of[t],
                              (double)rows / g.best * 1e-6);
+                }
+                if (listed(paths, "gemv16")) { /* lockstep decode of 16 streams */
+                    timing g = time_calls(y, rows, x, cols, w, n_copies, 16, pool, 0, seconds);
+                    const double flop16 = 2.0 * 16 * (double)rows * (double)cols;
+                    printf("%-5s %-5s %3d | gemv n=16: %5.0f/%5.0f GF/s (%3.0f%% of peak)\n", l->name,
+                           dtype_items[d], threads, flop16 / g.best * 1e-9, flop16 / g.median * 1e-9,
+                           100 * flop16 / g.best * 1e-9 / peak);
                 }
                 if (listed(paths, "bwd512")) {
                     timing g = time_calls(x, cols, dy, rows, w, 1, 512, pool, 1, seconds);

@@ -56,6 +56,7 @@ typedef struct shape {
 static const shape shapes[] = {
     {1, 37, 512}, {2, 48, 256},   {3, 50, 300},   {5, 33, 1024}, {8, 17, 96},
     {9, 70, 512}, {16, 40, 256},  {17, 65, 512},  {40, 33, 768}, {29, 20, 4352},
+    {16, 71, 1100}, /* blocked GEMV: row groups with an odd last one, depth blocks, a tail */
 };
 
 static int64_t cols_for(const shape *s, int32_t dtype) {

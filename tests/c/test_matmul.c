@@ -334,10 +334,12 @@ static void test_gemv_of_block_types_gives_the_dequantized_rows_bits(void) {
  * differ.) A fixed path (cart_matmul_forward_path) keeps each token's bits
  * whatever the count. */
 static void test_forward_of_a_token_does_not_depend_on_its_batch(void) {
-    const int32_t dtypes[] = {CART_F32, CART_F16, CART_Q4_K};
+    const int32_t dtypes[] = {CART_F32, CART_F16, CART_BF16, CART_Q4_K};
     uint64_t seed = 11;
-    for (int d = 0; d < 3; d++) {
-        const int64_t rows = 70, cols = 512, n = 40;
+    for (int d = 0; d < 4; d++) {
+        /* 71 rows: GEMV row groups with an odd last one; 1100 columns: three
+         * depth blocks of the blocked GEMV and a tail */
+        const int64_t rows = 71, cols = dtypes[d] == CART_Q4_K ? 1280 : 1100, n = 40;
         float *wf;
         void *data = random_weight(dtypes[d], rows, cols, &seed, &wf);
         cart_weight w;

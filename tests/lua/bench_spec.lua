@@ -31,6 +31,18 @@ describe("benchmark recipes at a tiny shape", function()
         assert.truthy(out:find("\ndecode  2 streams +2 steps +" .. NUM .. " tok/s aggregate"), out)
     end)
 
+    it("bench_infer: lockstep streams after a longer history, and a bad count refused", function()
+        local out = bench("bench_infer", "--model", MODEL, "--prompt", "16", "--decode", "2", "--reps", "1",
+            "--batch", "9", "--batch-steps", "2", "--batch-ctx", "40")
+        if not out then return end
+        assert.truthy(out:find("\ndecode  9 streams +2 steps +" .. NUM .. " tok/s aggregate, " .. NUM
+            .. " tok/s each %(after 40 cached tokens%)"), out)
+        local rc, o, e = helper.cartridge("run", helper.root .. "/recipes/bench_infer.lua", "--model", MODEL,
+            "--batch-ctx", "0")
+        assert.are_not.equal(0, rc)
+        assert.truthy((o .. e):find("--batch-ctx must be at least 1; got 0", 1, true), o .. e)
+    end)
+
     it("bench_infer: several dtypes in one run end with their table, repacking printed", function()
         local out = bench("bench_infer", "--dtype", "q8_0,q4_K", "--preset", "default", "--prompt", "16", "--decode",
             "4", "--reps", "1", "--batch", "2", "--batch-steps", "2", "--threads", "2")
