@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "ops.h"
 #include "sampler.h"
 
 typedef struct candidate {
@@ -98,6 +99,53 @@ int32_t cart_argmax(const float *logits, int64_t n) {
     for (int64_t i = 1; i < n; i++)
         if (logits[i] > logits[best]) best = i; /* strict: ties keep the lowest id */
     return (int32_t)best;
+}
+
+enum { LSE_CHUNK = 512 };
+
+double cart_log_sum_exp(const float *x, int64_t n) {
+    float max = x[0];
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > max) max = x[i];
+    double t[LSE_CHUNK], sum = 0.0;
+    for (int64_t i0 = 0; i0 < n; i0 += LSE_CHUNK) {
+        const int64_t m = n - i0 < LSE_CHUNK ? n - i0 : LSE_CHUNK;
+        for (int64_t i = 0; i < m; i++) t[i] = (double)x[i0 + i] - (double)max;
+        cart_exp_n(t, t, m);
+        for (int64_t i = 0; i < m; i++) sum += t[i];
+    }
+    return (double)max + log(sum);
+}
+
+int32_t cart_top_k(const float *x, int64_t n, int32_t k, int32_t *ids) {
+    if (k > n) k = (int32_t)n;
+    int32_t count = 0;
+    for (int64_t i = 0; i < n && k > 0; i++) { /* insertion into a sorted list: k is small */
+        float v = x[i];
+        if (count == k && !(v > x[ids[count - 1]])) continue; /* ties keep the lower id */
+        int32_t at = count < k ? count : k - 1;
+        while (at > 0 && v > x[ids[at - 1]]) {
+            ids[at] = ids[at - 1];
+            at--;
+        }
+        ids[at] = (int32_t)i;
+        if (count < k) count++;
+    }
+    return count;
+}
+
+int cart_token_logprobs(const float *logits, int64_t n_vocab, int32_t id, int32_t k, float *lp,
+                        int32_t *top_ids, float *top_lp) {
+    if (n_vocab < 1 || id < 0 || id >= n_vocab || k < 0)
+        return cart_fail(CART_E_ARG, "cart_token_logprobs: token %d, top %d of a vocabulary of %lld", id, k,
+                         (long long)n_vocab);
+    const double log_z = cart_log_sum_exp(logits, n_vocab);
+    if (!isfinite(log_z))
+        return cart_fail(CART_E_ARG, "cart_token_logprobs: the logits' largest value is not finite");
+    *lp = (float)((double)logits[id] - log_z);
+    const int32_t count = cart_top_k(logits, n_vocab, k, top_ids);
+    for (int32_t i = 0; i < count; i++) top_lp[i] = (float)((double)logits[top_ids[i]] - log_z);
+    return CART_OK;
 }
 
 /* Logit descending, id ascending on ties: a total order, so the result does

@@ -77,6 +77,24 @@ void cart_sampler_reset(cart_sampler *s, uint64_t seed);
 /* Argmax of logits[0..n), lowest index on ties; -1 for n <= 0. */
 int32_t cart_argmax(const float *logits, int64_t n);
 
+/* log(sum over i < n of e^x[i]) as max + log(sum of e^(x[i] - max)): the max
+ * in float, the terms in double (the C library's exp, on whole vectors) and
+ * added in i order. -inf entries count as zero; n >= 1. */
+double cart_log_sum_exp(const float *x, int64_t n);
+
+/* The min(k, n) largest of x[0..n) in ids, largest first, ties to the lower
+ * index; returns their count (0 when k < 1). */
+int32_t cart_top_k(const float *x, int64_t n, int32_t k, int32_t *ids);
+
+/* What an API's logprobs report: the model's own log-probabilities from one
+ * row of logits, the untempered log-softmax before penalties, biases and
+ * grammar (log_sum_exp above). *lp = token id's (id in [0, n_vocab)); the k
+ * most likely tokens (k >= 0) in top_ids / top_lp, most likely first, ties to
+ * the lower id. Fails (CART_E_ARG, a message) on a bad id or k, or a row
+ * whose largest logit is not finite. */
+int cart_token_logprobs(const float *logits, int64_t n_vocab, int32_t id, int32_t k, float *lp,
+                        int32_t *top_ids, float *top_lp);
+
 #ifdef __cplusplus
 }
 #endif

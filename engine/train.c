@@ -17,6 +17,7 @@
 #include "ops.h"
 #include "pool.h"
 #include "rng.h"
+#include "sampler.h"
 #include "train.h"
 
 /* ---- the cartridge --------------------------------------------------------- */
@@ -372,22 +373,7 @@ int cart_cartridge_compose_grad(const cart_cartridge *composed, cart_cartridge *
     return CART_OK;
 }
 
-/* ---- log-sum-exp over a vocabulary ------------------------------------------ */
-
-enum { LSE_CHUNK = 512 };
-
-/* sum over v < n of e^(x[v] - shift), the terms taken in double and added
- * in v order (the vocabulary loops' arithmetic, their exps on whole vectors). */
-static double sum_exp(const float *x, int64_t n, double shift) {
-    double t[LSE_CHUNK], sum = 0.0;
-    for (int64_t v0 = 0; v0 < n; v0 += LSE_CHUNK) {
-        const int64_t m = n - v0 < LSE_CHUNK ? n - v0 : LSE_CHUNK;
-        for (int64_t v = 0; v < m; v++) t[v] = (double)x[v0 + v] - shift;
-        cart_exp_n(t, t, m);
-        for (int64_t v = 0; v < m; v++) sum += t[v];
-    }
-    return sum;
-}
+enum { LSE_CHUNK = 512 }; /* vocabulary entries per chunk of the loss gradient's exps */
 
 /* ---- teacher targets ------------------------------------------------------- */
 
@@ -398,25 +384,8 @@ int cart_topk_targets(int32_t *ids, float *logprobs, int32_t *n_out, const float
         return cart_fail(CART_E_ARG, "cart_topk_targets: k = %d over %lld logits", k,
                          (long long)n_vocab);
     if (k > n_vocab) k = (int32_t)n_vocab;
-    /* log-sum-exp in double */
-    float max = logits[0];
-    for (int64_t i = 1; i < n_vocab; i++)
-        if (logits[i] > max) max = logits[i];
-    double sum = sum_exp(logits, n_vocab, (double)max);
-    double log_z = (double)max + log(sum);
-    /* top-k by insertion into a sorted list: k is small (20) */
-    int32_t count = 0;
-    for (int64_t i = 0; i < n_vocab; i++) {
-        float v = logits[i];
-        if (count == k && !(v > logits[ids[count - 1]])) continue; /* ties keep the lower id */
-        int32_t at = count < k ? count : k - 1;
-        while (at > 0 && v > logits[ids[at - 1]]) {
-            ids[at] = ids[at - 1];
-            at--;
-        }
-        ids[at] = (int32_t)i;
-        if (count < k) count++;
-    }
+    const double log_z = cart_log_sum_exp(logits, n_vocab);
+    const int32_t count = cart_top_k(logits, n_vocab, k, ids);
     double cumulative = 0.0;
     int32_t kept = 0;
     while (kept < count) {
@@ -1724,11 +1693,7 @@ static int head_work_init(head_work *w, const cart_distill_targets *tg, int64_t 
  * scale * (weight * softmax_v - sum_e w_e [v == token_e]). Advances *e0. */
 static double row_loss(float *lr, int64_t V, int64_t row, const cart_distill_targets *tg, const entry_ref *refs,
                        int64_t *e0, double scale, int32_t backward) {
-    float max = lr[0];
-    for (int64_t v = 1; v < V; v++)
-        if (lr[v] > max) max = lr[v];
-    double sum = sum_exp(lr, V, (double)max);
-    double lse = (double)max + log(sum);
+    double lse = cart_log_sum_exp(lr, V);
     double loss = 0.0, weight = 0.0; /* weight: the teacher probability reading this row */
     int64_t e1 = *e0;
     while (e1 < tg->n && refs[e1].row == row) {

@@ -5,6 +5,7 @@
 --   local id = s:sample(logits, n_vocab, mask)  -- only tokens whose bit is set (cartridge.grammar); -1: none
 --   s:accept(id)                           -- feeds the repetition penalty
 --   s:accept_prompt(ids)                   -- the prompt's ids, before the first sample
+--   local lp, top = sampler.logprobs(logits, n_vocab, id, 5)  -- the model's own: id's, and the 5 likeliest
 --
 -- Fields (defaults): temperature 0 (greedy), top_k 0 (off), top_p 1 (off),
 -- min_p 0 (off), repeat_penalty 1 (off), repeat_last_n 64, frequency_penalty
@@ -65,6 +66,19 @@ end
 
 function Sampler:reset(seed)
     C.cart_sampler_reset(self.handle, seed or 0)
+end
+
+-- The model's own log-probabilities at a row of logits (the untempered
+-- log-softmax, before penalties, biases and grammar: engine/sampler.h's
+-- cart_token_logprobs): token id's, and the k most likely as a list of
+-- { id =, logprob = }, most likely first, ties to the lower id.
+function sampler.logprobs(logits, n_vocab, id, k)
+    local lp = ffi.new("float[1]")
+    local ids, lps = ffi.new("int32_t[?]", math.max(k, 1)), ffi.new("float[?]", math.max(k, 1))
+    core.check(C.cart_token_logprobs(logits, n_vocab, id, k, lp, ids, lps), "sampler.logprobs")
+    local top = {}
+    for i = 0, math.min(k, n_vocab) - 1 do top[i + 1] = { id = ids[i], logprob = lps[i] } end
+    return lp[0], top
 end
 
 function Sampler:free()

@@ -32,6 +32,7 @@ local core = require("cartridge.core")
 local json = require("cartridge.json")
 local chat = require("cartridge.chat")
 local sampler_mod = require("cartridge.sampler")
+local logprobs = require("cartridge.logprobs")
 local toolcall = require("cartridge.toolcall")
 local metrics = require("cartridge.metrics")
 local kvstore = require("cartridge.kvstore")
@@ -1103,7 +1104,8 @@ function Server:response_object(job, status)
         local content
         calls, content = self:job_calls(job)
         local text = calls and (content or "") or job.text
-        item.content = json.array({ { type = "output_text", text = text, annotations = json.array() } })
+        item.content = json.array({ { type = "output_text", text = text, annotations = json.array(),
+            logprobs = job.opts.lp.on and logprobs.chat(self.tok, job.lps, 1, #job.lps) or json.array() } })
         if not calls or content then output[1] = item end
         for _, c in ipairs(calls or {}) do
             output[#output + 1] = { type = "function_call", id = "fc_" .. c.id:sub(6), call_id = c.id, name = c["function"].name,
@@ -1208,23 +1210,10 @@ end
 -- empty ask for nothing and pass) and what to do instead. A request asking
 -- for one gets a 400 naming it, never a reply that silently lacks it.
 local function asks(v) return v ~= nil and v ~= json.null and v ~= false and v ~= 0 end
-local function nonempty(v) return type(v) == "table" and v ~= json.null and next(v) ~= nil end
 local UNHONOURED = {
-    ["/v1/chat/completions"] = {
-        { "logprobs", asks }, { "top_logprobs", asks }, { "logit_bias", nonempty },
-    },
     ["/v1/completions"] = {
-        { "logprobs", asks }, { "echo", asks }, { "logit_bias", nonempty }, { "suffix", function(v)
-            return type(v) == "string" and v ~= "" end },
+        { "suffix", function(v) return type(v) == "string" and v ~= "" end },
         { "best_of", function(v) return asks(v) and v ~= 1 end },
-    },
-    ["/v1/responses"] = {
-        { "top_logprobs", asks },
-        { "include", function(v)
-            if type(v) ~= "table" then return false end
-            for _, item in ipairs(v) do if item == "message.output_text.logprobs" then return true end end
-            return false
-        end },
     },
     ["/v1/messages"] = {
         { "thinking", function(v) return type(v) == "table" and v.type ~= nil and v.type ~= "disabled" end },
@@ -1251,6 +1240,7 @@ function Server:make_job(id, req)
     if route == "/v1/messages" then o = self:messages_options(body)
     elseif route == "/v1/responses" then o = self:responses_options(body)
     else o = self:common_options(body) end
+    o.lp = logprobs.options(route, body, { reject = reject, shown = shown, n_vocab = self.m.n_vocab, tok = self.tok })
     local format
     if route == "/v1/chat/completions" or route == "/v1/completions" then
         format = self:response_format(body.response_format, "response_format", "response_format")
@@ -1325,6 +1315,8 @@ function Server:make_job(id, req)
         documents = documents,
         call_close = tools and tools.grammar and "\n" .. self.template.call_close or nil,
         out_ids = {}, text = tools and tools.prefill or "", sent = 0, finish = nil, cached = 0,
+        lps = {}, lp_sent = 0, -- the log-probability entries of out_ids, and how many were streamed
+        echo = kind == "text" and o.lp.echo and text or nil, -- completions' echo: the prompt, before the reply
         completion_id = (kind == "chat" and "chatcmpl-" or kind == "messages" and "msg_" or
             kind == "responses" and "resp_" or "cmpl-")
             .. ("%d%06d"):format(self.created, self.counter),
@@ -1432,7 +1424,10 @@ end
 -- The next token of a job from its row of logits: only tokens that can
 -- continue its document when it has a grammar.
 function Server:sample(job, logits)
+    local saved = logprobs.bias(job.opts.lp.bias, logits)
     local id = job.sampler:sample(logits, self.m.n_vocab, job.matcher and (job.matcher:mask()))
+    logprobs.unbias(saved, logits)
+    if id >= 0 and job.opts.lp.on then job.lp_next = logprobs.entry(logits, self.m.n_vocab, id, job.opts.lp.top) end
     if id < 0 then
         error("no token of this model's vocabulary can continue the structured output (it lacks the bytes or the "
             .. "end-of-generation token the document needs)", 0)
@@ -1485,8 +1480,25 @@ local function usage(job)
     }
 end
 
+-- The log-probability entries accepted since the last call, in the job's
+-- API shape; nil when the request did not ask for them.
+function Server:new_logprobs(job)
+    if not job.opts.lp.on then return nil end
+    local i, j = job.lp_sent + 1, #job.lps
+    job.lp_sent = j
+    if job.kind == "text" then
+        local o
+        o, job.lp_chars = logprobs.legacy(self.tok, job.lps, i, j, job.lp_chars or 0)
+        return o
+    end
+    local list = logprobs.chat(self.tok, job.lps, i, j)
+    return job.kind == "chat" and { content = list, refusal = json.null } or list
+end
+
 function Server:chunk(job, delta, finish)
     local obj
+    local lp = (finish or delta.content and delta.content ~= "") and job.kind ~= "messages"
+        and self:new_logprobs(job) or nil
     if job.kind == "messages" then
         if delta.content and delta.content ~= "" then
             self:open_block(job)
@@ -1499,16 +1511,17 @@ function Server:chunk(job, delta, finish)
         if delta.content and delta.content ~= "" then
             self:open_item(job)
             self:response_event(job, "response.output_text.delta", { item_id = "msg_" .. job.completion_id:sub(6),
-                output_index = 0, content_index = 0, delta = delta.content, logprobs = json.array() })
+                output_index = 0, content_index = 0, delta = delta.content, logprobs = lp or json.array() })
         end
         return
     elseif job.kind == "chat" then
         obj = { id = job.completion_id, object = "chat.completion.chunk", created = job.created, model = job.name,
-            choices = json.array({ { index = 0, delta = delta, finish_reason = finish or json.null, logprobs = json.null } }) }
+            choices = json.array({ { index = 0, delta = delta, finish_reason = finish or json.null,
+                logprobs = lp or json.null } }) }
     else
         obj = { id = job.completion_id, object = "text_completion", created = job.created, model = job.name,
             choices = json.array({ { index = 0, text = delta.content or "", finish_reason = finish or json.null,
-                logprobs = json.null } }) }
+                logprobs = lp or json.null } }) }
     end
     self.http:stream_write(job.id, "data: " .. json.encode(with_documents(job, obj)) .. "\n\n")
 end
@@ -1532,6 +1545,8 @@ function Server:start_stream(job)
         if not job.tools then self:open_item(job) end
     elseif job.kind == "chat" then
         self:chunk(job, { role = "assistant", content = "" })
+    elseif job.echo then
+        self:chunk(job, { content = job.echo })
     end
 end
 
@@ -1558,7 +1573,7 @@ function Server:finish_job(job)
             if not with_calls and not job.item_open then self:open_item(job) end
             if job.item_open then
                 self:response_event(job, "response.output_text.done", { item_id = item.id, output_index = 0,
-                    content_index = 0, text = part.text, logprobs = json.array() })
+                    content_index = 0, text = part.text, logprobs = part.logprobs })
                 self:response_event(job, "response.content_part.done", { item_id = item.id, output_index = 0,
                     content_index = 0, part = part })
                 self:response_event(job, "response.output_item.done", { output_index = 0, item = item })
@@ -1606,10 +1621,11 @@ function Server:finish_job(job)
             if calls then message = { role = "assistant", content = content or json.null, tool_calls = calls } end
             obj = { id = job.completion_id, object = "chat.completion", created = job.created, model = job.name,
                 choices = json.array({ { index = 0, message = message, finish_reason = calls and "tool_calls" or job.finish,
-                    logprobs = json.null } }), usage = usage(job) }
+                    logprobs = self:new_logprobs(job) or json.null } }), usage = usage(job) }
         else
             obj = { id = job.completion_id, object = "text_completion", created = job.created, model = job.name,
-                choices = json.array({ { index = 0, text = job.text, finish_reason = job.finish, logprobs = json.null } }),
+                choices = json.array({ { index = 0, text = (job.echo or "") .. job.text, finish_reason = job.finish,
+                    logprobs = self:new_logprobs(job) or json.null } }),
                 usage = usage(job) }
         end
         self.http:respond(id, 200, "application/json", json.encode(with_documents(job, obj)))
@@ -1639,6 +1655,7 @@ function Server:accept(job, id)
     if job.matcher then job.matcher:accept(id) end
     job.sampler:accept(id)
     job.out_ids[#job.out_ids + 1] = id
+    if job.lp_next then job.lps[#job.lps + 1], job.lp_next = job.lp_next, nil end
     job.text = job.text .. job.stream:push(id)
     for _, s in ipairs(job.opts.stop) do
         local at = job.text:find(s, 1, true)

@@ -46,6 +46,16 @@ local function demo_server(opts)
     return require("cartridge.server").new(o), h, m
 end
 
+-- A one-token chat or completions request body, with extra fields.
+local function with_fields(b, extra)
+    for k, v in pairs(extra or {}) do b[k] = v end
+    return b
+end
+local function chat_req(extra)
+    return with_fields({ messages = { { role = "user", content = "hi" } }, max_tokens = 1 }, extra)
+end
+local function text_req(extra) return with_fields({ prompt = "hi", max_tokens = 1 }, extra) end
+
 setup(function()
     tmp = helper.tmpdir()
     servers = helper.servers(tmp)
@@ -499,7 +509,22 @@ wait]]):format(helper.q(tmp .. "/tools.json"), url, url)))
         assert.are.same({ "response.created", "response.in_progress", "response.output_item.added",
             "response.content_part.added", "response.output_text.delta", "response.output_text.done",
             "response.content_part.done", "response.output_item.done", "response.incomplete" }, r.responses.events)
-        print(("  openai client: %q, %d stream chunks"):format(r.text, r.chunks))
+        -- log-probabilities through the client's own types: one entry per token, each with its top 2
+        local lp = r.logprobs
+        assert.are.equal(4, #lp.content)
+        local joined = {}
+        for i, e in ipairs(lp.content) do
+            joined[i] = e.token
+            assert.is_true(e.logprob <= 0)
+            assert.are.equal(2, e.top)
+        end
+        assert.are.equal(lp.text, table.concat(joined))
+        assert.are.equal(4, lp.streamed)
+        assert.are.equal(4, #lp.completion.tokens)
+        assert.are.equal(lp.completion.text, table.concat(lp.completion.tokens))
+        assert.are.equal("Once upon" .. lp.echo_of, lp.echo)
+        print(("  openai client: %q, %d stream chunks; logprobs of %q: %s"):format(r.text, r.chunks, lp.text,
+            json.encode(lp.completion.token_logprobs)))
     end)
 
     it("answers Anthropic Messages requests: the same text as chat, its usage, stop reasons and events", function()
@@ -1038,29 +1063,13 @@ describe("fields the server does not honour", function()
     it("are a 400 naming the field when they ask for something, and pass at their off values", function()
         local srv, h, m = demo_server()
         if not srv then return pending(h) end
-        local chat = function(extra)
-            local b = { messages = { { role = "user", content = "hi" } }, max_tokens = 1 }
-            for k, v in pairs(extra) do b[k] = v end
-            return b
-        end
-        local text = function(extra)
-            local b = { prompt = "hi", max_tokens = 1 }
-            for k, v in pairs(extra) do b[k] = v end
-            return b
-        end
+        local text = text_req
         local cases = { -- route, body, the field refused (nil: served)
-            { "/v1/chat/completions", chat({ logprobs = true }), "logprobs" },
-            { "/v1/chat/completions", chat({ top_logprobs = 3 }), "top_logprobs" },
-            { "/v1/chat/completions", chat({ logit_bias = { ["5"] = 10 } }), "logit_bias" },
-            { "/v1/completions", text({ echo = true }), "echo" },
-            { "/v1/completions", text({ logprobs = 2 }), "logprobs" },
             { "/v1/completions", text({ best_of = 3 }), "best_of" },
+            { "/v1/completions", text({ suffix = "end" }), "suffix" },
             { "/v1/messages", { messages = { { role = "user", content = "hi" } }, max_tokens = 1,
                 thinking = { type = "enabled", budget_tokens = 1024 } }, "thinking" },
-            { "/v1/responses", { input = "hi", max_output_tokens = 1, include = { "message.output_text.logprobs" } },
-                "include" },
-            { "/v1/chat/completions", chat({ logprobs = false, logit_bias = json.object(), top_logprobs = json.null }) },
-            { "/v1/completions", text({ echo = false, logprobs = 0, best_of = 1 }) },
+            { "/v1/completions", text({ best_of = 1, suffix = "" }) },
             { "/v1/messages", { messages = { { role = "user", content = "hi" } }, max_tokens = 1,
                 thinking = { type = "disabled" } } },
         }
@@ -1073,7 +1082,7 @@ describe("fields the server does not honour", function()
                 assert.are.equal(200, a.status, a.body)
             end
         end
-        print(("  %d requests: the 8 that ask for an unhonoured field refused by name, the 3 at off values served")
+        print(("  %d requests: the 3 that ask for an unhonoured field refused by name, the 2 at off values served")
             :format(#cases))
         srv:free()
         m:free()
@@ -1219,5 +1228,207 @@ describe("CORS", function()
         assert.truthy(pre:find("^HTTP/1.1 405"), pre)
         assert.is_nil(headers(s, "GET", "/health"):find("Access-Control", 1, true))
         stop(s)
+    end)
+end)
+
+describe("log-probabilities, logit biases and echo", function()
+    -- The in-process demo server, its model, and each job it makes (in
+    -- order: their prompt and out_ids).
+    local function server_seeing_prompts()
+        local srv, h, m = demo_server({ sampling = { temperature = 0 } })
+        if not srv then return nil, h end
+        local jobs = {}
+        local real = srv.make_job
+        srv.make_job = function(self, ...)
+            local job = real(self, ...)
+            jobs[#jobs + 1] = job
+            return job
+        end
+        return srv, h, m, jobs
+    end
+
+    -- The float64 log-softmax of the model's logits after prompt .. ids[1 .. i-1],
+    -- for each i: the reference each reported entry is held to.
+    local function reference_logprobs(m, prompt, ids)
+        local kv = m:new_kv(#prompt + #ids + 1, "f16")
+        local rows = {}
+        local logits = m:forward(kv, prompt, "last")
+        for i = 1, #ids do
+            local V, max = m.n_vocab, -math.huge
+            for v = 0, V - 1 do max = math.max(max, logits[v]) end
+            local sum = 0
+            for v = 0, V - 1 do sum = sum + math.exp(logits[v] - max) end
+            local lse = max + math.log(sum)
+            local row = {}
+            for v = 0, V - 1 do row[v] = logits[v] - lse end
+            rows[i] = row
+            logits = m:forward(kv, { ids[i] }, "last")
+        end
+        kv:free()
+        return rows
+    end
+
+    it("chat: each token's log-probability and its top 3 match a float64 softmax of the engine's logits", function()
+        local srv, h, m, jobs = server_seeing_prompts()
+        if not srv then return pending(h) end
+        local a = answer_of(srv, h, 1, "/v1/chat/completions", { messages = { { role = "user", content = "Once" } },
+            max_tokens = 6, logprobs = true, top_logprobs = 3 })
+        assert.are.equal(200, a.status, a.body)
+        local r = json.decode(a.body)
+        local entries = r.choices[1].logprobs.content
+        assert.are.equal(r.usage.completion_tokens, #entries)
+        local out = jobs[1].out_ids
+        assert.are.equal(#entries, #out)
+        for i, e in ipairs(entries) do
+            -- the chosen token's bytes; its text those bytes, or \xNN escapes for part of a character
+            local bytes = string.char(unpack(e.bytes))
+            assert.are.equal(srv.tok:piece(out[i], true), bytes)
+            if e.token ~= bytes then
+                assert.are.equal(bytes:gsub(".", function(c) return ("\\x%02x"):format(c:byte()) end), e.token)
+            end
+        end
+        local ref = reference_logprobs(m, jobs[1].prompt, out)
+        local worst = 0
+        for i, e in ipairs(entries) do
+            worst = math.max(worst, math.abs(e.logprob - ref[i][out[i]]))
+            assert.are.equal(3, #e.top_logprobs)
+            assert.are.same(e.bytes, e.top_logprobs[1].bytes, "greedy: the chosen token is the likeliest")
+            for k = 2, 3 do assert.is_true(e.top_logprobs[k].logprob <= e.top_logprobs[k - 1].logprob) end
+            local best = {}
+            for v = 0, m.n_vocab - 1 do best[#best + 1] = v end
+            table.sort(best, function(x, y) return ref[i][x] > ref[i][y] or ref[i][x] == ref[i][y] and x < y end)
+            for k = 1, 3 do
+                assert.are.equal(srv.tok:piece(best[k], true), string.char(unpack(e.top_logprobs[k].bytes)))
+                worst = math.max(worst, math.abs(e.top_logprobs[k].logprob - ref[i][best[k]]))
+            end
+        end
+        print(("  %d tokens, top 3 each: max |logprob - float64 reference| = %.3g (tolerance 1e-5)"):format(#entries,
+            worst))
+        assert.is_true(worst <= 1e-5)
+        srv:free()
+        m:free()
+    end)
+
+    it("chat streamed, completions and Responses report the same entries in their own shapes", function()
+        local srv, h, m, jobs = server_seeing_prompts()
+        if not srv then return pending(h) end
+        local msgs = { { role = "user", content = "Once" } }
+        -- every request prefills its whole prompt afresh: a reused prompt's last row, computed alone, would
+        -- take the GEMV's sums instead of the GEMM's (matmul.h) and move the values by f32 rounding
+        local function fresh() for _, slot in ipairs(srv.slots) do slot.loaded = false end end
+        local plain = json.decode(answer_of(srv, h, 1, "/v1/chat/completions", { messages = msgs, max_tokens = 6,
+            logprobs = true, top_logprobs = 2 }).body).choices[1].logprobs.content
+        fresh()
+        local a = answer_of(srv, h, 2, "/v1/chat/completions", { messages = msgs, max_tokens = 6, logprobs = true,
+            top_logprobs = 2, stream = true })
+        local streamed = {}
+        for data in a.body:gmatch("data: ([^\n]+)") do
+            if data ~= "[DONE]" then
+                local lp = json.decode(data).choices[1].logprobs
+                if lp ~= json.null then
+                    for _, e in ipairs(lp.content) do streamed[#streamed + 1] = e end
+                end
+            end
+        end
+        assert.are.same(plain, streamed)
+        -- Responses: the output_text part's list, the same entries
+        fresh()
+        local r = json.decode(answer_of(srv, h, 3, "/v1/responses", { input = msgs, max_output_tokens = 6,
+            include = { "message.output_text.logprobs" }, top_logprobs = 2 }).body)
+        assert.are.same(plain, r.output[1].content[1].logprobs)
+        -- completions: the legacy object over a raw prompt
+        local c = json.decode(answer_of(srv, h, 4, "/v1/completions", { prompt = "Once upon", max_tokens = 5,
+            logprobs = 2 }).body)
+        local lp = c.choices[1].logprobs
+        assert.are.equal(c.usage.completion_tokens, #lp.tokens)
+        local at = 0
+        for i, id in ipairs(jobs[4].out_ids) do
+            assert.are.equal(at, lp.text_offset[i])
+            at = at + select(2, srv.tok:piece(id, true):gsub("[^\128-\191]", "")) -- characters it begins
+            local n = 0
+            for _, v in pairs(lp.top_logprobs[i]) do n = n + 1; assert.is_true(v <= 0) end
+            assert.is_true(n >= 1 and n <= 2)
+            assert.is_true(lp.token_logprobs[i] <= 0)
+        end
+        print(("  %d chat entries streamed as sent whole; Responses and completions (%d tokens) alike")
+            :format(#plain, #lp.tokens))
+        srv:free()
+        m:free()
+    end)
+
+    it("logit_bias moves the greedy choice as added logits would, and echo puts the prompt first", function()
+        local srv, h, m, jobs = server_seeing_prompts()
+        if not srv then return pending(h) end
+        local first = function(i, extra) -- the reply's text and its one token
+            local b = { prompt = "Once upon a", max_tokens = 1 }
+            for k, v in pairs(extra or {}) do b[k] = v end
+            local a = answer_of(srv, h, i, "/v1/completions", b)
+            assert.are.equal(200, a.status, a.body)
+            return json.decode(a.body).choices[1].text, jobs[#jobs].out_ids[1]
+        end
+        local plain, best = first(1)
+        local ref = reference_logprobs(m, jobs[1].prompt, { 0 })[1]
+        -- banned (OpenAI's -100), the greedy choice is the runner-up
+        local second, sv = nil, -math.huge
+        for v = 0, m.n_vocab - 1 do
+            if v ~= best and ref[v] > sv then second, sv = v, ref[v] end
+        end
+        assert.are.equal(second, select(2, first(2, { logit_bias = { [tostring(best)] = -100 } })))
+        -- llama-server's array form: false bans, a text biases its tokens
+        assert.are.equal(second, select(2, first(3, { logit_bias = { { best, false } } })))
+        local pick = (best + 7) % m.n_vocab -- a plain token, not an end of generation
+        while srv.tok:token_type(pick) ~= "normal" or srv.tok:is_eog(pick) do pick = (pick + 1) % m.n_vocab end
+        assert.are.equal(pick, select(2, first(4, { logit_bias = { [tostring(pick)] = 100 } })))
+        local word = "the"
+        local ids, top = srv.tok:encode(word, { special = false, add_special = false }), nil
+        for _, id in ipairs(ids) do
+            if not top or ref[id] > ref[top] or ref[id] == ref[top] and id < top then top = id end
+        end
+        assert.are.equal(top, select(2, first(5, { logit_bias = { { word, 100 } } })))
+        -- echo: the prompt, then the reply
+        assert.are.equal("Once upon a" .. plain, first(6, { echo = true }))
+        local a = answer_of(srv, h, 7, "/v1/completions", { prompt = "Once upon a", max_tokens = 1, echo = true,
+            stream = true })
+        local parts = {}
+        for data in a.body:gmatch("data: ([^\n]+)") do
+            if data ~= "[DONE]" then parts[#parts + 1] = json.decode(data).choices[1].text end
+        end
+        assert.are.equal("Once upon a" .. plain, table.concat(parts))
+        print(("  greedy id %d; banned: the runner-up %d; +100 on id %d: chosen; echo streamed first"):format(best,
+            second, pick))
+        srv:free()
+        m:free()
+    end)
+
+    it("refuses bad values with a 400 naming the field", function()
+        local srv, h, m = demo_server()
+        if not srv then return pending(h) end
+        local chat = chat_req
+        local V = m.n_vocab
+        local cases = {
+            { "/v1/chat/completions", chat({ logprobs = true, top_logprobs = 21 }), "top_logprobs must be an integer in [0, 20]" },
+            { "/v1/chat/completions", chat({ top_logprobs = 2 }), "top_logprobs needs logprobs: true" },
+            { "/v1/chat/completions", chat({ logprobs = "yes" }), "logprobs must be a boolean" },
+            { "/v1/chat/completions", chat({ logit_bias = { [tostring(V)] = 1 } }),
+                ("is not in this model's vocabulary [0, %d)"):format(V) },
+            { "/v1/chat/completions", chat({ logit_bias = { ["3"] = 101 } }), "a bias must be a number in [-100, 100]" },
+            { "/v1/chat/completions", chat({ logit_bias = { ["x"] = 1 } }), "a key must be a token id" },
+            { "/v1/chat/completions", chat({ logit_bias = { { 1 } } }), "must be a pair [token id or text, bias]" },
+            { "/v1/chat/completions", chat({ logit_bias = "5" }), "logit_bias must be an object" },
+            { "/v1/completions", { prompt = "hi", logprobs = 21 }, "logprobs must be an integer in [0, 20]" },
+            { "/v1/completions", { prompt = "hi", logprobs = 1, echo = true }, "echo with logprobs" },
+            { "/v1/completions", { prompt = "hi", echo = 1 }, "echo must be a boolean" },
+            { "/v1/responses", { input = "hi", include = { "file_search_call.results" } }, "is not something this server can include" },
+            { "/v1/responses", { input = "hi", top_logprobs = -1 }, "top_logprobs must be an integer in [0, 20]" },
+        }
+        for i, case in ipairs(cases) do
+            local a = answer_of(srv, h, i, case[1], case[2])
+            assert.are.equal(400, a.status, a.body)
+            assert.truthy(a.body:find(case[3], 1, true), a.body)
+        end
+        assert.are.equal(200, answer_of(srv, h, 99, "/health", nil, "GET").status)
+        print(("  %d bad requests refused, each naming its field; /health still answers"):format(#cases))
+        srv:free()
+        m:free()
     end)
 end)

@@ -48,7 +48,26 @@ for await (const ev of respStream) {
   if (ev.type === "response.output_text.delta") respStreamed += ev.delta;
   if (ev.type === "response.completed" || ev.type === "response.incomplete") respFinal = ev.response;
 }
+// log-probabilities, streamed too, a logit bias, and a completion with logprobs and one with echo
+const lp = await client.chat.completions.create({
+  model, messages, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2, logit_bias: { "0": -100 },
+});
+let lpStreamed = 0;
+const lpStream = await client.chat.completions.create({
+  model, messages, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2, stream: true,
+});
+for await (const chunk of lpStream) lpStreamed += chunk.choices[0]?.logprobs?.content?.length ?? 0;
+const comp = await client.completions.create({ model, prompt: "Once upon", max_tokens: 4, temperature: 0, logprobs: 2 });
+const echo = await client.completions.create({ model, prompt: "Once upon", max_tokens: 4, temperature: 0, echo: true });
 console.log(JSON.stringify({
+  logprobs: {
+    content: lp.choices[0].logprobs.content.map((e) => ({ token: e.token, logprob: e.logprob, top: e.top_logprobs.length })),
+    text: lp.choices[0].message.content,
+    streamed: lpStreamed,
+    completion: { tokens: comp.choices[0].logprobs.tokens, token_logprobs: comp.choices[0].logprobs.token_logprobs,
+      text: comp.choices[0].text },
+    echo: echo.choices[0].text, echo_of: comp.choices[0].text,
+  },
   responses: {
     text: resp.output_text, status: resp.status, usage: resp.usage, streamed: respStreamed,
     events: [...new Set(respEvents)], final_status: respFinal?.status, final_text: respFinal?.output?.[0]?.content?.[0]?.text,
