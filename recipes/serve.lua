@@ -51,6 +51,8 @@ local opts = options.parse(arg, {
         { "seed", type = "int", help = "sampling seed of a request that gives none (default 0)" },
         { "parse-special", type = "boolean", help = "read special-token texts (<|im_start|>, ...) in what clients "
             .. "write as those tokens (default: as text, so that no client can forge a turn)" },
+        { "pooling", default = "mean", choices = { "mean", "last" }, help = "/v1/embeddings: the mean of an "
+            .. "input's final hidden states, or the last token's (each then scaled to unit length)" },
         { "threads", type = "int", default = 0, help = "threads (0: all cores)" },
         { "kv", default = "f16", choices = { "f16", "f32" }, help = "KV cache dtype" },
         { "max-tokens", type = "int", default = 4096, help = "largest max_tokens a request may ask for" },
@@ -123,7 +125,8 @@ h:catch_signals()
 local srv = server_mod.new({
     model = m, model_name = model_name, cartridges = carts, http = h, parallel = opts.parallel, ctx = opts.ctx,
     kv = opts.kv, api_key = opts.api_key, parse_special = opts.parse_special, sampling = sampling,
-    aliases = opts.alias, default_model = opts.default_model, cors = opts.cors, max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
+    aliases = opts.alias, default_model = opts.default_model, cors = opts.cors, pooling = opts.pooling,
+    max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
     queue_limit = opts.queue, kv_cache_dir = opts.kv_cache_dir, kv_cache_max = kv_cache_max, fleet = fleet,
     log = not opts.quiet and function(line) io.stderr:write(line, "\n") end or nil,
     warn = function(line) io.stderr:write(line, "\n") end,

@@ -199,6 +199,10 @@ function server.new(opts)
     self.aliases = {}
     for _, a in ipairs(opts.aliases or {}) do self.aliases[a] = true end
     self.default_model = opts.default_model
+    self.pooling = opts.pooling or "mean" -- /v1/embeddings: cartridge.embeddings
+    if not require("cartridge.embeddings").POOLING[self.pooling] then
+        error(("server.new: pooling must be mean or last; got %s"):format(tostring(self.pooling)), 0)
+    end
     -- what a request that omits a sampling field gets (serve.lua --temp,
     -- --top-p, --top-k, --min-p, --repeat-penalty, --seed); OpenAI's
     -- defaults otherwise: temperature 1, top_p 1, no top-k, min-p or penalty

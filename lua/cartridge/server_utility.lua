@@ -8,6 +8,7 @@
 --   POST /detokenize                llama-server's: {"tokens"} -> {"content"}
 --   POST /apply-template            llama-server's: {"messages"} -> {"prompt"}, the chat template applied
 --   GET  /props                     llama-server's: the sampling defaults, slots, context and template
+--   POST /v1/embeddings             OpenAI's: pooled, unit-length hidden states (cartridge.embeddings)
 --
 -- Each handler takes the server, the request and its decoded body (nil for
 -- GET) and returns the JSON text of a 200; bad input raises the server's
@@ -27,6 +28,7 @@ utility.ROUTES = {
     ["/detokenize"] = "POST",
     ["/apply-template"] = "POST",
     ["/props"] = "GET",
+    ["/v1/embeddings"] = "POST",
 }
 
 -- The route of a path that names one of these, and its model id for
@@ -135,8 +137,13 @@ handlers["/props"] = function(srv)
         model_path = srv.m.path,
         chat_template = srv.template.name,
         n_vocab = srv.m.n_vocab,
+        pooling = srv.pooling,
         build_info = core.ffi.string(C.cart_version()),
     })
+end
+
+handlers["/v1/embeddings"] = function(srv, _, body)
+    return require("cartridge.embeddings").handle(srv, body)
 end
 
 -- The 200 body of a utility route, or a request error raised.

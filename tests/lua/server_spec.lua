@@ -523,6 +523,8 @@ wait]]):format(helper.q(tmp .. "/tools.json"), url, url)))
         assert.are.equal(4, #lp.completion.tokens)
         assert.are.equal(lp.completion.text, table.concat(lp.completion.tokens))
         assert.are.equal("Once upon" .. lp.echo_of, lp.echo)
+        assert.are.same({ 2, true }, { r.embeddings.n, r.embeddings.same })
+        assert.is_true(r.embeddings.dim > 0 and math.abs(r.embeddings.norm - 1) < 1e-5)
         print(("  openai client: %q, %d stream chunks; logprobs of %q: %s"):format(r.text, r.chunks, lp.text,
             json.encode(lp.completion.token_logprobs)))
     end)
@@ -1428,6 +1430,89 @@ describe("log-probabilities, logit biases and echo", function()
         end
         assert.are.equal(200, answer_of(srv, h, 99, "/health", nil, "GET").status)
         print(("  %d bad requests refused, each naming its field; /health still answers"):format(#cases))
+        srv:free()
+        m:free()
+    end)
+end)
+
+describe("POST /v1/embeddings", function()
+    it("pools the final hidden states (mean, or last) to unit length, as floats or base64, and refuses bad input",
+        function()
+        local ffi = require("ffi")
+        for _, pooling in ipairs({ "mean", "last" }) do
+            local srv, h, m = demo_server({ pooling = pooling })
+            if not srv then return pending(h) end
+            local dim = m.config.n_embd
+            local texts = { "Once upon a time", "a red ball" }
+            local a = answer_of(srv, h, 1, "/v1/embeddings", { input = texts, model = "default" })
+            assert.are.equal(200, a.status, a.body)
+            local r = json.decode(a.body)
+            assert.are.equal("list", r.object)
+            local worst, total = 0, 0
+            for i, text in ipairs(texts) do
+                local ids = srv.tok:encode(text, { add_special = true, special = false })
+                total = total + #ids
+                -- the reference: the rows one at a time in float64, pooled and normed
+                local kv = m:new_kv(#ids, "f16")
+                local rows = m:forward_batch({ kv }, { ids }, "all", nil, true)
+                local want, norm = {}, 0
+                for d = 0, dim - 1 do
+                    local s = 0
+                    if pooling == "last" then s = rows[(#ids - 1) * dim + d]
+                    else for t = 0, #ids - 1 do s = s + rows[t * dim + d] end; s = s / #ids end
+                    want[d + 1], norm = s, norm + s * s
+                end
+                kv:free()
+                local e = r.data[i]
+                assert.are.same({ "embedding", i - 1, dim }, { e.object, e.index, #e.embedding })
+                local len = 0
+                for d = 1, dim do
+                    worst = math.max(worst, math.abs(e.embedding[d] - want[d] / math.sqrt(norm)))
+                    len = len + e.embedding[d] ^ 2
+                end
+                assert.is_true(math.abs(len - 1) < 1e-5)
+            end
+            assert.are.same({ total, total }, { r.usage.prompt_tokens, r.usage.total_tokens })
+            assert.is_true(worst < 1e-6, worst)
+            -- one input alone is the same vector; token ids are the same input; base64 holds the float32 bits
+            local ids = srv.tok:encode(texts[2], { add_special = true, special = false })
+            local one = json.decode(answer_of(srv, h, 2, "/v1/embeddings", { input = ids }).body).data[1].embedding
+            assert.are.same(r.data[2].embedding, one)
+            local b = json.decode(answer_of(srv, h, 3, "/v1/embeddings", { input = texts[2],
+                encoding_format = "base64" }).body).data[1].embedding
+            local f = ffi.new("float[?]", dim)
+            for d = 1, dim do f[d - 1] = one[d] end
+            local b64 = require("cartridge.embeddings").base64
+            assert.are.equal(b64(ffi.cast("const uint8_t *", f), dim * 4), b)
+            for plain, coded in pairs({ Man = "TWFu", Ma = "TWE=", M = "TQ==" }) do -- RFC 4648's padding
+                assert.are.equal(coded, b64(ffi.cast("const uint8_t *", plain), #plain))
+            end
+            print(("  pooling %s: %d inputs of %d tokens, max |difference| from float64 %.2g; base64 the same bits")
+                :format(pooling, #texts, total, worst))
+            srv:free()
+            m:free()
+        end
+        local srv, h, m = demo_server({ cartridges = {} })
+        if not srv then return pending(h) end
+        local many = {}
+        for i = 1, 257 do many[i] = "x" end
+        local cases = {
+            { { input = "" }, "input is an empty string" },
+            { { input = many }, "input holds 257 items; this server embeds at most 256" },
+            { { input = { 1, m.n_vocab } }, ("input[1] must be a token id in [0, %d)"):format(m.n_vocab) },
+            { { input = 5 }, "input must be a string, a list of strings or token ids" },
+            { { input = "hi", encoding_format = "int8" }, "encoding_format must be" },
+            { { input = "hi", dimensions = 3 }, "dimensions: this model's embeddings have" },
+            { { input = "hi", model = "nope" }, "embeddings come from the bare model" },
+            { { input = string.rep("word ", 300) }, "this server's context (--ctx) holds 256" },
+        }
+        for i, c in ipairs(cases) do
+            local a = answer_of(srv, h, i, "/v1/embeddings", c[1])
+            assert.are.equal(400, a.status, a.body)
+            assert.truthy(a.body:find(c[2], 1, true), a.body)
+        end
+        assert.are.equal(200, answer_of(srv, h, 99, "/health", nil, "GET").status)
+        print(("  %d bad requests refused with a 400 naming the problem"):format(#cases))
         srv:free()
         m:free()
     end)

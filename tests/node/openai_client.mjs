@@ -59,7 +59,15 @@ const lpStream = await client.chat.completions.create({
 for await (const chunk of lpStream) lpStreamed += chunk.choices[0]?.logprobs?.content?.length ?? 0;
 const comp = await client.completions.create({ model, prompt: "Once upon", max_tokens: 4, temperature: 0, logprobs: 2 });
 const echo = await client.completions.create({ model, prompt: "Once upon", max_tokens: 4, temperature: 0, echo: true });
+// embeddings: the client asks for base64 by default and decodes it; the float form must agree
+const embB64 = await client.embeddings.create({ model: "llama", input: ["Lily", "Tom"] });
+const embFloat = await client.embeddings.create({ model: "llama", input: ["Lily", "Tom"], encoding_format: "float" });
 console.log(JSON.stringify({
+  embeddings: {
+    n: embB64.data.length, dim: embB64.data[0].embedding.length,
+    same: embB64.data.every((d, i) => d.embedding.every((x, k) => x === embFloat.data[i].embedding[k])),
+    norm: Math.hypot(...embFloat.data[0].embedding),
+  },
   logprobs: {
     content: lp.choices[0].logprobs.content.map((e) => ({ token: e.token, logprob: e.logprob, top: e.top_logprobs.length })),
     text: lp.choices[0].message.content,
