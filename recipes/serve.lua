@@ -63,6 +63,8 @@ local opts = options.parse(arg, {
         { "max-per-address", type = "int", default = 64, help = "open connections from one client address" },
         { "kv-cache-dir", metavar = "DIR", help = "disk tier: spill idle slots' KV here and adopt it again, across restarts too" },
         { "kv-cache-max", metavar = "SIZE", default = "8G", help = "disk tier: most bytes its files take (K, M, G, T suffixes)" },
+        { "slot-save-path", metavar = "DIR", help = "where POST /slots/{id}?action=save writes a slot's "
+            .. "conversation and action=restore reads one (made if missing; default: saving is off)" },
         { "quiet", type = "boolean", help = "no per-request log lines" },
         { "fleet", metavar = "[NAME=]DIR", help = "serve a fleet directory as the model NAME (default: fleet)" },
         { "budget", type = "int", default = 8, help = "with --fleet: most cartridges mapped at once" },
@@ -126,6 +128,7 @@ local srv = server_mod.new({
     model = m, model_name = model_name, cartridges = carts, http = h, parallel = opts.parallel, ctx = opts.ctx,
     kv = opts.kv, api_key = opts.api_key, parse_special = opts.parse_special, sampling = sampling,
     aliases = opts.alias, default_model = opts.default_model, cors = opts.cors, pooling = opts.pooling,
+    slot_save_path = opts.slot_save_path,
     max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
     queue_limit = opts.queue, kv_cache_dir = opts.kv_cache_dir, kv_cache_max = kv_cache_max, fleet = fleet,
     log = not opts.quiet and function(line) io.stderr:write(line, "\n") end or nil,

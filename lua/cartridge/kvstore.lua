@@ -386,6 +386,45 @@ function Store:match(c, prompt)
     return best, best_n
 end
 
+-- Copies the rows of the first n tokens of the spill file at path into kv,
+-- which holds exactly cartridge c's rows (len p), and sets its len to p + n;
+-- with tokens, the file's must still start with their first n. Everything
+-- is checked first, the checksum of all its bytes included. Returns the
+-- file's description (describe); raises { kind, why } (kind "damaged",
+-- "foreign" or "internal") and leaves kv as it was.
+function Store:load_rows(path, kv, c, n, tokens)
+    local p = c and c.p or 0
+    local f = safetensors.open(path)
+    local ok, err = pcall(function()
+        local d, kind, why = self:describe(f)
+        if not d then error({ kind = kind, why = why }, 0) end
+        local sum = content_hash(f:tensors())
+        if sum ~= f.metadata["kvspill.checksum"] then
+            error({ kind = "damaged", why = ("its bytes do not match its checksum (stored %s, computed %s)"):format(
+                f.metadata["kvspill.checksum"], sum) }, 0)
+        end
+        if d.cart_hash ~= self:hash(c) or n > d.n or tokens and common_prefix(d.tokens, tokens) < n then
+            error({ kind = "damaged", why = "its tokens changed since the directory was read" }, 0)
+        end
+        if kv:len() ~= p or p + n > kv:capacity() or kv:row_bytes(0) ~= self.rows[0].bytes then
+            error({ kind = "internal", why = ("the slot's cache holds %d rows (not the cartridge's %d) or fits "
+                .. "fewer than %d"):format(kv:len(), p, p + n) }, 0)
+        end
+        for l = 0, self.cfg.n_layer - 1 do
+            for which, side in ipairs({ "k", "v" }) do
+                local t = f:tensor(("layers.%d.%s"):format(l, side))
+                local rb = self.rows[l].bytes
+                ffi.copy(kv:raw_rows(l, which - 1) + p * rb, t.data, n * rb)
+            end
+        end
+        kv:set_len(p + n)
+        return d
+    end)
+    f:close()
+    if not ok then error(err, 0) end
+    return err
+end
+
 -- Copies the rows of entry's first n tokens into kv, which holds exactly
 -- the cartridge's rows (len p), and sets its len to p + n. Everything is
 -- checked again first, the checksum of all its bytes included. Returns
@@ -394,36 +433,7 @@ end
 function Store:adopt(entry, kv, c, n)
     local t0 = C.cart_now_seconds()
     local p = c and c.p or 0
-    local function copy()
-        local f = safetensors.open(entry.path)
-        local ok, err = pcall(function()
-            local d, kind, why = self:describe(f)
-            if not d then error({ kind = kind, why = why }, 0) end
-            local sum = content_hash(f:tensors())
-            if sum ~= f.metadata["kvspill.checksum"] then
-                error({ kind = "damaged", why = ("its bytes do not match its checksum (stored %s, computed %s)"):format(
-                    f.metadata["kvspill.checksum"], sum) }, 0)
-            end
-            if d.cart_hash ~= self:hash(c) or n > d.n or common_prefix(d.tokens, entry.tokens) < n then
-                error({ kind = "damaged", why = "its tokens changed since the directory was read" }, 0)
-            end
-            if kv:len() ~= p or p + n > kv:capacity() or kv:row_bytes(0) ~= self.rows[0].bytes then
-                error({ kind = "internal", why = ("the slot's cache holds %d rows (not the cartridge's %d) or fits "
-                    .. "fewer than %d"):format(kv:len(), p, p + n) }, 0)
-            end
-            for l = 0, self.cfg.n_layer - 1 do
-                for which, side in ipairs({ "k", "v" }) do
-                    local t = f:tensor(("layers.%d.%s"):format(l, side))
-                    local rb = self.rows[l].bytes
-                    ffi.copy(kv:raw_rows(l, which - 1) + p * rb, t.data, n * rb)
-                end
-            end
-            kv:set_len(p + n)
-        end)
-        f:close()
-        if not ok then error(err, 0) end
-    end
-    local ok, err = pcall(copy)
+    local ok, err = pcall(self.load_rows, self, entry.path, kv, c, n, entry.tokens)
     if not ok then
         if type(err) ~= "table" then err = { kind = "damaged", why = tostring(err) } end -- safetensors.open's
         if err.kind == "internal" then
@@ -449,6 +459,42 @@ end
 
 function Store:note_miss()
     self.stats.misses = self.stats.misses + 1
+end
+
+-- The tensors and metadata of a spill file holding kv's rows p .. p +
+-- #tokens - 1 (tokens: the ids they hold, after cartridge c's p rows), and
+-- the int32 ids; raises when kv does not hold them.
+function Store:file_parts(c, tokens, kv)
+    local n, h, p = #tokens, self:hash(c), c and c.p or 0
+    if kv:len() < p + n or kv:row_bytes(0) ~= self.rows[0].bytes then
+        error(("the cache holds %d rows, not the %d of its cartridge and tokens"):format(kv:len(), p + n), 0)
+    end
+    local ids = ffi.new("int32_t[?]", math.max(n, 1))
+    for i = 1, n do ids[i - 1] = tokens[i] end
+    local st_dtype = self.dtype == "f32" and "F32" or "F16"
+    local tensors = { { name = "tokens", dtype = "I32", dtype_name = "I32", shape = { n }, data = ids,
+        nbytes = n * 4 } }
+    for l = 0, self.cfg.n_layer - 1 do
+        for which, side in ipairs({ "k", "v" }) do
+            local r = self.rows[l]
+            tensors[#tensors + 1] = { name = ("layers.%d.%s"):format(l, side), dtype = st_dtype,
+                dtype_name = st_dtype, shape = { n, r.heads, r.dims },
+                data = kv:raw_rows(l, which - 1) + p * r.bytes, nbytes = n * r.bytes }
+        end
+    end
+    local served = self.cart_of[h]
+    local meta = {
+        ["kvspill.format"] = kvstore.FORMAT,
+        ["kvspill.version"] = kvstore.VERSION,
+        ["kvspill.model"] = self.model_name,
+        ["kvspill.model_hash"] = self.model_hash,
+        ["kvspill.cartridge"] = served and served.name or "?",
+        ["kvspill.cartridge_hash"] = h,
+        ["kvspill.cartridge_p"] = tostring(p),
+        ["kvspill.dtype"] = self.dtype,
+    }
+    meta["kvspill.checksum"] = content_hash(tensors)
+    return tensors, meta, ids
 end
 
 -- Writes kv's rows p .. p + #tokens - 1 (tokens: the ids they hold, after
@@ -478,37 +524,11 @@ function Store:spill(c, tokens, kv, protect)
         return false
     end
     local ok, err = pcall(function()
-        if kv:len() < p + n or kv:row_bytes(0) ~= self.rows[0].bytes then
-            error(("the cache holds %d rows, not the %d of its cartridge and tokens"):format(kv:len(), p + n), 0)
-        end
-        local ids = ffi.new("int32_t[?]", n)
-        for i = 1, n do ids[i - 1] = tokens[i] end
+        local tensors, meta, ids = self:file_parts(c, tokens, kv)
         local key = h .. " " .. ffi.string(ids, n * 4)
         local name = "kv-" .. cs64(key, #key):sub(6) .. ".safetensors"
         local path = self.dir .. "/" .. name
-        local st_dtype = self.dtype == "f32" and "F32" or "F16"
-        local tensors = { { name = "tokens", dtype = "I32", dtype_name = "I32", shape = { n }, data = ids,
-            nbytes = n * 4 } }
-        for l = 0, self.cfg.n_layer - 1 do
-            for which, side in ipairs({ "k", "v" }) do
-                local r = self.rows[l]
-                tensors[#tensors + 1] = { name = ("layers.%d.%s"):format(l, side), dtype = st_dtype,
-                    dtype_name = st_dtype, shape = { n, r.heads, r.dims },
-                    data = kv:raw_rows(l, which - 1) + p * r.bytes, nbytes = n * r.bytes }
-            end
-        end
         local served = self.cart_of[h]
-        local meta = {
-            ["kvspill.format"] = kvstore.FORMAT,
-            ["kvspill.version"] = kvstore.VERSION,
-            ["kvspill.model"] = self.model_name,
-            ["kvspill.model_hash"] = self.model_hash,
-            ["kvspill.cartridge"] = served and served.name or "?",
-            ["kvspill.cartridge_hash"] = h,
-            ["kvspill.cartridge_p"] = tostring(p),
-            ["kvspill.dtype"] = self.dtype,
-        }
-        meta["kvspill.checksum"] = content_hash(tensors)
         self:evict(data_bytes + 4096, protect) -- the header is a few hundred bytes
         self:make_room(data_bytes + 4096, protect)
         safetensors.write(path, tensors, meta)

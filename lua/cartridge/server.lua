@@ -33,6 +33,7 @@ local json = require("cartridge.json")
 local chat = require("cartridge.chat")
 local sampler_mod = require("cartridge.sampler")
 local logprobs = require("cartridge.logprobs")
+local fs = require("cartridge.fs")
 local toolcall = require("cartridge.toolcall")
 local metrics = require("cartridge.metrics")
 local kvstore = require("cartridge.kvstore")
@@ -234,8 +235,22 @@ function server.new(opts)
             kv = opts.kv or "f16", cartridges = self.cartridges, model_name = self.model_name, log = self.log,
             warn = opts.warn or self.log, exclusive = true })
     end
+    self.kv_dtype, self.warn = opts.kv or "f16", opts.warn or self.log
+    self.slot_save_path = opts.slot_save_path -- /slots/{id}?action=save|restore: cartridge.slots
+    if self.slot_save_path then fs.mkdirs(self.slot_save_path) end
     self:check_names()
     return self
+end
+
+-- The spill-file reader and writer of /slots' save and restore (made on
+-- first use: it hashes the model's weights once).
+function Server:slot_store()
+    if not self.slot_files then
+        self.slot_files = kvstore.open({ dir = self.slot_save_path, max_bytes = math.huge, model = self.m,
+            kv = self.kv_dtype, cartridges = self.cartridges, model_name = self.model_name, log = self.log,
+            warn = self.warn, model_hash = self.store and self.store.model_hash })
+    end
+    return self.slot_files
 end
 
 -- Refuses aliases that are another model's name and a default model that
@@ -1854,7 +1869,10 @@ function Server:on_request(id)
         check_auth(self, req)
         if req.route == "/v1/models" or req.route == "/metrics" then return req.route end
         if utility.ROUTES[req.route] then
-            return { utility = utility.handle(self, req, req.method == "POST" and parse_json(req) or nil) }
+            -- a slot's erase may come without a body, as llama-server takes it
+            local bodyless = req.route == "/slots/{id}" and (req.body or "") == ""
+            return { utility = utility.handle(self, req, req.method == "POST" and not bodyless and parse_json(req)
+                or nil) }
         end
         return self:make_job(id, req)
     end)

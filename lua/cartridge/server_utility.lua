@@ -9,6 +9,7 @@
 --   POST /apply-template            llama-server's: {"messages"} -> {"prompt"}, the chat template applied
 --   GET  /props                     llama-server's: the sampling defaults, slots, context and template
 --   POST /v1/embeddings             OpenAI's: pooled, unit-length hidden states (cartridge.embeddings)
+--   GET  /slots, POST /slots/{id}   llama-server's: the slots; save, restore, erase (cartridge.slots)
 --
 -- Each handler takes the server, the request and its decoded body (nil for
 -- GET) and returns the JSON text of a 200; bad input raises the server's
@@ -29,6 +30,8 @@ utility.ROUTES = {
     ["/apply-template"] = "POST",
     ["/props"] = "GET",
     ["/v1/embeddings"] = "POST",
+    ["/slots"] = "GET",
+    ["/slots/{id}"] = "POST",
 }
 
 -- The route of a path that names one of these, and its model id for
@@ -36,6 +39,8 @@ utility.ROUTES = {
 function utility.route_of(path)
     local id = path:match("^/v1/models/(.+)$") or path:match("^/models/(.+)$")
     if id then return "/v1/models/{id}", id end
+    local slot = path:match("^/slots/([^/]+)$")
+    if slot then return "/slots/{id}", slot end
     if utility.ROUTES[path] then return path end
     if path == "/messages/count_tokens" then return "/v1/messages/count_tokens" end
     return nil
@@ -144,6 +149,14 @@ end
 
 handlers["/v1/embeddings"] = function(srv, _, body)
     return require("cartridge.embeddings").handle(srv, body)
+end
+
+handlers["/slots"] = function(srv)
+    return require("cartridge.slots").list(srv)
+end
+
+handlers["/slots/{id}"] = function(srv, req, body)
+    return require("cartridge.slots").action(srv, req, body)
 end
 
 -- The 200 body of a utility route, or a request error raised.

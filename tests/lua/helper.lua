@@ -160,8 +160,9 @@ end
 -- h.open[id] is true until the request is answered.
 function helper.fake_http()
     local h = { reqs = {}, answers = {}, open = {} }
-    function h:add(id, path, body, method)
-        self.reqs[id] = { id = id, method = method or "POST", path = path, body = body,
+    function h:add(id, target, body, method)
+        local path, query = target:match("^([^?]*)%??(.*)$") -- as cartridge.http splits a request target
+        self.reqs[id] = { id = id, method = method or "POST", path = path, query = query, body = body or "",
             header = function() return nil end }
         self.open[id] = true
     end

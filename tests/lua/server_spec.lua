@@ -32,6 +32,17 @@ local function answer_of(srv, h, id, route, body, method)
     return h.answers[id]
 end
 
+-- A function(method, target, body) sending requests to an in-process
+-- server one after another: the status and the decoded body of each.
+local function caller(srv, h)
+    local n = 0
+    return function(method, target, body)
+        n = n + 1
+        local a = answer_of(srv, h, 1e6 + n, target, body, method)
+        return a.status, json.decode(a.body)
+    end
+end
+
 local DEMO = helper.root .. "/models/default.gguf"
 
 -- An in-process server over helper.fake_http on the embedded demo model,
@@ -1095,12 +1106,7 @@ describe("the utility routes", function()
     it("answer /v1/models/{id}, count_tokens, /tokenize, /detokenize, /apply-template and /props", function()
         local srv, h, m = demo_server({ parallel = 2, sampling = { temperature = 0.5, seed = 9 } })
         if not srv then return pending(h) end
-        local n = 0
-        local function call(method, path, body)
-            n = n + 1
-            local a = answer_of(srv, h, n, path, body, method)
-            return a.status, json.decode(a.body)
-        end
+        local call = caller(srv, h)
         local status, r = call("GET", "/v1/models/default")
         assert.are.equal(200, status)
         assert.are.equal("default", r.id)
@@ -1149,7 +1155,7 @@ describe("the utility routes", function()
             r.default_generation_settings.seed, r.total_slots, r.default_generation_settings.n_ctx })
         status = call("POST", "/props", {})
         assert.are.equal(405, status)
-        print(("  %d utility requests answered as llama-server, Anthropic and OpenAI shape them"):format(n))
+        print("  the utility requests answered as llama-server, Anthropic and OpenAI shape them")
         srv:free()
         m:free()
     end)
@@ -1515,5 +1521,90 @@ describe("POST /v1/embeddings", function()
         print(("  %d bad requests refused with a 400 naming the problem"):format(#cases))
         srv:free()
         m:free()
+    end)
+end)
+
+describe("GET /slots and POST /slots/{id}", function()
+    it("save a slot's conversation, erase it, restore it (reused as after any request), and refuse bad input",
+        function()
+        local dir = tmp .. "/slots"
+        local srv, h, m = demo_server({ slot_save_path = dir })
+        if not srv then return pending(h) end
+        local call = caller(srv, h)
+        local q = { messages = { { role = "user", content = "Once upon a time" } }, max_tokens = 4, temperature = 0 }
+        local _, first = call("POST", "/v1/chat/completions", q)
+        local _, list = call("GET", "/slots")
+        local held = list[1].n_tokens
+        assert.are.same({ 0, false, "default" }, { list[1].id, list[1].is_processing, list[1].model })
+        assert.is_true(held > 0)
+        local status, saved = call("POST", "/slots/0?action=save", { filename = "chat.bin" })
+        assert.are.equal(200, status, json.encode(saved))
+        assert.are.same({ 0, "chat.bin", held }, { saved.id_slot, saved.filename, saved.n_saved })
+        assert.is_true(saved.n_written > 0 and saved.timings.save_ms >= 0)
+        local _, erased = call("POST", "/slots/0?action=erase")
+        assert.are.equal(held, erased.n_erased)
+        assert.are.equal(0, select(2, call("GET", "/slots"))[1].n_tokens)
+        local _, restored = call("POST", "/slots/0?action=restore", { filename = "chat.bin" })
+        assert.are.same({ 0, held, saved.n_written }, { restored.id_slot, restored.n_restored, restored.n_read })
+        -- the same request again: its prompt comes from the restored rows, its reply the same
+        local _, again = call("POST", "/v1/chat/completions", q)
+        assert.are.equal(first.choices[1].message.content, again.choices[1].message.content)
+        assert.are.equal(again.usage.prompt_tokens - 1, again.usage.prompt_tokens_details.cached_tokens)
+        -- bad input: each a 4xx naming the problem; the saved file is never removed
+        local whole = helper.read_file(dir .. "/chat.bin")
+        helper.write_file(dir .. "/cut.bin", whole:sub(1, math.floor(#whole / 2)))
+        helper.write_file(dir .. "/flip.bin", whole:sub(1, -9) .. "\0\1\2\3\4\5\6\7")
+        srv.slots[1].job = {} -- as if busy
+        local cases = {
+            { "/slots/0?action=save", { filename = "x.bin" }, 409, "slot 0 is processing a request" },
+        }
+        for _, c in ipairs(cases) do
+            local st, body = call("POST", c[1], c[2])
+            assert.are.equal(c[3], st)
+            assert.truthy(body.error.message:find(c[4], 1, true), body.error.message)
+        end
+        srv.slots[1].job = nil
+        cases = {
+            { "/slots/7?action=erase", nil, 404, "slot \"7\" does not exist; this server has slots 0 to 0" },
+            { "/slots/0", { filename = "chat.bin" }, 400, "action must be save, restore or erase" },
+            { "/slots/0?action=fly", { filename = "chat.bin" }, 400, "action must be save, restore or erase" },
+            { "/slots/0?action=save", { filename = "../x.bin" }, 400, "must be a plain file name" },
+            { "/slots/0?action=save", { filename = ".hidden" }, 400, "must be a plain file name" },
+            { "/slots/0?action=save", {}, 400, "filename must be a non-empty string" },
+            { "/slots/0?action=restore", { filename = "none.bin" }, 404, "no such saved slot" },
+            { "/slots/0?action=restore", { filename = "cut.bin" }, 400, "cut.bin cannot be restored (damaged)" },
+            { "/slots/0?action=restore", { filename = "flip.bin" }, 400, "do not match its checksum" },
+        }
+        for _, c in ipairs(cases) do
+            local st, body = call("POST", c[1], c[2])
+            assert.are.equal(c[3], st, json.encode(body))
+            assert.truthy(body.error.message:find(c[4], 1, true), body.error.message)
+        end
+        assert.are.equal(whole, helper.read_file(dir .. "/chat.bin"))
+        assert.truthy(helper.exists(dir .. "/cut.bin") and helper.exists(dir .. "/flip.bin"))
+        assert.are.equal(200, answer_of(srv, h, 999, "/health", nil, "GET").status)
+        srv:free()
+        m:free()
+        -- another model's file is foreign; without --slot-save-path, save and restore are off
+        local model = helper.fixture("models/stories260K.gguf")
+        if model then
+            local other = cartridge.model.load(model)
+            local o = require("cartridge.server").new({ model = other, model_name = "stories", http = h, parallel = 1,
+                ctx = 128, slot_save_path = dir })
+            local st, body = caller(o, h)("POST", "/slots/0?action=restore", { filename = "chat.bin" })
+            assert.are.equal(400, st)
+            assert.truthy(body.error.message:find("(foreign): written for another model", 1, true), body.error.message)
+            o:free()
+            other:free()
+        end
+        local bare, h2, m2 = demo_server()
+        local a = answer_of(bare, h2, 1, "/slots/0?action=save", { filename = "x.bin" })
+        assert.are.equal(501, a.status)
+        assert.truthy(a.body:find("needs serve.lua --slot-save-path DIR", 1, true))
+        assert.are.equal(200, answer_of(bare, h2, 2, "/slots/0?action=erase").status)
+        bare:free()
+        m2:free()
+        print(("  %d tokens saved (%d bytes), erased, restored and reused; %d bad requests refused, no file removed")
+            :format(held, saved.n_written, #cases + 1))
     end)
 end)
