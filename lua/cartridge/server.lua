@@ -33,6 +33,7 @@ local json = require("cartridge.json")
 local chat = require("cartridge.chat")
 local sampler_mod = require("cartridge.sampler")
 local logprobs = require("cartridge.logprobs")
+local choices = require("cartridge.choices")
 local fs = require("cartridge.fs")
 local toolcall = require("cartridge.toolcall")
 local metrics = require("cartridge.metrics")
@@ -183,7 +184,7 @@ function server.new(opts)
     self.m = opts.model
     self.tok = self.m:tokenizer()
     self.template = chat.for_model(self.m)
-    self.http = opts.http
+    self.http = opts.http and choices.wrap(opts.http) -- several choices of a request merge there
     self.cartridges = opts.cartridges or {}
     self.model_name = opts.model_name
     self.api_key = opts.api_key
@@ -216,7 +217,8 @@ function server.new(opts)
     self.log = opts.log or function() end
     self.created = os.time()
     self.queue = {}   -- jobs waiting for a slot
-    self.jobs = {}    -- request id -> job
+    self.jobs = {}    -- request id (or a choice's id) -> job
+    self.groups = {}  -- request id -> its choices' jobs, when it has several (cartridge.choices)
     self.counter = 0
     local max_p = 0
     for _, c in pairs(self.cartridges) do max_p = math.max(max_p, c.p) end
@@ -350,9 +352,6 @@ function Server:common_options(body)
     if o.repeat_last_n == -1 then o.repeat_last_n = self.ctx end
     -- a negative seed is taken as its two's complement, as a C cast would
     o.seed = integer_field(body, "seed", INT64_MIN, UINT64_END, d.seed, nil, true)
-    if body.n ~= nil and body.n ~= json.null and body.n ~= 1 then
-        reject(400, ("only n = 1 is supported; got %s"):format(shown(body.n, body, "n")), "n")
-    end
     local stop = body.stop
     o.stop = {}
     if type(stop) == "string" then
@@ -1248,13 +1247,36 @@ local function refuse_unhonoured(route, body)
     end
 end
 
--- Builds a job from a request, or raises a RequestError.
-function Server:make_job(id, req)
+-- Builds the jobs of a request: one, or (several choices) { group = the
+-- child jobs } answering it together (cartridge.choices). Raises a
+-- RequestError.
+function Server:make_jobs(id, req)
     local route = req.route or req.path
     local body = parse_json(req)
+    local list = choices.expand(route, body, { reject = reject, shown = shown, slots = #self.slots,
+        seed = self.sampling.seed, n_vocab = self.m.n_vocab })
+    if not list then return self:make_job(id, req, body) end
+    local n = 0
+    for _, c in ipairs(list) do n = math.max(n, c.j + 1) end
+    local ids = choices.group(self.http, id, #list, n, function() self.groups[id] = nil end)
+    local jobs = {}
+    for i, c in ipairs(list) do
+        local b = {}
+        for k, v in pairs(body) do b[k] = v end
+        b.n, b.seed = nil, c.seed
+        if c.prompt then b.prompt = c.prompt end
+        jobs[i] = self:make_job(ids[i], req, b)
+    end
+    return { group = jobs }
+end
+
+-- Builds a job from a request (body: its decoded JSON), or raises a
+-- RequestError.
+function Server:make_job(id, req, body)
+    local route = req.route or req.path
     refuse_unhonoured(route, body)
     local cart, name = self:pick(body)
-    local kind, text, tools, list, plain
+    local kind, text, tools, list, plain, given_ids
     local o
     if route == "/v1/messages" then o = self:messages_options(body)
     elseif route == "/v1/responses" then o = self:responses_options(body)
@@ -1293,18 +1315,19 @@ function Server:make_job(id, req)
         text, plain = rendered .. (tools and tools.prefill or ""), spans
     else
         kind = "text"
-        local prompt = body.prompt
-        if type(prompt) == "table" and #prompt == 1 and type(prompt[1]) == "string" then prompt = prompt[1] end
-        if type(prompt) ~= "string" then
-            reject(400, "prompt must be a string; got " .. shown(prompt, body, "prompt"), "prompt")
+        local prompt = choices.prompts(body.prompt, { reject = reject, shown = shown, n_vocab = self.m.n_vocab },
+            body)[1]
+        if type(prompt) == "table" then -- token ids: the text they spell, for echo
+            given_ids, prompt = prompt, self.tok:decode(prompt)
+        else
+            check_utf8(prompt, "prompt")
         end
-        check_utf8(prompt, "prompt")
         text = prompt
         list = { { role = "user", content = prompt } }
     end
     -- the template's markers are special tokens; what the client wrote is
     -- text (its "<|im_start|>" cannot open a turn) unless --parse-special
-    local ids = self.tok:encode(text, { special = kind ~= "text", add_special = cart == nil,
+    local ids = given_ids or self.tok:encode(text, { special = kind ~= "text", add_special = cart == nil,
         plain = not self.parse_special and plain or nil })
     local what = kind == "text" and "prompt" or kind == "responses" and "input" or "messages"
     if #ids == 0 then reject(400, "the prompt is empty", what) end
@@ -1874,7 +1897,7 @@ function Server:on_request(id)
             return { utility = utility.handle(self, req, req.method == "POST" and not bodyless and parse_json(req)
                 or nil) }
         end
-        return self:make_job(id, req)
+        return self:make_jobs(id, req)
     end)
     if not ok then
         if getmetatable(job) == RequestError then
@@ -1892,15 +1915,25 @@ function Server:on_request(id)
     for _, slot in ipairs(self.slots) do
         if not slot.job then free = free + 1 end
     end
-    if #self.queue >= self.queue_limit + free then
+    local list = job.group or { job }
+    if #self.queue + #list > self.queue_limit + free then
+        if job.group then choices.forget(self.http, list[1].id) end
         return fail_with(429, ("The server is busy (%d requests waiting); retry later."):format(#self.queue),
             "rate_limit_error", nil, "queue_full", { ["Retry-After"] = "1" })
     end
-    self.jobs[id] = job
-    self.queue[#self.queue + 1] = job
+    if job.group then self.groups[id] = list end
+    for _, j in ipairs(list) do
+        self.jobs[j.id] = j
+        self.queue[#self.queue + 1] = j
+    end
 end
 
 function Server:on_closed(id)
+    if self.groups[id] then -- every choice of the request
+        for _, child in ipairs(self.groups[id]) do self:on_closed(child.id) end
+        self.groups[id] = nil
+        return
+    end
     local job = self.jobs[id]
     if not job then return end
     self:dequeue(job)

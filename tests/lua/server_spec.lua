@@ -262,7 +262,7 @@ describe("serve.lua", function()
             { "POST", "/v1/chat/completions", chat_body({ messages = msgs, max_tokens = "ten" }), 400, "max_tokens" },
             { "POST", "/v1/chat/completions", chat_body({ messages = msgs, max_tokens = 100000 }), 400, "limit" },
             { "POST", "/v1/chat/completions", chat_body({ messages = msgs, temperature = 9 }), 400, "temperature" },
-            { "POST", "/v1/chat/completions", chat_body({ messages = msgs, n = 2 }), 400, "n = 1" },
+            { "POST", "/v1/chat/completions", chat_body({ messages = msgs, n = 3 }), 400, "n must be an integer in [1, 2]" },
             { "POST", "/v1/chat/completions", chat_body({ messages = msgs, stop = { 1 } }), 400, "stop" },
             { "POST", "/v1/chat/completions", chat_body({ messages = msgs, model = "zzz" }), 404, "does not exist" },
             { "POST", "/v1/chat/completions", chat_body({ messages = { { role = "user", content = ("word "):rep(3000) } } }),
@@ -326,7 +326,7 @@ describe("serve.lua", function()
             frequency_penalty = num_in(-2, 2), presence_penalty = num_in(-2, 2),
             repeat_penalty = function(v) return v == json.null or type(v) == "number" and v > 0 and v <= 100 end,
             repeat_last_n = int_in(-1, 1048576),
-            n = function(v) return v == json.null or v == 1 end,
+            n = int_in(1, 2), -- up to the server's 2 slots
             stop = function(v) return v == json.null or type(v) == "string" or v == EMPTY end,
             stream = function(v) return v == json.null or v == true end,
             stream_options = function(v) return v == json.null or v == OBJ end,
@@ -374,8 +374,9 @@ describe("serve.lua", function()
             local valid = type(v[2]) == "string" and v[2] ~= HUGE
             expect("/v1/chat/completions", ('{"max_tokens":2,"messages":[{"role":"user","content":%s}]}'):format(v[1]),
                 (valid or v[2] == EMPTY) and 200 or 400, "messages", "content=" .. v[1]:sub(1, 40))
-            expect("/v1/completions", ('{"max_tokens":2,"prompt":%s}'):format(v[1]), valid and 200 or 400, "prompt",
-                "prompt=" .. v[1]:sub(1, 40))
+            -- a prompt may also be token ids ([1,2])
+            expect("/v1/completions", ('{"max_tokens":2,"prompt":%s}'):format(v[1]), (valid or v[2] == ARR) and 200
+                or 400, "prompt", "prompt=" .. v[1]:sub(1, 40))
             expect("/v1/chat/completions", ('{"max_tokens":2,"messages":%s}'):format(v[1]), 400, "messages",
                 "messages=" .. v[1]:sub(1, 40))
         end
@@ -534,6 +535,8 @@ wait]]):format(helper.q(tmp .. "/tools.json"), url, url)))
         assert.are.equal(4, #lp.completion.tokens)
         assert.are.equal(lp.completion.text, table.concat(lp.completion.tokens))
         assert.are.equal("Once upon" .. lp.echo_of, lp.echo)
+        assert.are.same({ 0, 1 }, r.two.indexes)
+        assert.are.same(r.two.texts, r.two.streamed)
         assert.are.same({ 2, true }, { r.embeddings.n, r.embeddings.same })
         assert.is_true(r.embeddings.dim > 0 and math.abs(r.embeddings.norm - 1) < 1e-5)
         print(("  openai client: %q, %d stream chunks; logprobs of %q: %s"):format(r.text, r.chunks, lp.text,
@@ -1606,5 +1609,106 @@ describe("GET /slots and POST /slots/{id}", function()
         m2:free()
         print(("  %d tokens saved (%d bytes), erased, restored and reused; %d bad requests refused, no file removed")
             :format(held, saved.n_written, #cases + 1))
+    end)
+end)
+
+describe("several choices: n and prompt arrays", function()
+    it("gives choice j the tokens of a single request with seed + j, merged in index order, streamed too", function()
+        local srv, h, m = demo_server({ parallel = 3 })
+        if not srv then return pending(h) end
+        local call = caller(srv, h)
+        local msgs = { { role = "user", content = "Once upon" } }
+        local function fresh() for _, slot in ipairs(srv.slots) do slot.loaded = false end end
+        local status, r = call("POST", "/v1/chat/completions", { messages = msgs, max_tokens = 6, n = 3, seed = 5,
+            temperature = 1 })
+        assert.are.equal(200, status, json.encode(r))
+        assert.are.equal(3, #r.choices)
+        local singles = {}
+        for j = 0, 2 do
+            assert.are.equal(j, r.choices[j + 1].index)
+            fresh()
+            local _, one = call("POST", "/v1/chat/completions", { messages = msgs, max_tokens = 6, seed = 5 + j,
+                temperature = 1 })
+            singles[j + 1] = one.choices[1].message.content
+            assert.are.equal(singles[j + 1], r.choices[j + 1].message.content)
+        end
+        assert.is_true(r.usage.completion_tokens >= 3 and r.usage.total_tokens == r.usage.prompt_tokens
+            + r.usage.completion_tokens)
+        -- streamed: each chunk one choice with its index, one id, the usage summed once, one [DONE]
+        fresh()
+        local a = answer_of(srv, h, 50, "/v1/chat/completions", { messages = msgs, max_tokens = 6, n = 3, seed = 5,
+            temperature = 1, stream = true, stream_options = { include_usage = true } })
+        local text, ids, done, usage = { "", "", "" }, {}, 0, nil
+        for data in a.body:gmatch("data: ([^\n]+)") do
+            if data == "[DONE]" then done = done + 1
+            else
+                local chunk = json.decode(data)
+                ids[chunk.id] = true
+                if #chunk.choices == 0 then usage = chunk.usage
+                else
+                    local c = chunk.choices[1]
+                    text[c.index + 1] = text[c.index + 1] .. (c.delta.content or "")
+                end
+            end
+        end
+        assert.are.same(singles, text)
+        assert.are.equal(1, done)
+        local n_ids = 0
+        for _ in pairs(ids) do n_ids = n_ids + 1 end
+        assert.are.equal(1, n_ids)
+        assert.are.same({ r.usage.prompt_tokens, r.usage.completion_tokens }, { usage.prompt_tokens,
+            usage.completion_tokens })
+        print(("  n = 3: %q, %q, %q; streamed alike under one id"):format(singles[1], singles[2], singles[3]))
+        srv:free()
+        m:free()
+    end)
+
+    it("answers a completions prompt array (strings or token ids) as one request per prompt and choice", function()
+        local srv, h, m = demo_server({ parallel = 2, sampling = { temperature = 0 } })
+        if not srv then return pending(h) end
+        local call = caller(srv, h)
+        local prompts = { "Once upon", "The dog" }
+        local _, r = call("POST", "/v1/completions", { prompt = prompts, max_tokens = 4, n = 2 })
+        assert.are.equal(4, #r.choices)
+        local tokens = 0
+        for i, p in ipairs(prompts) do
+            for _, slot in ipairs(srv.slots) do slot.loaded = false end
+            local _, one = call("POST", "/v1/completions", { prompt = p, max_tokens = 4 })
+            tokens = tokens + one.usage.prompt_tokens
+            for j = 0, 1 do
+                local c = r.choices[(i - 1) * 2 + j + 1]
+                assert.are.equal((i - 1) * 2 + j, c.index)
+                assert.are.equal(one.choices[1].text, c.text) -- greedy: every choice alike
+            end
+        end
+        assert.are.equal(tokens, r.usage.prompt_tokens)
+        -- token ids are the same prompt
+        local ids = srv.tok:encode(prompts[1], { add_special = true })
+        local _, by_ids = call("POST", "/v1/completions", { prompt = ids, max_tokens = 4 })
+        local _, by_lists = call("POST", "/v1/completions", { prompt = { ids, ids }, max_tokens = 4 })
+        assert.are.equal(r.choices[1].text, by_ids.choices[1].text)
+        assert.are.same({ r.choices[1].text, r.choices[1].text }, { by_lists.choices[1].text, by_lists.choices[2].text })
+        local cases = {
+            { "/v1/chat/completions", { messages = { { role = "user", content = "hi" } }, n = 3 },
+                "n must be an integer in [1, 2]" },
+            { "/v1/chat/completions", { messages = { { role = "user", content = "hi" } }, n = 1.5 }, "n must be" },
+            { "/v1/completions", { prompt = {} }, "prompt must be a string, a list of strings" },
+            { "/v1/completions", { prompt = { "a", 5 } }, "prompt[1] must be a string or a non-empty list of token ids" },
+            { "/v1/completions", { prompt = { { 1, m.n_vocab } } }, ("prompt[0][1] must be a token id in [0, %d)")
+                :format(m.n_vocab) },
+            { "/v1/completions", { prompt = { "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o",
+                "p", "q", "r", "s", "t", "u", "v", "w", "x", "y", "z", "a1", "b1", "c1", "d1", "e1", "f1", "g1" }, n = 2 },
+                "33 prompts x n = 2 is 66 choices; a request may ask for at most 64" },
+        }
+        for i, c in ipairs(cases) do
+            local st, body = call("POST", c[1], c[2])
+            assert.are.equal(400, st, json.encode(body))
+            assert.truthy(body.error.message:find(c[3], 1, true), body.error.message)
+        end
+        assert.are.equal(200, call("GET", "/health"))
+        print(("  2 prompts x n = 2: 4 choices in order; ids and lists of ids alike; %d bad requests refused")
+            :format(#cases))
+        srv:free()
+        m:free()
     end)
 end)

@@ -59,10 +59,18 @@ const lpStream = await client.chat.completions.create({
 for await (const chunk of lpStream) lpStreamed += chunk.choices[0]?.logprobs?.content?.length ?? 0;
 const comp = await client.completions.create({ model, prompt: "Once upon", max_tokens: 4, temperature: 0, logprobs: 2 });
 const echo = await client.completions.create({ model, prompt: "Once upon", max_tokens: 4, temperature: 0, echo: true });
+// n = 2: two choices in one answer, and streamed
+const two = await client.chat.completions.create({ model, messages, max_tokens: 4, n: 2, seed: 3, temperature: 1 });
+const twoStreamed = ["", ""];
+const twoStream = await client.chat.completions.create({
+  model, messages, max_tokens: 4, n: 2, seed: 3, temperature: 1, stream: true,
+});
+for await (const chunk of twoStream) for (const c of chunk.choices) twoStreamed[c.index] += c.delta?.content ?? "";
 // embeddings: the client asks for base64 by default and decodes it; the float form must agree
 const embB64 = await client.embeddings.create({ model: "llama", input: ["Lily", "Tom"] });
 const embFloat = await client.embeddings.create({ model: "llama", input: ["Lily", "Tom"], encoding_format: "float" });
 console.log(JSON.stringify({
+  two: { texts: two.choices.map((c) => c.message.content), indexes: two.choices.map((c) => c.index), streamed: twoStreamed },
   embeddings: {
     n: embB64.data.length, dim: embB64.data[0].embedding.length,
     same: embB64.data.every((d, i) => d.embedding.every((x, k) => x === embFloat.data[i].embedding[k])),
