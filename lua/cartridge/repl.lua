@@ -6,7 +6,9 @@
 --                   values printed; otherwise the line runs as statements
 --   statements      run; a chunk that is incomplete (its compile error ends in
 --                   '<eof>') keeps reading lines with the ">> " prompt
---   Ctrl-C          interrupts running code, or drops the lines typed so far
+--   Ctrl-C          interrupts running code (typed code runs in the interpreter,
+--                   so even a runaway loop stops), or drops the lines typed
+--                   so far
 --   Ctrl-D          (end of input) exits
 --   Tab             completes globals, fields (cartridge.mo<Tab>) and methods
 --                   (m:for<Tab>) from the live values
@@ -29,7 +31,8 @@
 -- traceback) and the REPL goes on.
 --
 -- When stdin is a terminal, lines come from libedit's readline() with history
--- in $CARTRIDGE_HISTORY or ~/.cartridge_history (skipped silently when it
+-- in $CARTRIDGE_HISTORY or ~/.cartridge_history, written after every line
+-- (skipped silently when it
 -- cannot be read or written, or HOME is unset). Otherwise lines come from
 -- io.read, with no banner and no prompts, so a pipe can drive it:
 --   printf '=1+2\n' | cartridge        --> 3
@@ -272,6 +275,8 @@ local function readline_reader(lib, path)
         ffi.C.free(p)
         if line:match("%S") then
             lib.add_history(line)
+            -- saved at once: a session that dies keeps what was typed
+            if path then pcall(lib.write_history, path) end
         end
         return line
     end
@@ -461,6 +466,10 @@ local function compile(buffer, env)
         end
     end
     setfenv(fn, env)
+    -- typed code runs in the interpreter, which runs the host's Ctrl-C hook
+    -- (compiled traces never do): a runaway loop typed here can always be
+    -- stopped, and the session goes on
+    jit.off(fn, true)
     return fn
 end
 
@@ -519,6 +528,7 @@ function M.run(opts)
         io.stdout:write(s)
     end
     local write_error = opts.write_error or (opts.write and write) or function(s)
+        io.stdout:flush() -- what the code printed before it failed comes first
         io.stderr:write(s)
     end
 

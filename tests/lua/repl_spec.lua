@@ -246,3 +246,32 @@ describe("repl completion and help", function()
         assert.are.equal("a number: 3", repl.help_text(3))
     end)
 end)
+
+describe("the REPL in a terminal (script(1) gives it a pty)", function()
+    it("stops a runaway loop at Ctrl-C and goes on, saves history after every line, prints output before errors",
+        function()
+        local helper = require("helper")
+        if not helper.exists(helper.bin) then return pending("build/cartridge not built") end
+        if os.execute("command -v script >/dev/null 2>&1") ~= 0 then
+            return pending("script(1) (util-linux) is not installed")
+        end
+        local dir = helper.tmpdir()
+        local hist = dir .. "/history"
+        -- keystrokes with pauses: the loop runs a second before Ctrl-C (\003); the history is copied while
+        -- the session still runs; Ctrl-D (\004) ends it
+        local keys = ("(sleep 0.5; printf 'x = 0\\n'; sleep 0.3; printf 'while true do x = x + 1 end\\n'; sleep 1; "
+            .. "printf '\\003'; sleep 0.5; printf '=x > 0\\n'; sleep 0.3; cp %s %s/mid; "
+            .. "printf 'io.write(\"before\") error(\"boom\")\\n'; sleep 0.5; printf '\\004')"):format(helper.q(hist),
+            helper.q(dir))
+        local rc, out = helper.run(("%s | CARTRIDGE_HISTORY=%s timeout 30 script -qfec %s /dev/null"):format(keys,
+            helper.q(hist), helper.q(helper.bin)))
+        local mid = helper.read_file(dir .. "/mid") or ""
+        helper.rmdir(dir)
+        assert.are.equal(0, rc, out) -- 124: the loop never stopped
+        assert.truthy(out:find("interrupted", 1, true), out)
+        assert.truthy(out:find("=x > 0\r?\ntrue"), out) -- the session went on, with its globals
+        assert.truthy(out:find("beforestdin:1: boom", 1, true), out) -- buffered output first
+        assert.truthy(mid:find("while\\040true", 1, true), mid) -- on disk before the session ended
+        print("  a runaway loop stopped by Ctrl-C, the session kept; the history on disk while it ran")
+    end)
+end)
