@@ -1238,7 +1238,43 @@ local UNHONOURED = {
     },
 }
 
+-- The fields each route reads. Any other is refused by name: a field this
+-- server does not know would otherwise be ignored without a word. "user"
+-- (an end user's id) and Anthropic's "metadata" change no output, and
+-- "store" is taken only when it asks for nothing.
+local function fields(list)
+    local t = {}
+    for name in list:gmatch("%S+") do t[name] = true end
+    return t
+end
+local SAMPLING = "model max_tokens temperature top_p top_k min_p seed stop stream stream_options n logprobs "
+    .. "logit_bias frequency_penalty presence_penalty repeat_penalty repeat_last_n response_format user "
+local KNOWN = {
+    ["/v1/chat/completions"] = fields(SAMPLING .. "messages max_completion_tokens top_logprobs tools tool_choice "
+        .. "parallel_tool_calls store"),
+    ["/v1/completions"] = fields(SAMPLING .. "prompt echo best_of suffix"),
+    ["/v1/responses"] = fields("model input instructions max_output_tokens temperature top_p stream metadata text "
+        .. "tools tool_choice parallel_tool_calls previous_response_id include top_logprobs user store"),
+    ["/v1/messages"] = fields("model messages system max_tokens temperature top_p top_k stop_sequences stream tools "
+        .. "tool_choice metadata thinking"),
+}
+
 local function refuse_unhonoured(route, body)
+    local known = KNOWN[route]
+    if known then
+        local unknown = {}
+        for k in pairs(body) do
+            if not known[k] then unknown[#unknown + 1] = tostring(k) end
+        end
+        table.sort(unknown)
+        if unknown[1] then
+            reject(400, ("%s: %s does not know this field, and would ignore it; leave it out"):format(unknown[1],
+                route), unknown[1])
+        end
+        if asks(body.store) then
+            reject(400, "store: this server stores no responses; leave it out or set it to false", "store")
+        end
+    end
     for _, f in ipairs(UNHONOURED[route] or {}) do
         if f[2](body[f[1]]) then
             reject(400, ("%s: this server does not support it yet (its replies would silently lack it); leave "

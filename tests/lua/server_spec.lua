@@ -1098,8 +1098,31 @@ describe("fields the server does not honour", function()
                 assert.are.equal(200, a.status, a.body)
             end
         end
-        print(("  %d requests: the 3 that ask for an unhonoured field refused by name, the 2 at off values served")
-            :format(#cases))
+        -- a field no route reads is refused by name, never ignored; inert ones pass
+        local chat = chat_req
+        local unknown = {
+            { "/v1/chat/completions", chat({ mirostat = 2 }), "mirostat" },
+            { "/v1/chat/completions", chat({ typical_p = 0.5, user = "u1" }), "typical_p" },
+            { "/v1/completions", text({ grammar = "root ::= \"a\"" }), "grammar" },
+            { "/v1/responses", { input = "hi", max_output_tokens = 1, reasoning = { effort = "low" } }, "reasoning" },
+            { "/v1/messages", { messages = { { role = "user", content = "hi" } }, max_tokens = 1, top_k = 2,
+                service_tier = "auto" }, "service_tier" },
+            { "/v1/chat/completions", chat({ store = true }), "store" },
+        }
+        for i, case in ipairs(unknown) do
+            local a = answer_of(srv, h, 100 + i, case[1], case[2])
+            assert.are.equal(400, a.status, a.body)
+            assert.truthy(a.body:find(case[3] .. ":", 1, true), a.body)
+        end
+        for i, case in ipairs({
+            { "/v1/chat/completions", chat({ user = "u1", store = false }) },
+            { "/v1/messages", { messages = { { role = "user", content = "hi" } }, max_tokens = 1,
+                metadata = { user_id = "u1" } } },
+        }) do
+            assert.are.equal(200, answer_of(srv, h, 200 + i, case[1], case[2]).status)
+        end
+        print(("  %d requests: the 3 that ask for an unhonoured field refused by name, the 2 at off values served; "
+            .. "%d with a field no route reads refused by name"):format(#cases, #unknown))
         srv:free()
         m:free()
     end)
