@@ -78,8 +78,7 @@ local function describe()
     if #loaded == 0 then return "no cartridge (the bare model)" end
     local names = {}
     for i, l in ipairs(loaded) do names[i] = ("%s (%d rows)"):format(l.path:match("[^/]+$"), l.cart.p) end
-    local bytes = 0
-    for l = 0, m.config.n_layer - 1 do bytes = bytes + 2 * P * kv:row_bytes(l) end
+    local bytes = m:kv_bytes(P, opts.kv)
     return ("cartridge%s %s: %d KV rows, %s in the %s cache"):format(#loaded > 1 and "s" or "",
         table.concat(names, " + "), P, cartridge.fmt.bytes(bytes), opts.kv)
 end

@@ -74,6 +74,13 @@ local m = cartridge.model.load(defaults.pick_model(opts.model))
 local tok = m:tokenizer()
 local V = m.n_vocab
 
+-- The width of a table's first column: its longest arm name, at least 46.
+local function name_width(arms)
+    local w = 46
+    for _, a in ipairs(arms) do w = math.max(w, #a.name) end
+    return w
+end
+
 local function concat_ids(a, b)
     local out = {}
     for i = 1, #a do out[i] = a[i] end
@@ -124,8 +131,7 @@ end
 -- Question answering: exact-match accuracy of greedy answers
 
 -- bytes of K and V rows per position at f16, as a serving cache holds them
-local row_bytes = 0 -- one position's K and V over every layer, f16
-for _, g in ipairs(m.layers) do row_bytes = row_bytes + 2 * g.n_head_kv * g.head_dim * 2 end
+local row_bytes = m:kv_bytes(1, "f16") -- one position's K and V over every layer, as the cache holds them
 
 if opts.qa then
     local facts = require("cartridge.facts")
@@ -155,7 +161,8 @@ if opts.qa then
         end
     end
     print(("questions: %d from %s (%s); model %s"):format(#qa, opts.qa, table.concat(sets, ", "), m.path))
-    local head = { ("%-46s %8s %10s"):format("arm", "KV rows", "KV bytes") }
+    local w = name_width(arms)
+    local head = { ("%-" .. w .. "s %8s %10s"):format("arm", "KV rows", "KV bytes") }
     for _, set in ipairs(sets) do head[#head + 1] = ("%14s"):format(set) end
     print(table.concat(head, " "))
     local rows_out = {}
@@ -171,7 +178,8 @@ if opts.qa then
             if #sets == 1 then out.right, out.total, out.answers = right, total, replies end
         end
         out.kv_rows, out.kv_bytes = a.rows, a.rows * row_bytes
-        print(("%-46s %8d %10s %s"):format(a.name, a.rows, fmt.bytes(a.rows * row_bytes), table.concat(cols, " ")))
+        print(("%-" .. w .. "s %8d %10s %s"):format(a.name, a.rows, fmt.bytes(a.rows * row_bytes),
+            table.concat(cols, " ")))
         rows_out[#rows_out + 1] = out
     end
     print(("(%.1f s)"):format(C.cart_now_seconds() - started))
@@ -288,7 +296,8 @@ end
 local bare, icl = arms[1], corpus and arms[#arms] or nil
 local rows_out = {}
 print(("held-out: %d texts, %d scored tokens; model %s"):format(#scored, n_tokens, m.path))
-print(("%-46s %8s %10s %10s %14s"):format("arm", "KV rows", "KV bytes", "NLL/token", "gap recovered"))
+local w = name_width(arms)
+print(("%-" .. w .. "s %8s %10s %10s %14s"):format("arm", "KV rows", "KV bytes", "NLL/token", "gap recovered"))
 local gap_note
 if not icl then
     gap_note = "gap recovered needs an ICL arm: pass --corpus"
@@ -302,7 +311,7 @@ for _, a in ipairs(arms) do
     if a ~= bare and a ~= icl then
         gap = gap_note and "n/a" or ("%.0f%%"):format(100 * (bare.nll - a.nll) / (bare.nll - icl.nll))
     end
-    print(("%-46s %8d %10s %10.4f %14s"):format(a.name, a.rows, fmt.bytes(a.rows * row_bytes), a.nll, gap))
+    print(("%-" .. w .. "s %8d %10s %10.4f %14s"):format(a.name, a.rows, fmt.bytes(a.rows * row_bytes), a.nll, gap))
     rows_out[#rows_out + 1] = { arm = a.name, kv_rows = a.rows, kv_bytes = a.rows * row_bytes, nll = a.nll }
 end
 if gap_note and #opts.load > 0 then print("note: " .. gap_note) end

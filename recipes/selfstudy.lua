@@ -511,7 +511,8 @@ save_final(opts.steps)
 os.remove(metrics_live)
 print("cartridge saved to " .. opts.save)
 if opts.ask then
-    print(("cartridge: p = %d rows/layer x %d layers, %s"):format(c.p, c.n_layer, cartridge.fmt.bytes(c:bytes())))
+    print(("cartridge: p = %d rows/layer x %d layers, %s of f16 KV served (%s as trained and saved, f32)"):format(
+        c.p, c.n_layer, cartridge.fmt.bytes(m:kv_bytes(c.p, "f16")), cartridge.fmt.bytes(c:bytes())))
     serve.print_three({ model = m, cartridge = c, question = opts.ask, expected = opts.expect, max_a = opts.max_a,
         corpus = corpus,
         icl_max = opts.icl_max })

@@ -142,6 +142,14 @@ function Model:tokenizer()
 end
 
 -- A new empty KV cache: capacity rows, dtype "f16" (default) or "f32".
+-- The bytes `rows` KV rows take in a cache of dtype ("f16" or "f32"), K and
+-- V over every layer: the one figure every recipe prints for KV memory.
+function Model:kv_bytes(rows, dtype)
+    local per_row = 0
+    for _, g in ipairs(self.layers) do per_row = per_row + 2 * g.n_head_kv * g.head_dim end
+    return rows * per_row * (dtype == "f32" and 4 or 2)
+end
+
 function Model:new_kv(capacity, dtype)
     local id = (dtype or "f16") == "f32" and C.CART_F32 or C.CART_F16
     if dtype and dtype ~= "f16" and dtype ~= "f32" then

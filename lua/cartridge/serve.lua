@@ -101,7 +101,8 @@ end
 
 -- Prints the three answers one under the other: the cartridge's, the bare
 -- model's, and the one with the corpus in context, each under a header line
--- with its KV rows and speed.
+-- with its KV rows in front of the question's turn (the cartridge's p; the
+-- corpus's system block) and speed.
 -- opts: model, cartridge, cartridge_path, question, max_a, corpus (optional),
 -- icl_max, speculative (optional), spec_label (text after "KV rows"),
 -- grammar (optional: every answer a document of it).
@@ -128,12 +129,14 @@ function serve.print_three(opts)
         local text, _, truncated = serve.icl_text(opts.corpus, tok, opts.icl_max or 4096)
         icl = serve.answer({ model = m, question = opts.question, max_a = opts.max_a, system = text,
             grammar = opts.grammar })
+        -- rows in front of the question's turn, as the cartridge's p and
+        -- report.lua's ICL arm count them (facts.accuracy): the system block
+        local rows = icl.prompt_tokens - icl.question_tokens
         if truncated then
             print(("[ICL, %d KV rows — %.1fx the cartridge; corpus TRUNCATED from %d tokens]%s"):format(
-                icl.prompt_tokens, icl.prompt_tokens / c.p, opts.corpus.n_tokens, verdict(icl)))
+                rows, rows / c.p, opts.corpus.n_tokens, verdict(icl)))
         else
-            print(("[ICL, %d KV rows — %.1fx the cartridge]%s"):format(icl.prompt_tokens, icl.prompt_tokens / c.p,
-                verdict(icl)))
+            print(("[ICL, %d KV rows — %.1fx the cartridge]%s"):format(rows, rows / c.p, verdict(icl)))
         end
         print(icl.text)
     end
