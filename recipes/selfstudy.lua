@@ -203,8 +203,9 @@ else
     end
     if opts.init == "spread" then
         if dist.root() then selfstudy.init_spread(m, c, all) end
-        print(("cartridge initialized from %d of the corpus's %d tokens, spread evenly: p = %d rows/layer x %d layers")
-            :format(c.p, #all, c.p, c.n_layer))
+        print(("cartridge initialized from %d of the %d rows of the corpus in context (its %d tokens in a system "
+            .. "message), spread evenly: p = %d rows/layer x %d layers"):format(c.p, #all, corpus.n_tokens, c.p,
+            c.n_layer))
     elseif (opts.init == "evict" or opts.init == "compact") and #all > c.p then
         local info = { seconds = 0, error = 0 }
         if dist.root() then
@@ -212,9 +213,10 @@ else
             info = compact.fill(m, c, all, compact.reread_ids(tok, template, corpus.text),
                 opts.init == "compact" and "match" or "evict")
         end
-        print(("cartridge initialized by %s from the corpus's %d tokens: p = %d rows/layer x %d layers, in %.1f s "
-            .. "(attention output error on re-reading %.3f)"):format(opts.init == "compact" and "attention matching"
-            or "eviction", #all, c.p, c.n_layer, info.seconds, info.error))
+        print(("cartridge initialized by %s from the %d rows of the corpus in context (its %d tokens in a system "
+            .. "message): p = %d rows/layer x %d layers, in %.1f s (attention output error on re-reading %.3f)")
+            :format(opts.init == "compact" and "attention matching" or "eviction", #all, corpus.n_tokens, c.p,
+            c.n_layer, info.seconds, info.error))
     else
         if dist.root() then c:capture(m, ids) end
         print(("cartridge initialized from the corpus opening: p = %d rows/layer x %d layers"):format(c.p, c.n_layer))

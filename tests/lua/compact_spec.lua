@@ -70,7 +70,8 @@ describe("cartridge.compact", function()
             "--p", "48", "--steps", "1", "--accum", "2", "--chunk-min", "64", "--chunk-max", "96", "--max-q", "8",
             "--max-a", "8", "--init", "compact", "--save", tmp .. "/c.safetensors")
         assert.are.equal(0, rc, err)
-        assert.truthy(out:find("initialized by attention matching from the corpus's %d+ tokens: p = 48"), out)
+        assert.truthy(out:find("initialized by attention matching from the %d+ rows of the corpus in context %(its "
+            .. "%d+ tokens in a system message%): p = 48"), out)
     end)
 end)
 

@@ -187,7 +187,8 @@ describe("selfstudy.lua", function()
             tmp .. "/spread.safetensors")
         if not rc then return pending("build/cartridge not built") end
         assert.are.equal(0, rc, err)
-        assert.truthy(out:find("cartridge initialized from 24 of the corpus's %d+ tokens, spread evenly"), out)
+        assert.truthy(out:find("cartridge initialized from 24 of the %d+ rows of the corpus in context %(its %d+ "
+            .. "tokens in a system message%), spread evenly"), out)
         assert.are.equal(2, #step_losses(out))
     end)
 
