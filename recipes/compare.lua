@@ -99,8 +99,7 @@ local model_path = defaults.pick_model(opts.model)
 local m = cartridge.model.load(model_path)
 local tok = m:tokenizer()
 local template = chat.for_model(m)
-local row_bytes = 0 -- one position's K and V over every layer, f16 as a serving cache holds them
-for _, g in ipairs(m.layers) do row_bytes = row_bytes + 2 * g.n_head_kv * g.head_dim * 2 end
+local row_bytes = m:kv_bytes(1, "f16") -- one position's K and V over every layer, as a serving cache holds them
 local sets = facts.PHRASING_SETS
 local corpus, qa, all, n, doc_path -- the document being compared
 
