@@ -37,7 +37,10 @@ done
 # the JSON Schema validator of the structured-output spec (tests/node/package.json).
 npm_client() {
     here=$(cd "$(dirname "$0")/.." && pwd)
-    if [ -f "$here/tests/node/node_modules/openai/package.json" ] && [ -f "$here/tests/node/node_modules/ajv/package.json" ]; then
+    # installed, and at the majors package.json asks for (a clone that ran an older setup has older ones)
+    if [ -f "$here/tests/node/node_modules/openai/package.json" ] && [ -f "$here/tests/node/node_modules/ajv/package.json" ] &&
+        grep -q '"version": "6\.' "$here/tests/node/node_modules/openai/package.json" &&
+        grep -q '"version": "1\.' "$here/tests/node/node_modules/@anthropic-ai/sdk/package.json" 2>/dev/null; then
         return 0
     fi
     if [ "${1:-}" = "--check" ]; then

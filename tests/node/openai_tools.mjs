@@ -8,7 +8,7 @@
 //    client gets message.tool_calls and finish_reason "tool_calls"; the
 //    arguments parse and ajv accepts them under the tool's parameters;
 // 2. the same request streamed through the SDK's stream helper
-//    (beta.chat.completions.stream), which assembles the tool_calls deltas
+//    (chat.completions.stream), which assembles the tool_calls deltas
 //    and parses the arguments itself; the assembled call must equal the
 //    unstreamed one (same seed);
 // 3. the assistant's call and a tool result sent back with tool_choice
@@ -56,7 +56,7 @@ out.plain = {
 };
 
 // 2. streamed, assembled by the SDK
-const runner = client.beta.chat.completions.stream({ ...base, stream: true });
+const runner = client.chat.completions.stream({ ...base, stream: true });
 let argumentDeltas = 0;
 const doneEvents = [];
 runner.on("tool_calls.function.arguments.delta", () => { argumentDeltas += 1; });
@@ -85,7 +85,7 @@ out.follow_up = {
 
 // 4. the SDK's own tool loop
 const called = [];
-const loop = client.beta.chat.completions.runTools({
+const loop = client.chat.completions.runTools({
   model, messages, max_tokens: 400, temperature: 1, seed: 7, tool_choice: forced,
   tools: [{
     type: "function",

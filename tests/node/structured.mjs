@@ -4,7 +4,7 @@
 // cases.json: {"runs": 50, "parallel": 4, "cases": [{"name", "schema", "max_tokens"}],
 //              "tools": [...], "tool_max_tokens": N, "object_runs": N, "object_max_tokens": N}
 //
-// 1. The official openai client: beta.chat.completions.parse and
+// 1. The official openai client: chat.completions.parse and
 //    responses.parse with a json_schema, the parsed object validated by ajv.
 // 2. `runs` chat completions per schema case at temperature 1 (seeds
 //    1..runs), and as many forced tool calls: every output that finished is
@@ -57,7 +57,7 @@ const result = { parse: {}, cases: [], tools: {}, json_object: {}, bad: [] };
 {
   const c = spec.cases[0];
   const validate = ajv.compile(c.schema);
-  const completion = await client.beta.chat.completions.parse({
+  const completion = await client.chat.completions.parse({
     model, messages, max_tokens: c.max_tokens, temperature: 1, seed: 7,
     response_format: { type: "json_schema", json_schema: { name: c.name, schema: c.schema, strict: true } },
   });
