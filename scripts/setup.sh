@@ -37,10 +37,13 @@ done
 # the JSON Schema validator of the structured-output spec (tests/node/package.json).
 npm_client() {
     here=$(cd "$(dirname "$0")/.." && pwd)
-    # installed, and at the majors package.json asks for (a clone that ran an older setup has older ones)
-    if [ -f "$here/tests/node/node_modules/openai/package.json" ] && [ -f "$here/tests/node/node_modules/ajv/package.json" ] &&
-        grep -q '"version": "6\.' "$here/tests/node/node_modules/openai/package.json" &&
-        grep -q '"version": "1\.' "$here/tests/node/node_modules/@anthropic-ai/sdk/package.json" 2>/dev/null; then
+    # package.json's majors need Node 20; on an older Node (Debian 12 ships 18) the last majors that support it
+    node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+    if [ "$node_major" -ge 20 ]; then openai=6 anthropic=1 old=""; else
+        openai=4 anthropic=0 old="openai@^4.104.0 @anthropic-ai/sdk@^0.39.0 ajv@^8.17.1 --no-save"; fi
+    if [ -f "$here/tests/node/node_modules/ajv/package.json" ] &&
+        grep -q "\"version\": \"$openai\." "$here/tests/node/node_modules/openai/package.json" 2>/dev/null &&
+        grep -q "\"version\": \"$anthropic\." "$here/tests/node/node_modules/@anthropic-ai/sdk/package.json" 2>/dev/null; then
         return 0
     fi
     if [ "${1:-}" = "--check" ]; then
@@ -49,7 +52,8 @@ npm_client() {
     fi
     if command -v npm >/dev/null 2>&1; then
         echo "setup: installing the openai and Anthropic npm clients and ajv into tests/node"
-        npm install --prefix "$here/tests/node" --no-audit --no-fund --loglevel=error ||
+        # shellcheck disable=SC2086 # $old: a list of packages, or nothing
+        npm install --prefix "$here/tests/node" --no-audit --no-fund --loglevel=error $old ||
             echo "setup: npm install failed; the server specs' npm-client cases will be pending"
     fi
 }

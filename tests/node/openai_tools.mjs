@@ -21,6 +21,8 @@ import OpenAI from "openai";
 import { parameters, validate, checkInput } from "./weather_tool.mjs";
 
 const client = new OpenAI({ baseURL: process.env.CARTRIDGE_URL, apiKey: "unused", maxRetries: 0 });
+// the parse, stream and runTools helpers: on chat.completions from openai 5 on (Node 20+), under beta before
+const helpers = typeof client.chat.completions.parse === "function" ? client.chat.completions : client.beta.chat.completions;
 const model = process.env.CARTRIDGE_MODEL;
 const tools = [{
   type: "function",
@@ -56,7 +58,7 @@ out.plain = {
 };
 
 // 2. streamed, assembled by the SDK
-const runner = client.chat.completions.stream({ ...base, stream: true });
+const runner = helpers.stream({ ...base, stream: true });
 let argumentDeltas = 0;
 const doneEvents = [];
 runner.on("tool_calls.function.arguments.delta", () => { argumentDeltas += 1; });
@@ -85,7 +87,7 @@ out.follow_up = {
 
 // 4. the SDK's own tool loop
 const called = [];
-const loop = client.chat.completions.runTools({
+const loop = helpers.runTools({
   model, messages, max_tokens: 400, temperature: 1, seed: 7, tool_choice: forced,
   tools: [{
     type: "function",

@@ -21,6 +21,8 @@ import Ajv2020 from "ajv/dist/2020.js";
 const base = process.env.CARTRIDGE_URL;
 const spec = JSON.parse(readFileSync(process.env.CARTRIDGE_CASES, "utf8"));
 const client = new OpenAI({ baseURL: base, apiKey: "unused", maxRetries: 0 });
+// the parse, stream and runTools helpers: on chat.completions from openai 5 on (Node 20+), under beta before
+const helpers = typeof client.chat.completions.parse === "function" ? client.chat.completions : client.beta.chat.completions;
 const ajv = new Ajv2020({ strict: false, allErrors: true });
 const model = process.env.CARTRIDGE_MODEL;
 const messages = [{ role: "user", content: "Describe one thing as JSON." }];
@@ -57,7 +59,7 @@ const result = { parse: {}, cases: [], tools: {}, json_object: {}, bad: [] };
 {
   const c = spec.cases[0];
   const validate = ajv.compile(c.schema);
-  const completion = await client.chat.completions.parse({
+  const completion = await helpers.parse({
     model, messages, max_tokens: c.max_tokens, temperature: 1, seed: 7,
     response_format: { type: "json_schema", json_schema: { name: c.name, schema: c.schema, strict: true } },
   });
