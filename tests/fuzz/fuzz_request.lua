@@ -5,13 +5,15 @@
 -- Input: byte 0 picks the endpoint (its value mod 4: /v1/chat/completions,
 -- /v1/completions, /v1/messages, /v1/responses; with bit 2 set instead
 -- /v1/messages/count_tokens, /tokenize, /detokenize, /apply-template, the
--- utility routes, checked by check_utility); the rest is the request body.
+-- utility routes, checked by check_utility, or with bits 2 and 3 set
+-- /v1/embeddings); the rest is the request body.
 --
 --   1. json.decode(body). When it decodes, json.encode of the value must
 --      succeed and decode to an equal value whose encoding is the same text
 --      (a stable round trip). A decode error must be a "json: " string.
---   2. Server:make_job(1, req) on a server built once over the fuzz model (no
---      HTTP). A raised request error (server.is_request_error, or until that
+--   2. Server:make_jobs(1, req) on a server built once over the fuzz model (an
+--      HTTP stub that is never called): one job, or several choices (n,
+--      prompt arrays), each checked as one. A raised request error (server.is_request_error, or until that
 --      exists a table with a numeric status) must have a 4xx status and a
 --      string message: the client's mistake, answered with that status. Any
 --      other error is a finding: the real server would answer 500.
@@ -28,8 +30,8 @@ local server = require("cartridge.server")
 local model = require("cartridge.model")
 
 local m = model.load(util.model_path())
-local srv = server.new({ model = m, cartridges = {}, model_name = "m", parallel = 1, ctx = 256,
-    default_max_tokens = 16 })
+local srv = server.new({ model = m, cartridges = {}, model_name = "m", parallel = 2, ctx = 256,
+    default_max_tokens = 16, http = {} })
 local n_vocab = m.n_vocab
 
 local function is_request_error(e)
@@ -90,6 +92,7 @@ local utility = require("cartridge.server_utility")
 local UTILITY = { "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/apply-template" }
 
 local function check_utility(route, body)
+    if route == "/v1/embeddings" and #body > 4096 then return end -- the model runs at once: keep inputs short
     local ok, value = pcall(json.decode, body)
     if not ok or type(value) ~= "table" then return end
     local req = { path = route, route = route, method = "POST", body = body, header = function() return nil end }
@@ -110,13 +113,20 @@ end
 
 return function(data)
     if #data == 0 then return end
+    if data:byte(1) % 16 >= 12 then return check_utility("/v1/embeddings", data:sub(2)) end
     if data:byte(1) % 8 >= 4 then return check_utility(UTILITY[data:byte(1) % 4 + 1], data:sub(2)) end
     local path = PATHS[data:byte(1) % 4 + 1]
     local body = data:sub(2)
     util.check_json(body)
     local req = { path = path, method = "POST", body = body, header = function() return nil end }
-    local ok, job = pcall(srv.make_job, srv, 1, req)
-    if ok then
+    local ok, job = pcall(srv.make_jobs, srv, 1, req)
+    if ok and job.group then
+        if #job.group < 2 or #job.group > require("cartridge.choices").MAX then
+            util.finding("a request made %d choices", #job.group)
+        end
+        for _, child in ipairs(job.group) do check_job(child, path) end
+        require("cartridge.choices").forget(srv.http, job.group[1].id)
+    elseif ok then
         check_job(job, path)
     elseif type(job) == "table" and is_request_error(job) then
         if not (type(job.status) == "number" and job.status >= 400 and job.status <= 499) then
