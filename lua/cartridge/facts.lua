@@ -19,9 +19,9 @@
 
 local facts = {}
 
--- A seeded generator (selfstudy.rng over cart_rng, so the documents are the
+-- A seeded generator (cartridge.rng over cart_rng, so the documents are the
 -- same on every machine).
-function facts.rng(seed) return require("cartridge.selfstudy").rng(seed) end
+function facts.rng(seed) return require("cartridge.rng").new(seed) end
 
 -- ---------------------------------------------------------------------------
 -- Invented words: syllables of an onset, a vowel and sometimes a coda.

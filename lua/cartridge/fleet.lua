@@ -469,8 +469,7 @@ end
 -- makes the plan an uninterrupted one would. Returns { target, parts
 -- (indices in composition order), isolated }.
 function fleet.plan(mgr, seed, round, opts)
-    local rng = selfstudy.rng(0)
-    C.cart_rng_seed_item(rng.r, seed, round, 0)
+    local rng = require("cartridge.rng").item(seed, round, 0)
     local residents = mgr:residents()
     local total = 0
     for _, i in ipairs(residents) do total = total + math.max(mgr:doc(i).tokens, 1) end

@@ -23,6 +23,7 @@ local chat = require("cartridge.chat")
 local trainer_mod = require("cartridge.trainer")
 local sampler_mod = require("cartridge.sampler")
 local ids_mod = require("cartridge.ids")
+local rng_mod = require("cartridge.rng")
 local ffi = core.ffi
 local C = core.C
 
@@ -245,28 +246,6 @@ function selfstudy.init_spread(m, c, all_ids)
     full:free()
 end
 
--- A Lua-side view of a seeded cart_rng.
-local Rng = {}
-Rng.__index = Rng
-function selfstudy.rng(seed)
-    local r = ffi.new("cart_rng")
-    C.cart_rng_seed(r, seed)
-    return setmetatable({ r = r }, Rng)
-end
--- an integer in [lo, hi]
-function Rng:int(lo, hi) return lo + tonumber(C.cart_rng_below(self.r, hi - lo + 1)) end
-function Rng:below(n) return tonumber(C.cart_rng_below(self.r, n)) end
-function Rng:u64() return C.cart_rng_next(self.r) end
--- an element of a list, and a list shuffled in place (Fisher-Yates)
-function Rng:pick(list) return list[self:below(#list) + 1] end
-function Rng:shuffle(t)
-    for i = #t, 2, -1 do
-        local j = self:below(i) + 1
-        t[i], t[j] = t[j], t[i]
-    end
-    return t
-end
-
 -- A new sequence: a followed by b.
 local function concat(a, b)
     return ids_mod.from(a):extend(b)
@@ -470,10 +449,9 @@ function Synth:group(keys)
     end
     local K = self.turns
     local convos = {}
-    local rng = setmetatable({ r = ffi.new("cart_rng") }, Rng)
+    local g = rng_mod.new(0)
     for i, key in ipairs(keys) do -- all draws before any generation
-        C.cart_rng_seed_item(rng.r, o.seed, key[1], key[2])
-        convos[i] = self:draw(rng)
+        convos[i] = self:draw(g:seed_item(o.seed, key[1], key[2]))
         convos[i].step, convos[i].index = key[1], key[2]
     end
     local streams_a = {}

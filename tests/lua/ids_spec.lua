@@ -196,7 +196,7 @@ describe("self-study data", function()
     end)
 
     it("splits any text into sentences that are pieces of it, whole, one line each", function()
-        local r = selfstudy.rng(11)
+        local r = require("cartridge.rng").new(11)
         local alphabet = { "a", "b", " ", " ", ".", "!", "?", "\n", "\t", "\xe2\x80\x9c", "\xff", "3", "W" }
         local checked = 0
         for _ = 1, 2000 do
