@@ -89,6 +89,15 @@ double cart_now_seconds(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+void cart_sleep_seconds(double seconds) {
+    if (!(seconds > 0)) return;
+    const double end = cart_now_seconds() + seconds;
+    for (double left = seconds; left > 0; left = end - cart_now_seconds()) {
+        struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+        nanosleep(&ts, NULL); /* EINTR: the loop sleeps what is left */
+    }
+}
+
 const char *cart_version(void) {
     return CART_VERSION_STRING;
 }

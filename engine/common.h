@@ -55,6 +55,10 @@ const char *cart_status_name(int32_t status);
  * are wall time, unaffected by clock changes. */
 double cart_now_seconds(void);
 
+/* Sleeps for `seconds` (>= 0; resumed after a signal until the time is up),
+ * on the same monotonic clock. */
+void cart_sleep_seconds(double seconds);
+
 /* The engine's version string, e.g. "0.1.0". Static storage. */
 const char *cart_version(void);
 

@@ -30,6 +30,11 @@ int32_t cart_fs_path_kind(const char *path, int64_t *size) {
     return CART_PATH_FILE;
 }
 
+int32_t cart_fs_is_link(const char *path) {
+    struct stat st;
+    return path && lstat(path, &st) == 0 && S_ISLNK(st.st_mode);
+}
+
 int cart_fs_check_output(const char *path) {
     struct stat st;
     if (!path || !*path) return cart_fail(CART_E_ARG, "the output path is empty");

@@ -31,6 +31,9 @@ typedef enum cart_path_kind {
  * file's size in bytes, else 0. Never opens the path, so a FIFO cannot block. */
 int32_t cart_fs_path_kind(const char *path, int64_t *size);
 
+/* 1 when `path` itself is a symbolic link (not followed), else 0. */
+int32_t cart_fs_is_link(const char *path);
+
 /* Removes the temporary files "<base>.tmp.<pid>.<n>" beside `target` (in its
  * directory, <base> its file name) whose pid is not a live process here.
  * Returns how many it removed (0 when none, or the directory cannot be

@@ -29,6 +29,7 @@ local options = require("cartridge.options")
 local randmodel = require("cartridge.randmodel")
 local json = require("cartridge.json")
 local nc = require("cartridge.netclient")
+local fs = require("cartridge.fs")
 
 local opts = options.parse(arg, {
     summary = "The HTTP server under load, a soak (--soak SECONDS) and a flood (--flood).",
@@ -51,6 +52,13 @@ local opts = options.parse(arg, {
 local C = cartridge.C
 local function now() return C.cart_now_seconds() end
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local function read_file(path) -- "" until it exists
+    local f = io.open(path, "rb")
+    if not f then return "" end
+    local text = f:read("*a")
+    f:close()
+    return text
+end
 local function sh(cmd)
     local p = io.popen(cmd)
     local out = p:read("*a")
@@ -85,11 +93,11 @@ local pid = tonumber(sh(("%s run %s/recipes/serve.lua %s --port 0 --quiet --para
     q(cartridge.root), q(model), opts.parallel, opts.threads, q(dir .. "/c.safetensors"), q(log))))
 local port
 for _ = 1, 600 do
-    port = sh("cat " .. q(log)):match("on http://127%.0%.0%.1:(%d+)")
+    port = read_file(log):match("on http://127%.0%.0%.1:(%d+)")
     if port then break end
-    os.execute("sleep 0.05")
+    fs.sleep(0.05)
 end
-if not port then error("bench_server: the server did not start:\n" .. sh("cat " .. q(log)), 0) end
+if not port then error("bench_server: the server did not start:\n" .. read_file(log), 0) end
 port = tonumber(port)
 
 local function proc_status(key)
@@ -220,7 +228,7 @@ local function busy_after_traffic()
     for _ = 1, 300 do
         h = health()
         if h and h.slots_processing == 0 and h.queue == 0 then return 0 end
-        os.execute("sleep 0.1")
+        fs.sleep(0.1)
     end
     return h and h.slots_processing or -1
 end
@@ -319,8 +327,8 @@ else
 end
 
 os.execute("kill -TERM " .. pid)
-os.execute("sleep 0.5")
-os.execute("rm -rf " .. q(dir))
+fs.sleep(0.5)
+fs.remove_tree(dir)
 if failed then
     io.stderr:write("bench_server: some requests were lost or answered wrongly (see above)\n")
     os.exit(1)

@@ -58,7 +58,7 @@ if opts.case then
     local c = cartridge.cart.new(m, opts.p, 1)
     c:init_random(1, 0.5)
     local tr = cartridge.trainer.new(m, { recompute = recompute == "recompute" })
-    local rng = require("cartridge.selfstudy").rng(3)
+    local rng = require("cartridge.rng").new(3)
     local segs, per_seq = {}, {}
     local base = 0
     for s = 1, opts.seqs do

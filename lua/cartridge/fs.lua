@@ -113,6 +113,25 @@ function fs.write_atomic(path, bytes)
     core.check(C.cart_fs_write_atomic(path, bytes, #bytes), "write")
 end
 
+-- Removes path and, when it is a directory, everything under it (links
+-- are removed, never followed). A missing path is nothing to do. Raises
+-- naming the first entry that cannot be removed.
+function fs.remove_tree(path)
+    local link = C.cart_fs_is_link(path) ~= 0
+    local kind = fs.kind(path)
+    if kind == "missing" and not link then return end
+    if kind == "dir" and not link then
+        for _, name in ipairs(fs.list(path)) do fs.remove_tree(path .. "/" .. name) end
+    end
+    local ok, err = os.remove(path)
+    if not ok then error("remove_tree: " .. tostring(err), 0) end
+end
+
+-- Sleeps for `seconds` (engine/common.h cart_sleep_seconds).
+function fs.sleep(seconds)
+    C.cart_sleep_seconds(seconds)
+end
+
 -- The entries of dir, sorted bytewise; raises when it cannot be read.
 function fs.list(dir)
     local out = ffi.new("cart_fs_listing *[1]")
