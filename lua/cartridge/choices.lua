@@ -2,8 +2,8 @@
 -- and completions, and completions' prompt arrays.
 --
 --   local http = choices.wrap(real_http)            -- the server writes through it
---   local list = choices.expand(route, body, ctx)   -- { { prompt = p, n = j, seed = s }, ... } or nil
---   local ids = choices.group(http, id, count, n, want_usage, on_done)  -- ids of child jobs answering id together
+--   local list, n = choices.expand(route, body, ctx) -- { { prompt = p, j = j, seed = s }, ... }, n; or nil
+--   local ids = choices.group(http, id, #list, n, on_done)  -- ids of child jobs answering id together
 --
 -- Each choice is a job of its own (its own slot, decoded in the same
 -- lockstep batch as the others) with an id of its own. Writes to a child's
@@ -173,7 +173,7 @@ end
 
 -- The choices a chat or completions body asks for: nil for one (the usual
 -- request), else a list of { prompt (completions: the text or ids of that
--- prompt), j, seed }, in index order. ctx: reject, shown, slots, seed (the
+-- prompt), j, seed }, in index order, and n (choices per prompt). ctx: reject, shown, slots, seed (the
 -- server's default seed), n_vocab.
 function choices.expand(route, body, ctx)
     if route ~= "/v1/chat/completions" and route ~= "/v1/completions" then return nil end
@@ -196,7 +196,7 @@ function choices.expand(route, body, ctx)
     for _, p in ipairs(prompts) do
         for j = 0, n - 1 do list[#list + 1] = { prompt = p, j = j, seed = type(seed) == "number" and seed + j or seed } end
     end
-    return list
+    return list, n
 end
 
 -- A completions prompt as a list of prompts, each a string or a list of

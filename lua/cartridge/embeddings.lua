@@ -99,12 +99,7 @@ local function embed(srv, ids)
             v[d] = s / #ids
         end
     end
-    local norm = 0
-    for d = 0, dim - 1 do norm = norm + v[d] * v[d] end
-    if norm > 0 then
-        norm = 1 / math.sqrt(norm)
-        for d = 0, dim - 1 do v[d] = v[d] * norm end
-    end
+    require("cartridge.retrieval").normalize(v, dim)
     return v
 end
 

@@ -180,12 +180,12 @@ end
 
 -- A token's text for a log-probability entry: its bytes when they are valid
 -- UTF-8, else each byte written as \xNN (as OpenAI shows a piece of a
--- character); and the bytes as numbers.
+-- character); the bytes as numbers; and the piece itself.
 local function token_text(tok, id)
     local piece = tok:piece(id, true)
     local bytes = json.array({ piece:byte(1, -1) })
-    if C.cart_utf8_invalid_offset(piece, #piece) < 0 then return piece, bytes end
-    return (piece:gsub(".", function(c) return ("\\x%02x"):format(c:byte()) end)), bytes
+    if C.cart_utf8_invalid_offset(piece, #piece) < 0 then return piece, bytes, piece end
+    return (piece:gsub(".", function(c) return ("\\x%02x"):format(c:byte()) end)), bytes, piece
 end
 
 -- Entries i .. j in the chat completions and Responses shape: a list of
@@ -214,12 +214,11 @@ function logprobs.legacy(tok, entries, i, j, offset)
         text_offset = json.array() }
     for k = i, j do
         local e = entries[k]
-        local text = token_text(tok, e.id)
+        local text, _, piece = token_text(tok, e.id)
         local top = json.object()
         for _, t in ipairs(e.top) do top[(token_text(tok, t.id))] = t.logprob end
         local n = #o.tokens + 1
         o.tokens[n], o.token_logprobs[n], o.top_logprobs[n], o.text_offset[n] = text, e.lp, top, offset
-        local piece = tok:piece(e.id, true)
         offset = offset + select(2, piece:gsub("[^\128-\191]", "")) -- characters begun in this piece
     end
     return o, offset

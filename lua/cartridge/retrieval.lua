@@ -62,7 +62,7 @@ local function piece(m, ids, start, len)
 end
 
 -- Scales a row of dim floats to unit length (a zero row stays zero).
-local function normalize(x, dim)
+function retrieval.normalize(x, dim)
     local s = 0
     for i = 0, dim - 1 do s = s + x[i] * x[i] end
     if s > 0 then
@@ -106,7 +106,7 @@ function retrieval.build(m, docs, chunk)
     local index = new_index(#pieces, dim, chunk)
     embed_into(m, pieces, index.rows)
     for r = 0, index.n - 1 do
-        normalize(index.rows + r * dim, dim)
+        retrieval.normalize(index.rows + r * dim, dim)
         index.chunk_doc[r + 1] = owner[r + 1]
     end
     for r = 0, index.n - 1 do
@@ -116,7 +116,7 @@ function retrieval.build(m, docs, chunk)
     for r = 0, index.n - 1 do
         local x = index.rows + r * dim
         for i = 0, dim - 1 do x[i] = x[i] - index.centroid[i] end
-        normalize(x, dim)
+        retrieval.normalize(x, dim)
     end
     return index
 end
@@ -131,9 +131,9 @@ function Index:query(m, text)
     -- bounded whatever the request's length
     local len = math.min(#ids, self.chunk)
     embed_into(m, { piece(m, ids, #ids - len, len) }, q)
-    normalize(q, self.dim)
+    retrieval.normalize(q, self.dim)
     for i = 0, self.dim - 1 do q[i] = q[i] - self.centroid[i] end
-    normalize(q, self.dim)
+    retrieval.normalize(q, self.dim)
     return q
 end
 

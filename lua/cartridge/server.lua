@@ -1289,11 +1289,9 @@ end
 function Server:make_jobs(id, req)
     local route = req.route or req.path
     local body = parse_json(req)
-    local list = choices.expand(route, body, { reject = reject, shown = shown, slots = #self.slots,
+    local list, n = choices.expand(route, body, { reject = reject, shown = shown, slots = #self.slots,
         seed = self.sampling.seed, n_vocab = self.m.n_vocab })
     if not list then return self:make_job(id, req, body) end
-    local n = 0
-    for _, c in ipairs(list) do n = math.max(n, c.j + 1) end
     local ids = choices.group(self.http, id, #list, n, function() self.groups[id] = nil end)
     local jobs = {}
     for i, c in ipairs(list) do

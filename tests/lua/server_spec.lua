@@ -43,6 +43,17 @@ local function caller(srv, h)
     end
 end
 
+-- Sends each case { route, body, needle } to an in-process server: each a
+-- 400 whose body holds needle; then /health still answers.
+local function expect_400s(srv, h, cases)
+    for i, case in ipairs(cases) do
+        local a = answer_of(srv, h, 5e5 + i, case[1], case[2])
+        assert.are.equal(400, a.status, a.body)
+        assert.truthy(a.body:find(case[3], 1, true), a.body)
+    end
+    assert.are.equal(200, answer_of(srv, h, 5e5 + #cases + 1, "/health", nil, "GET").status)
+end
+
 local DEMO = helper.root .. "/models/default.gguf"
 
 -- An in-process server over helper.fake_http on the embedded demo model,
@@ -1455,12 +1466,7 @@ describe("log-probabilities, logit biases and echo", function()
             { "/v1/responses", { input = "hi", include = { "file_search_call.results" } }, "is not something this server can include" },
             { "/v1/responses", { input = "hi", top_logprobs = -1 }, "top_logprobs must be an integer in [0, 20]" },
         }
-        for i, case in ipairs(cases) do
-            local a = answer_of(srv, h, i, case[1], case[2])
-            assert.are.equal(400, a.status, a.body)
-            assert.truthy(a.body:find(case[3], 1, true), a.body)
-        end
-        assert.are.equal(200, answer_of(srv, h, 99, "/health", nil, "GET").status)
+        expect_400s(srv, h, cases)
         print(("  %d bad requests refused, each naming its field; /health still answers"):format(#cases))
         srv:free()
         m:free()
@@ -1529,21 +1535,16 @@ describe("POST /v1/embeddings", function()
         local many = {}
         for i = 1, 257 do many[i] = "x" end
         local cases = {
-            { { input = "" }, "input is an empty string" },
-            { { input = many }, "input holds 257 items; this server embeds at most 256" },
-            { { input = { 1, m.n_vocab } }, ("input[1] must be a token id in [0, %d)"):format(m.n_vocab) },
-            { { input = 5 }, "input must be a string, a list of strings or token ids" },
-            { { input = "hi", encoding_format = "int8" }, "encoding_format must be" },
-            { { input = "hi", dimensions = 3 }, "dimensions: this model's embeddings have" },
-            { { input = "hi", model = "nope" }, "embeddings come from the bare model" },
-            { { input = string.rep("word ", 300) }, "this server's context (--ctx) holds 256" },
+            { "/v1/embeddings", { input = "" }, "input is an empty string" },
+            { "/v1/embeddings", { input = many }, "input holds 257 items; this server embeds at most 256" },
+            { "/v1/embeddings", { input = { 1, m.n_vocab } }, ("input[1] must be a token id in [0, %d)"):format(m.n_vocab) },
+            { "/v1/embeddings", { input = 5 }, "input must be a string, a list of strings or token ids" },
+            { "/v1/embeddings", { input = "hi", encoding_format = "int8" }, "encoding_format must be" },
+            { "/v1/embeddings", { input = "hi", dimensions = 3 }, "dimensions: this model's embeddings have" },
+            { "/v1/embeddings", { input = "hi", model = "nope" }, "embeddings come from the bare model" },
+            { "/v1/embeddings", { input = string.rep("word ", 300) }, "this server's context (--ctx) holds 256" },
         }
-        for i, c in ipairs(cases) do
-            local a = answer_of(srv, h, i, "/v1/embeddings", c[1])
-            assert.are.equal(400, a.status, a.body)
-            assert.truthy(a.body:find(c[2], 1, true), a.body)
-        end
-        assert.are.equal(200, answer_of(srv, h, 99, "/health", nil, "GET").status)
+        expect_400s(srv, h, cases)
         print(("  %d bad requests refused with a 400 naming the problem"):format(#cases))
         srv:free()
         m:free()
