@@ -263,8 +263,10 @@ describe("the REPL in a terminal (script(1) gives it a pty)", function()
             .. "printf '\\003'; sleep 0.5; printf '=x > 0\\n'; sleep 0.3; cp %s %s/mid; "
             .. "printf 'io.write(\"before\") error(\"boom\")\\n'; sleep 0.5; printf '\\004')"):format(helper.q(hist),
             helper.q(dir))
+        -- script(1) runs its command through $SHELL -c; `exec` keeps a shell that does not exec by itself
+        -- (dash, where SHELL is unset) from sitting in the foreground group, where Ctrl-C would kill it
         local rc, out = helper.run(("%s | CARTRIDGE_HISTORY=%s timeout 30 script -qfec %s /dev/null"):format(keys,
-            helper.q(hist), helper.q(helper.bin)))
+            helper.q(hist), helper.q("exec " .. helper.q(helper.bin))))
         local mid = helper.read_file(dir .. "/mid") or ""
         helper.rmdir(dir)
         assert.are.equal(0, rc, out) -- 124: the loop never stopped
