@@ -21,6 +21,8 @@
 #include "utf8.h"
 #include "tokenizer.h"
 #include "safetensors.h"
+#include "zip.h"
+#include "torchpt.h"
 #include "rng.h"
 #include "kv.h"
 #include "model.h"

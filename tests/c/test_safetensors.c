@@ -13,33 +13,9 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "test_files.h"
 #include "dtype.h"
 #include "safetensors.h"
-
-static char tmp_dir[256];
-
-static const char *tmp_path(char *buf, size_t cap, const char *name) {
-    snprintf(buf, cap, "%s/%s", tmp_dir, name);
-    return buf;
-}
-
-/* The whole file at path in a malloc'd buffer (exactly *size bytes, so ASan
- * sees any read past the end); NULL when it cannot be read. */
-static uint8_t *read_all(const char *path, size_t *size) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *buf = malloc(n > 0 ? (size_t)n : 1);
-    if (buf && fread(buf, 1, (size_t)n, fp) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(fp);
-    *size = (size_t)n;
-    return buf;
-}
 
 static int write_all(const char *path, const void *data, size_t n) {
     FILE *fp = fopen(path, "wb");
@@ -1040,12 +1016,7 @@ static void remove_tmp_dir(void) {
 }
 
 int main(void) {
-    const char *base = getenv("TMPDIR");
-    snprintf(tmp_dir, sizeof tmp_dir, "%s/cart_st_XXXXXX", base && base[0] ? base : "/tmp");
-    if (!mkdtemp(tmp_dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    if (make_tmp_dir("cart_st_XXXXXX") != 0) return 1;
     RUN(test_round_trips_every_dtype_and_rank_with_metadata);
     RUN(test_sorts_by_dtype_as_hugging_face_does_then_by_name);
     RUN(test_pads_the_header_so_the_data_starts_at_a_multiple_of_8);
