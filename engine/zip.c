@@ -237,7 +237,7 @@ static int read_central(cart_zip *z, const zip_dir *d, uint64_t *at, cart_zip_en
         rc = cart_fail(CART_E_FORMAT, "%s: stored entry '%s' has %llu bytes compressed and %llu uncompressed", z->name,
                        e->name, (unsigned long long)s.csize, (unsigned long long)s.usize);
     if (rc == CART_OK) rc = read_local(z, &s, method, d->offset, e);
-    if (rc == CART_OK && cart_crc32(0, e->data, e->size) != e->crc32)
+    if (rc == CART_OK && e->crc32 != 0 && cart_crc32(0, e->data, e->size) != e->crc32)
         rc = cart_fail(CART_E_FORMAT, "%s: entry '%s' fails its CRC-32 (stored %08x, data %08x): the file is damaged",
                        z->name, e->name, e->crc32, cart_crc32(0, e->data, e->size));
     *at += CENTRAL_FIXED + (uint64_t)name_len + extra_len + comment_len;

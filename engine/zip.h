@@ -10,7 +10,9 @@
  * to), every central directory entry against the bytes left, each local
  * header against its central entry (signature, name, method), every data
  * range inside the file and before the central directory, no duplicate
- * names, no NUL in a name, no encryption, and each entry's CRC-32. Entries
+ * names, no NUL in a name, no encryption, and each entry's CRC-32 (a CRC
+ * of 0 means none was recorded, as torch.save writes with
+ * torch.serialization.set_crc32_options(False), and is not checked). Entries
  * compressed with any method but "stored" are CART_E_UNSUPPORTED, naming
  * the method: torch.save never compresses, so such an archive was written
  * by another tool. Multi-disk archives are refused.

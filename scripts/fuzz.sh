@@ -23,7 +23,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-TARGETS="fuzz_gguf fuzz_model fuzz_safetensors fuzz_cartridge fuzz_tokenizer fuzz_http fuzz_request fuzz_template fuzz_json fuzz_kvspill fuzz_grammar fuzz_fleet"
+TARGETS="fuzz_gguf fuzz_model fuzz_safetensors fuzz_cartridge fuzz_tokenizer fuzz_http fuzz_request fuzz_template fuzz_json fuzz_kvspill fuzz_grammar fuzz_fleet fuzz_torchpt"
 BUILD=build-fuzz
 
 usage() {
@@ -41,7 +41,7 @@ case $seconds in '' | *[!0-9]*) usage ;; esac
 max_len() {
     case $1 in
     fuzz_gguf | fuzz_model) echo 16384 ;;
-    fuzz_safetensors | fuzz_cartridge | fuzz_kvspill | fuzz_fleet) echo 8192 ;;
+    fuzz_safetensors | fuzz_cartridge | fuzz_kvspill | fuzz_fleet | fuzz_torchpt) echo 8192 ;;
     fuzz_http | fuzz_request | fuzz_grammar) echo 4096 ;;
     *) echo 2048 ;;
     esac
