@@ -6,7 +6,7 @@
 --   cartridge run recipes/export_cartridge.lua out/c.safetensors --model M --format tokasaurus --out cartridges
 --
 -- The reference format's lists are plain lists of tensors, which
--- torch.load(path, weights_only=True) also reads. docs/formats.md gives
+-- torch.load(path, weights_only=True) also reads. docs/interop.md gives
 -- both layouts.
 
 local cartridge = require("cartridge")

@@ -8,7 +8,7 @@
 -- The .pt is read without running any of its code (engine/torchpt.h): a
 -- file naming anything but tensors, lists, dicts and nn.ParameterList is
 -- refused, naming what it asked for. The rows' geometry must match the
--- model, layer by layer. docs/formats.md says how positions and head
+-- model, layer by layer. docs/interop.md says how positions and head
 -- layouts carry over.
 
 local cartridge = require("cartridge")

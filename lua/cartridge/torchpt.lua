@@ -67,6 +67,8 @@ function torchpt.read_f32(info)
     return buf
 end
 
+local FLOATS = { f32 = true, bf16 = true, f16 = true, f64 = true }
+
 -- The tensors of a list value: a list or tuple, or an nn.ParameterList's
 -- _parameters in the order of their keys '0', '1', ...
 local function tensor_list(v, what)
@@ -95,6 +97,10 @@ local function tensor_list(v, what)
             error(("%s[%d] is a %s, not a tensor"):format(what, i - 1, torchpt.kind(item)), 0)
         end
         v[i] = tensor_info(item)
+        if not FLOATS[v[i].dtype] then
+            error(("%s[%d] holds %s values; a cartridge's rows are floating point (f32, bf16, f16 or f64)"):format(what,
+                i - 1, v[i].dtype), 0)
+        end
     end
     return v
 end

@@ -59,7 +59,8 @@ describe("cartridges in torch.save files", function()
     it("imports the reference trainer's files row for row, frozen rows first; llama keys reordered", function()
         for _, preset in ipairs({ "qwen3-tiny", "llama-tiny" }) do
             local m = model(preset)
-            for _, f in ipairs({ { "ref-fixed-bf16", "fixed", 1, 5 }, { "ref-frozen-f32", "frozen", 2, 6 } }) do
+            for _, f in ipairs({ { "ref-fixed-bf16", "fixed", 1, 5 }, { "ref-frozen-f32", "frozen", 2, 6 },
+                { "ref-frozen-f16", "half", 1, 3 } }) do
                 local c = import(FIX .. f[1] .. ".pt", m)
                 assert.are.equal(f[3] + f[4], c.p)
                 assert.are.equal(f[3], c.frozen)
@@ -68,8 +69,9 @@ describe("cartridges in torch.save files", function()
                     local perm = torchpt.head_permutation(m, l)
                     for which, list in ipairs({ "keys", "values" }) do
                         local rows = c:rows(l, which - 1)
-                        for part, first in pairs({ trainable = f[3], [f[2]] = 0 }) do
-                            local values, shape = want(f[2], part .. "_" .. list, l)
+                        for part, first in pairs({ trainable = f[3], frozen = 0 }) do
+                            local values, shape = want(f[2], (part == "frozen" and f[2] == "fixed" and "fixed" or part)
+                                .. "_" .. list, l)
                             local h, t, d = shape[2], shape[3], shape[4]
                             for head = 0, h - 1 do
                                 for tok = 0, t - 1 do
@@ -87,6 +89,23 @@ describe("cartridges in torch.save files", function()
                 print(("  %s on %s: %d values, max |difference| %g (tolerance 0)"):format(f[1], preset, checked, maxdiff))
                 assert.are.equal(0, maxdiff)
                 assert.are.equal(c.p * 2 * 2 * 16 * 2, checked)
+                -- exported in the file's dtype, every tensor is back as PyTorch saved it
+                local dtype = f[1]:match("%-(%w+)$")
+                torchpt.write_reference(c, m, tmp .. "/back.pt", { dtype = dtype })
+                local pt = torchpt.open(tmp .. "/back.pt")
+                local back, worst = torchpt.read_cache(pt), 0
+                for l = 0, 1 do
+                    for _, list in ipairs({ "keys", "values" }) do
+                        for part, key in pairs({ trainable = list, frozen = "frozen_" .. list }) do
+                            local name = (part == "frozen" and f[2] == "fixed" and "fixed" or part) .. "_" .. list
+                            local values = want(f[2], name, l)
+                            local got = torchpt.read_f32(back[key][l + 1])
+                            for i = 1, #values do worst = math.max(worst, math.abs(got[i - 1] - values[i])) end
+                        end
+                    end
+                end
+                pt:close()
+                assert.are.equal(0, worst)
             end
         end
     end)
@@ -193,6 +212,10 @@ describe("cartridges in torch.save files", function()
         assert.truthy(stdout:find("1 frozen + 5 trainable rows, bf16", 1, true), stdout)
         assert.truthy(stdout:find("p = 6 (1 frozen)", 1, true), stdout)
         assert.are.equal(6, cartridge.cart.load(out, m).p)
+        rc, stdout, stderr = helper.cartridge("run", "recipes/ask.lua", "--model", path, "--load", out, "--ask",
+            "What is in the rows?", "--max-a", "4") -- served as any artifact
+        assert.are.equal(0, rc, stderr)
+        assert.truthy(stdout:find("[cartridge, 6 KV rows]", 1, true), stdout)
         rc, stdout, stderr = helper.cartridge("run", "recipes/export_cartridge.lua", out, "--model", path, "--format",
             "tokasaurus", "--out", tmp .. "/cartridges", "--id", "org/my-docs")
         assert.are.equal(0, rc, stderr)
@@ -208,6 +231,7 @@ describe("cartridges in torch.save files", function()
         local cases = {
             { FIX .. "runs-a-command.pt", "posix.system" },
             { FIX .. "legacy.pt", "legacy format" },
+            { FIX .. "int-rows.pt", "'trainable_keys'[0] holds i64 values" },
             { FIX .. "expected.safetensors", "not a torch.save file" },
             { tmp, "is not a file" },
         }
@@ -224,7 +248,44 @@ describe("cartridges in torch.save files", function()
         assert.are.equal(1, rc, stdout)
         assert.truthy(stderr:find("was trained for another model", 1, true), stderr)
         assert.is_nil(io.open(tmp .. "/refused.safetensors", "rb"))
-        print("  imported, loaded, exported for Tokasaurus and read back; 5 bad files refused by name")
+        print("  imported, loaded, exported for Tokasaurus and read back; 6 bad files refused by name")
+    end)
+
+    it("a PyTorch forward of the reference's kind behind the imported rows gives the engine's logits", function()
+        local py = torch_python()
+        if not py then return pending("no Python with torch here (Debian: apt-get install python3-torch)") end
+        local ids = { 5, 17, 42, 99, 3 }
+        for _, preset in ipairs({ "llama-tiny", "qwen3-tiny" }) do
+            local m = model(preset)
+            local weights = {}
+            for _, t in ipairs(m.file:tensors()) do
+                weights[#weights + 1] = { name = t.name, dtype = "F32", shape = t.shape, data = t.data }
+            end
+            safetensors.write(tmp .. "/weights.safetensors", weights, {})
+            local g = m.layers[1]
+            helper.write_file(tmp .. "/config.json", require("cartridge.json").encode({ arch = m.config.arch,
+                n_layer = m.config.n_layer, n_head = g.n_head, n_head_kv = g.n_head_kv, head_dim = g.head_dim,
+                eps = m.config.rms_eps, theta = m.config.rope_theta, neox = m.config.rope_neox }))
+            local file = FIX .. "ref-frozen-f32.pt"
+            local c = import(file, m)
+            local kv = m:new_kv(c.p + #ids, "f32")
+            c:append_to(kv)
+            local logits = m:forward(kv, ids, "last")
+            local rc, stdout, stderr = helper.run(("%s %s %s %s %s %s"):format(py,
+                helper.q(helper.root .. "/tests/lua/torch_prefix_forward.py"), helper.q(tmp .. "/weights.safetensors"),
+                helper.q(tmp .. "/config.json"), helper.q(file), table.concat(ids, ",")))
+            assert.are.equal(0, rc, stderr)
+            local ref = require("cartridge.json").decode(stdout)
+            assert.are.equal(m.n_vocab, #ref)
+            local worst, scale = 0, 0
+            for i = 1, #ref do
+                worst = math.max(worst, math.abs(ref[i] - logits[i - 1]))
+                scale = math.max(scale, math.abs(ref[i]))
+            end
+            print(("  %s: %d logits behind %d imported rows, max |PyTorch float64 - engine| %.3g (logits up to %.3g; "
+                .. "tolerance 1e-4)"):format(preset, #ref, c.p, worst, scale))
+            assert.is_true(worst <= 1e-4)
+        end
     end)
 
     it("PyTorch reads what we write (weights_only=True) and we read what it saves back", function()
