@@ -19,7 +19,7 @@
 #include "zip.h"
 
 enum {
-    MAX_VALUES = 1 << 24,
+    MAX_VALUES = 1 << 22, /* about 1 GiB of nodes at most; a cartridge needs about 20 per tensor */
     MAX_DEPTH = 1 << 16,
     MAX_MEMO = 1 << 24,
     MAX_DIMS = 8,
@@ -93,7 +93,7 @@ static int vm_fail(pk_vm *vm, int status, const char *what) {
 static cart_pk_value *new_value(pk_vm *vm, int32_t kind) {
     cart_pt *pt = vm->pt;
     if (pt->n_nodes >= MAX_VALUES) {
-        vm_fail(vm, CART_E_FORMAT, "more than 2^24 values: not a cartridge's pickle");
+        vm_fail(vm, CART_E_FORMAT, "more than 2^22 values: not a cartridge's pickle");
         return NULL;
     }
     if (pt->n_nodes == pt->cap_nodes) {

@@ -29,7 +29,7 @@
  * torch.<Type>Storage, key, location, numel) and are checked against
  * data/<key>: present, and holding numel elements. A tensor's shape,
  * strides and offset are checked to stay inside its storage. Limits: 8 dims,
- * 2^24 values, a stack depth of 2^16.
+ * 2^22 values, a stack depth of 2^16.
  *
  * The legacy format of torch before 1.6 (a pickle sequence or a tar file,
  * not a zip) and big-endian archives are refused with the way to convert
