@@ -11,6 +11,7 @@
  * extra field, data; the central directory and the end records follow at
  * commit.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +41,7 @@ static const uint32_t U32_MAX_MARK = 0xFFFFFFFFu;
 /* ---- CRC-32 ------------------------------------------------------------- */
 
 static uint32_t crc_table[8][256];
-static int crc_ready;
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
 
 static void crc_init(void) {
     for (uint32_t i = 0; i < 256; i++) {
@@ -50,12 +51,11 @@ static void crc_init(void) {
     }
     for (uint32_t i = 0; i < 256; i++)
         for (int t = 1; t < 8; t++) crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
-    __atomic_store_n(&crc_ready, 1, __ATOMIC_RELEASE);
 }
 
 /* Slicing by 8: eight table lookups per 8 bytes. */
 uint32_t cart_crc32(uint32_t crc, const void *data, uint64_t n) {
-    if (!__atomic_load_n(&crc_ready, __ATOMIC_ACQUIRE)) crc_init();
+    pthread_once(&crc_once, crc_init);
     const uint8_t *p = (const uint8_t *)data;
     uint32_t c = ~crc;
     while (n >= 8) {
