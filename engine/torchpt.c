@@ -611,6 +611,14 @@ static int op_pop(pk_vm *vm) {
     return pop(vm) ? CART_OK : CART_E_FORMAT;
 }
 
+/* POP_MARK: drops everything above the last mark, and the mark. */
+static int op_pop_mark(pk_vm *vm) {
+    int64_t from = 0;
+    int rc = pop_mark(vm, &from);
+    if (rc == CART_OK) vm->sp = from;
+    return rc;
+}
+
 static int op_int(pk_vm *vm, int n, int is_signed) {
     int rc = need(vm, (uint64_t)n);
     if (rc != CART_OK) return rc;
@@ -628,14 +636,13 @@ static int op_refused(pk_vm *vm, const char *name) {
 /* One opcode; CART_OK to go on, 1 at STOP. */
 static int step(pk_vm *vm) {
     vm->op = *vm->p++;
-    int64_t from = 0;
     switch (vm->op) {
     case 0x80: return op_skip(vm, 1);          /* PROTO */
     case 0x95: return op_skip(vm, 8);          /* FRAME: its bytes follow inline */
     case '.': return 1;                        /* STOP */
     case '(': return push_mark(vm);
     case '0': return op_pop(vm);
-    case '1': return pop_mark(vm, &from) == CART_OK ? (vm->sp = from, CART_OK) : CART_E_FORMAT;
+    case '1': return op_pop_mark(vm);
     case '2': { cart_pk_value *v = top(vm); return v ? push(vm, v) : CART_E_FORMAT; }
     case 'N': return push(vm, new_value(vm, CART_PK_NONE));
     case 0x88: return push_int(vm, 1, CART_PK_BOOL);

@@ -294,7 +294,7 @@ local function out_lists(c, m, dtype, aliases, empty_frozen, keep)
             tensors[l] = gather(c, l, s[2], s[3], s[4], s[2] == 0 and head_permutation(m, l) or nil, dtype, keep)
         end
         local key, alias = ffi.new("char[?]", #s[1] + 1, s[1]), s[5] and ffi.new("char[?]", #s[5] + 1, s[5])
-        keep[#keep + 1], keep[#keep + 2], keep[#keep + 3] = tensors, key, alias or false
+        for _, buffer in ipairs({ tensors, key, alias }) do keep[#keep + 1] = buffer end
         lists[i - 1].key, lists[i - 1].alias, lists[i - 1].tensors, lists[i - 1].n = key, alias or nil, tensors, n_tensors
     end
     return lists, #specs
