@@ -66,6 +66,17 @@ local opts = options.parse(arg, {
         { "slot-save-path", metavar = "DIR", help = "where POST /slots/{id}?action=save writes a slot's "
             .. "conversation and action=restore reads one (made if missing; default: saving is off)" },
         { "quiet", type = "boolean", help = "no per-request log lines" },
+        { "webui", type = "boolean", default = true, help = "the web page at / (chat, compare, training, fleet; "
+            .. "docs/webui.md)" },
+        { "corpus", repeatable = true, help = "the document(s) a cartridge was trained on: GET /v1/corpus, the "
+            .. "page's corpus-in-context arm (a file or a directory of .md files; repeatable)" },
+        { "icl-max", type = "int", default = 4096, help = "with --corpus: its tokens in context at most" },
+        { "qa", metavar = "FILE", help = "questions and answers (recipes/make_facts.lua's qa.jsonl): GET /v1/qa and "
+            .. "POST /v1/qa/score, the page's score table" },
+        { "qa-max-tokens", type = "int", default = 24, help = "with --qa: the answer budget the page asks for "
+            .. "(report.lua --max-a)" },
+        { "training", repeatable = true, metavar = "[NAME=]PATH", help = "a self-study run to show: its --save path "
+            .. "(its metrics, live while it trains) or a metrics.jsonl (repeatable; GET /v1/training)" },
         { "fleet", metavar = "[NAME=]DIR", help = "serve a fleet directory as the model NAME (default: fleet)" },
         { "budget", type = "int", default = 8, help = "with --fleet: most cartridges mapped at once" },
         { "rag-docs", type = "int", default = 2, help = "with --fleet: most documents composed per conversation" },
@@ -121,6 +132,9 @@ if opts.fleet then
         #fleet.man.docs, opts.rag_docs, opts.budget))
 end
 
+local web = require("cartridge.webui").state(m, { corpus = opts.corpus, icl_max = opts.icl_max, qa = opts.qa,
+    qa_max_a = opts.qa_max_tokens, training = opts.training })
+
 local h = http.listen({ host = opts.host, port = opts.port, max_body_bytes = opts.max_body,
     max_connections = opts.max_connections, max_connections_per_peer = opts.max_per_address })
 h:catch_signals()
@@ -128,7 +142,7 @@ local srv = server_mod.new({
     model = m, model_name = model_name, cartridges = carts, http = h, parallel = opts.parallel, ctx = opts.ctx,
     kv = opts.kv, api_key = opts.api_key, parse_special = opts.parse_special, sampling = sampling,
     aliases = opts.alias, default_model = opts.default_model, cors = opts.cors, pooling = opts.pooling,
-    slot_save_path = opts.slot_save_path,
+    slot_save_path = opts.slot_save_path, webui = opts.webui, web = web,
     max_tokens_limit = opts.max_tokens, max_messages = opts.max_messages,
     queue_limit = opts.queue, kv_cache_dir = opts.kv_cache_dir, kv_cache_max = kv_cache_max, fleet = fleet,
     log = not opts.quiet and function(line) io.stderr:write(line, "\n") end or nil,
@@ -140,6 +154,7 @@ print(("serving %s (%s) and %d cartridge(s)%s on http://%s:%d with %d slots"):fo
 print(("sampling when a request omits it: temperature %g, top_p %g, top_k %d, min_p %g, repeat_penalty %g, seed %d")
     :format(sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repeat_penalty,
         sampling.seed))
+if opts.webui then print(("the web page: http://%s:%d/"):format(opts.host, h:port())) end
 io.stdout:flush()
 srv:run()
 srv:free()

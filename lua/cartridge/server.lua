@@ -40,6 +40,7 @@ local metrics = require("cartridge.metrics")
 local kvstore = require("cartridge.kvstore")
 local grammar = require("cartridge.grammar")
 local utility = require("cartridge.server_utility")
+local webui = require("cartridge.webui")
 local C = core.C
 local ffi = core.ffi
 
@@ -189,6 +190,9 @@ function server.new(opts)
     self.model_name = opts.model_name
     self.api_key = opts.api_key
     self.util = server.util -- the request helpers cartridge.server_utility answers with
+    -- the web page at / (off: --no-webui) and what its views read (cartridge.webui)
+    self.webui = opts.webui ~= false
+    self.web = opts.web or { training = {} }
     -- CORS (serve.lua --cors ORIGIN): every response allows that origin, and
     -- OPTIONS answers a browser's preflight; off, OPTIONS is a 405
     self.cors = opts.cors
@@ -1850,7 +1854,8 @@ function Server:models_list()
     table.sort(names)
     for _, name in ipairs(names) do
         data[#data + 1] = { id = name, object = "model", created = self.created, owned_by = "cartridge",
-            cartridge = { p = self.cartridges[name].p, base_model = self.model_name } }
+            cartridge = { p = self.cartridges[name].p, base_model = self.model_name, kv_rows = self.cartridges[name].p,
+                kv_bytes = self.m:kv_bytes(self.cartridges[name].p, self.kv_dtype) } }
     end
     if self.fleet then
         local f = self.fleet
@@ -1875,11 +1880,15 @@ local ROUTES = {
 }
 
 for route, method in pairs(utility.ROUTES) do ROUTES[route] = { [method] = true } end
+for route, method in pairs(webui.ROUTES) do ROUTES[route] = { [method] = true } end
 
--- The route a path names: itself, the /v1 route it abbreviates, or a
--- utility route (with the model id of /v1/models/{id}).
+-- The route a path names: itself, the /v1 route it abbreviates, a utility
+-- route (with the model id of /v1/models/{id}) or the web page's (with the
+-- file of /web/{file}).
 local function route_of(path)
     local route, id = utility.route_of(path)
+    if route then return route, id end
+    route, id = webui.route_of(path)
     if route then return route, id end
     if ROUTES[path] then return path end
     if ROUTES["/v1" .. path] then return "/v1" .. path end
@@ -1900,6 +1909,7 @@ function Server:on_request(id)
             ["Access-Control-Allow-Headers"] = "Authorization, Content-Type, x-api-key, anthropic-version",
             ["Access-Control-Max-Age"] = "86400" })
     end
+    if webui.STATIC[req.route] and not self.webui then allowed = nil end
     if not allowed then
         return self.http:respond(id, 404, "application/json",
             error_body(("Unknown endpoint %s %s"):format(req.method, req.path), "invalid_request_error", nil, "not_found"))
@@ -1914,6 +1924,10 @@ function Server:on_request(id)
         return fail_with(405, ("%s does not accept %s; use %s"):format(req.path, req.method, table.concat(methods, ", ")),
             nil, nil, nil, { Allow = table.concat(methods, ", ") })
     end
+    if webui.STATIC[req.route] then -- the page itself: no API key (it holds no data)
+        local status, ctype, body = webui.static(req.model_id)
+        return self.http:respond(id, status, ctype, body, { ["Cache-Control"] = "no-cache" })
+    end
     if req.route == "/health" then
         local busy = 0
         for _, slot in ipairs(self.slots) do
@@ -1925,6 +1939,9 @@ function Server:on_request(id)
     local ok, job = pcall(function()
         check_auth(self, req)
         if req.route == "/v1/models" or req.route == "/metrics" then return req.route end
+        if webui.ROUTES[req.route] then
+            return { utility = webui.handle(self, req, req.method == "POST" and parse_json(req) or nil) }
+        end
         if utility.ROUTES[req.route] then
             -- a slot's erase may come without a body, as llama-server takes it
             local bodyless = req.route == "/slots/{id}" and (req.body or "") == ""
