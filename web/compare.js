@@ -17,7 +17,7 @@
     if (c) out.push({ key: "cartridge", name: `cartridge ${c.id} (p=${c.cartridge.p})`, model: c.id,
       rows: c.cartridge.kv_rows, bytes: c.cartridge.kv_bytes });
     if (corpus && bare) out.push({ key: "icl", name: "ICL (corpus in context" + (corpus.truncated ? ", truncated)" : ")"),
-      model: bare.id, system: corpus.text, rows: corpus.kv_rows, bytes: corpus.kv_bytes });
+      model: bare.id, system: corpus.system, rows: corpus.kv_rows, bytes: corpus.kv_bytes });
     return out;
   }
 

@@ -3,8 +3,9 @@
 -- cover. recipes/serve.lua serves them through cartridge.server; docs/webui.md.
 --
 --   GET  /, /web/{file}     the page: web/index.html, and its script and style
---   GET  /v1/corpus         the document(s) of --corpus as the ICL arm gets them:
---                           {"text", "tokens", "truncated", "kv_rows", "kv_bytes", "files"}
+--   GET  /v1/corpus         the document(s) of --corpus as the ICL arm gets them: {"system" (the
+--                           system message report.lua's ICL arm wraps them in), "text", "tokens",
+--                           "truncated", "kv_rows", "kv_bytes", "files"}
 --   GET  /v1/qa             the questions of --qa: {"file", "questions": [{"index", "question",
 --                           "answer", "phrasing"}]}
 --   POST /v1/qa/score       {"replies": [{"index", "reply"}]} -> {"results": [{"index", "right",
@@ -74,7 +75,7 @@ handlers["/v1/corpus"] = function(srv)
     local w = srv.web
     if not w.corpus then off(srv, "corpus", "--corpus FILE") end
     local c = w.corpus
-    return json.encode({ text = c.text, tokens = c.tokens, truncated = c.truncated, kv_rows = c.rows,
+    return json.encode({ system = c.system, text = c.text, tokens = c.tokens, truncated = c.truncated, kv_rows = c.rows,
         kv_bytes = srv.m:kv_bytes(c.rows, srv.kv_dtype), files = json.array(c.files) })
 end
 
@@ -196,8 +197,11 @@ function webui.state(m, opts)
         local tok, T = m:tokenizer(), require("cartridge.chat").for_model(m)
         local corpus = require("cartridge.corpus").load(opts.corpus, tok)
         local text, n, truncated = require("cartridge.serve").icl_text(corpus, tok, opts.icl_max or 4096)
-        local block = require("cartridge.selfstudy").system_block(T, text)
-        w.corpus = { text = text, tokens = n, truncated = truncated, files = opts.corpus,
+        local selfstudy = require("cartridge.selfstudy")
+        local block = selfstudy.system_block(T, text)
+        -- the system message whose block report.lua's and selfstudy's ICL arm puts in front
+        local system = T.name == "plain" and text or selfstudy.system_text(text)
+        w.corpus = { system = system, text = text, tokens = n, truncated = truncated, files = opts.corpus,
             rows = #tok:encode(block, { special = true, add_special = true }) }
     end
     if opts.qa then w.qa, w.qa_path = require("cartridge.facts").read_qa(opts.qa), opts.qa end
