@@ -33,15 +33,18 @@ for pkg in $PACKAGES; do
     installed "$pkg" || missing="$missing $pkg"
 done
 
-# The openai and @anthropic-ai/sdk npm packages the server specs drive, and ajv,
-# the JSON Schema validator of the structured-output spec (tests/node/package.json).
+# The openai and @anthropic-ai/sdk npm packages the server specs drive, ajv,
+# the JSON Schema validator of the structured-output spec, and playwright-core,
+# which drives Debian's chromium in the web page's tests (tests/node/package.json;
+# without chromium those tests are pending: .ci/run installs it).
 npm_client() {
     here=$(cd "$(dirname "$0")/.." && pwd)
     # package.json's majors need Node 20; on an older Node (Debian 12 ships 18) the last majors that support it
     node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
     if [ "$node_major" -ge 20 ]; then openai=6 anthropic=1 old=""; else
-        openai=4 anthropic=0 old="openai@^4.104.0 @anthropic-ai/sdk@^0.39.0 ajv@^8.17.1 --no-save"; fi
+        openai=4 anthropic=0 old="openai@^4.104.0 @anthropic-ai/sdk@^0.39.0 ajv@^8.17.1 playwright-core@^1.49.0 --no-save"; fi
     if [ -f "$here/tests/node/node_modules/ajv/package.json" ] &&
+        [ -f "$here/tests/node/node_modules/playwright-core/package.json" ] &&
         grep -q "\"version\": \"$openai\." "$here/tests/node/node_modules/openai/package.json" 2>/dev/null &&
         grep -q "\"version\": \"$anthropic\." "$here/tests/node/node_modules/@anthropic-ai/sdk/package.json" 2>/dev/null; then
         return 0
@@ -51,7 +54,7 @@ npm_client() {
         return 0
     fi
     if command -v npm >/dev/null 2>&1; then
-        echo "setup: installing the openai and Anthropic npm clients and ajv into tests/node"
+        echo "setup: installing the openai and Anthropic npm clients, ajv and playwright-core into tests/node"
         # shellcheck disable=SC2086 # $old: a list of packages, or nothing
         npm install --prefix "$here/tests/node" --no-audit --no-fund --loglevel=error $old ||
             echo "setup: npm install failed; the server specs' npm-client cases will be pending"

@@ -6,7 +6,10 @@
 -- /v1/completions, /v1/messages, /v1/responses; with bit 2 set instead
 -- /v1/messages/count_tokens, /tokenize, /detokenize, /apply-template, the
 -- utility routes, checked by check_utility, or with bits 2 and 3 set
--- /v1/embeddings); the rest is the request body.
+-- /v1/embeddings; with bit 4 set, the web page's routes of
+-- cartridge.webui: mod 4 = 0 or 3 POST /v1/qa/score with the body, 1 GET
+-- /v1/training with the body as the query string, 2 GET /v1/training over a
+-- run whose metrics file holds the body); the rest is the request body.
 --
 --   1. json.decode(body). When it decodes, json.encode of the value must
 --      succeed and decode to an equal value whose encoding is the same text
@@ -111,8 +114,42 @@ local function check_utility(route, body)
     end
 end
 
+-- The web page's routes (cartridge.webui), over two questions and one run
+-- whose metrics file the input may write: a 200 of JSON, or a 4xx.
+local webui = require("cartridge.webui")
+local metrics_file = os.tmpname()
+srv.web = { qa = { { question = "Where?", answer = "Longri", others = { "Tarn" } }, { question = "Who?", answer = "Hosshe" } },
+    qa_path = "qa.jsonl", training = { { name = "run", path = metrics_file } } }
+
+local function check_web(kind, body)
+    local route, query, value = "/v1/training", nil, nil
+    if kind == 1 then query = body
+    elseif kind == 2 then
+        local f = assert(io.open(metrics_file, "wb"))
+        f:write(body)
+        f:close()
+    else
+        route = "/v1/qa/score"
+        local ok
+        ok, value = pcall(json.decode, body)
+        if not ok or type(value) ~= "table" then return end
+    end
+    local req = { path = route, route = route, method = value and "POST" or "GET", query = query, body = body,
+        header = function() return nil end }
+    local done, out = pcall(webui.handle, srv, req, value)
+    if not done then
+        if not (is_request_error(out) and out.status >= 400 and out.status <= 499 and type(out.message) == "string") then
+            util.finding("%s raised %s", route, util.describe(out))
+        end
+        return
+    end
+    local parsed_ok, r = pcall(json.decode, out)
+    if not parsed_ok or type(r) ~= "table" then util.finding("%s answered text that is not JSON: %s", route, out) end
+end
+
 return function(data)
     if #data == 0 then return end
+    if data:byte(1) % 32 >= 16 then return check_web(data:byte(1) % 4, data:sub(2)) end
     if data:byte(1) % 16 >= 12 then return check_utility("/v1/embeddings", data:sub(2)) end
     if data:byte(1) % 8 >= 4 then return check_utility(UTILITY[data:byte(1) % 4 + 1], data:sub(2)) end
     local path = PATHS[data:byte(1) % 4 + 1]

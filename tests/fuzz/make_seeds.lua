@@ -474,6 +474,11 @@ end
 put("fuzz_request", "raw09", "\0" .. '{"messages":[{"role":"user","content":"x"}],"tool_choice":"required",'
     .. '"tools":[{"type":"function","function":{"name":"f","parameters":{"maximum":1e999}}}]}')
 
+-- the web page's routes (byte 0 with bit 4): a QA score, a training query, a metrics file
+put("fuzz_request", "web01", "\16" .. '{"replies":[{"index":0,"reply":"Longri."},{"index":1,"reply":"Tarn"}]}')
+put("fuzz_request", "web02", "\17" .. "run=run&since=1")
+put("fuzz_request", "web03", "\18" .. '{"event":"start","settings":{"steps":2}}\n{"step":1,"steps":2,"loss":0.5}\n{"step":2')
+
 -- ---------------------------------------------------------------------------
 -- Chat templates. Byte 0: bits 0-1 template, bit 2 by name, bit 3 no
 -- generation prompt, bit 4 thinking, bit 5 no opts; then messages separated
