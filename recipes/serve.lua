@@ -68,6 +68,7 @@ local opts = options.parse(arg, {
         { "quiet", type = "boolean", help = "no per-request log lines" },
         { "webui", type = "boolean", default = true, help = "the web page at / (chat, compare, training, fleet; "
             .. "docs/webui.md)" },
+        { "open", type = "boolean", help = "open the web page in the desktop's browser (xdg-open) once listening" },
         { "corpus", repeatable = true, help = "the document(s) a cartridge was trained on: GET /v1/corpus, the "
             .. "page's corpus-in-context arm (a file or a directory of .md files; repeatable)" },
         { "icl-max", type = "int", default = 4096, help = "with --corpus: its tokens in context at most" },
@@ -89,6 +90,7 @@ require("cartridge.cart").allow_foreign = opts.foreign_cartridge
 if opts.model and opts.gguf and opts.model ~= opts.gguf then
     error(("serve: two models: %s (positional) and --model %s; give one"):format(opts.gguf, opts.model), 0)
 end
+if opts.open and not opts.webui then error("serve: --open shows the web page, which --no-webui turns off", 0) end
 opts.model = opts.model or opts.gguf
 if not opts.model then error("serve: give the model: serve.lua MODEL.gguf, or --model MODEL.gguf (see --help)", 0) end
 if opts.parallel < 1 or opts.ctx < 16 then error("serve: --parallel must be >= 1 and --ctx >= 16", 0) end
@@ -154,7 +156,16 @@ print(("serving %s (%s) and %d cartridge(s)%s on http://%s:%d with %d slots"):fo
 print(("sampling when a request omits it: temperature %g, top_p %g, top_k %d, min_p %g, repeat_penalty %g, seed %d")
     :format(sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repeat_penalty,
         sampling.seed))
-if opts.webui then print(("the web page: http://%s:%d/"):format(opts.host, h:port())) end
+if opts.webui then
+    local page = ("http://%s:%d/"):format(opts.host, h:port())
+    print("the web page: " .. page)
+    if opts.open then
+        -- xdg-open returns at once; a machine without a desktop says so and the server goes on
+        local found = os.execute("command -v xdg-open >/dev/null 2>&1")
+        if found == 0 or found == true then os.execute("xdg-open '" .. page .. "' >/dev/null 2>&1 &")
+        else print("(--open: this machine has no xdg-open; open " .. page .. " in a browser)") end
+    end
+end
 io.stdout:flush()
 srv:run()
 srv:free()
