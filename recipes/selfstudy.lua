@@ -49,6 +49,8 @@ local opts = options.parse(arg, {
         { "draft-ref", type = "boolean", help = "embed the corpus token ids (for corpus-drafted serving)" },
         { "gen-batch", type = "int", default = 0, help = "conversations generated per lockstep group (a multiple of --accum; 0: the smallest multiple that is at least 16); the same bits" },
         { "qa", help = "a JSONL file of {\"question\", \"answer\"} lines: exact-match accuracy of the cartridge as it trains" },
+        { "heldout-every", type = "int", default = 0, help = "measure the held-out distill loss every N steps too "
+            .. "(0: before and after only); the metrics' heldout lines, the web page's held-out curve" },
         { "qa-every", type = "int", default = 0, help = "with --qa: score every N steps (0: at the end only), with bare and ICL at the start" },
         { "threads", type = "int", default = 0, help = "threads (0: every core this process may use; under mpirun, the rank's)" },
         { "load", help = "serve mode: a saved cartridge" },
@@ -482,6 +484,12 @@ for step = 1, opts.steps do
             io.stderr:write(("selfstudy: checkpoint of step %d not saved to %s: %s; the run goes on, and the next "
                 .. "save tries again\n"):format(step, opts.save, why))
         end
+    end
+    if heldout and opts.heldout_every > 0 and step % opts.heldout_every == 0 and step < opts.steps then
+        local loss_now = selfstudy.eval_loss(tr, c, heldout)
+        clear()
+        print(("step %3d: held-out distill loss %.4f"):format(step, loss_now))
+        record({ event = "heldout", step = step, loss = loss_now })
     end
     if qa and opts.qa_every > 0 and step % opts.qa_every == 0 and step < opts.steps then
         clear()

@@ -9,11 +9,12 @@
   let runs = [], timer = null, current = null; // current: { name, lines, since, state, local }
 
   function summarize(lines) {
-    const s = { steps: [], qa: [], start: null, before: null, after: null, reference: null };
+    const s = { steps: [], qa: [], heldout: [], start: null, before: null, after: null, reference: null };
     for (const l of lines) {
       if (l.event === "start") s.start = l.settings;
       else if (l.event === "heldout_before") s.before = l.loss;
       else if (l.event === "heldout_after") s.after = l.loss;
+      else if (l.event === "heldout") s.heldout.push([l.step, l.loss]);
       else if (l.event === "qa") s.qa.push(l);
       else if (l.event === "qa_reference") s.reference = l;
       else if (typeof l.step === "number" && typeof l.loss === "number") s.steps.push(l);
@@ -53,13 +54,13 @@
       summary.append(el("div", { class: "error", text: `no new line for ${Math.round(current.age)} s: the run may have stopped` }));
     }
     const points = s.steps.map((l) => [l.step, l.loss]);
-    const held = [];
-    if (s.before !== null) held.push([0, s.before]);
+    // held-out: before training (step 0), every --heldout-every N steps, after
+    const held = (s.before !== null ? [[0, s.before]] : []).concat(s.heldout);
     if (s.after !== null && last) held.push([last.step, s.after]);
     Plot.draw($("train-loss-plot"), { xlabel: "optimizer step", ylabel: "loss (nats/token)", ymin: 0,
       series: [{ name: "distill loss", points, color: "#7aa6d8", width: 1 },
         { name: "mean of 10 steps", points: Plot.smooth(points, 10), color: "#1f5fa8" },
-        { name: "held-out loss (before, after)", points: held, color: "#c0392b", dots: true, noline: true }] });
+        { name: "held-out loss", points: held, color: "#c0392b", dots: true }] });
     const pct = (r) => 100 * r.right / r.total;
     const hl = [];
     if (s.reference) {

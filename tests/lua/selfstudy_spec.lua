@@ -396,7 +396,8 @@ exit $rc]]):format(helper.q(rescue), helper.q(rescue), flags))
         end
         local ref = rows_after("base", {})
         local cases = { { "checkpoint", { "--checkpoint" }, 0 }, { "gen-batch", { "--gen-batch", "4" }, 0 },
-            { "spec-b", { "--spec-b" }, 0 }, { "teacher-pass", { "--teacher-pass" }, 1e-2 } }
+            { "spec-b", { "--spec-b" }, 0 }, { "heldout-every", { "--heldout-every", "1" }, 0 },
+            { "teacher-pass", { "--teacher-pass" }, 1e-2 } }
         for _, case in ipairs(cases) do
             local c = rows_after(case[1], case[2])
             local worst = 0
