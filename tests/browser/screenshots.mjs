@@ -13,7 +13,7 @@ if (!url || !out || !question) {
   console.error("usage: node tests/browser/screenshots.mjs URL OUT_DIR QUESTION [FLEET_URL]");
   process.exit(2);
 }
-const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium", args: ["--no-sandbox"] });
+const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium", args: ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"] });
 const page = await browser.newPage({ viewport: { width: 1000, height: 640 } });
 const done = (fn) => page.waitForFunction(fn, null, { timeout: 120000 });
 

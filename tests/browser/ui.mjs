@@ -20,7 +20,7 @@ const { chromium } = require("../node/node_modules/playwright-core");
 const url = process.env.CARTRIDGE_URL, fleetUrl = process.env.CARTRIDGE_FLEET_URL, out = process.env.OUT_DIR;
 const question = process.env.QUESTION || "Where does Hosshe live?";
 const result = { errors: [] };
-const browser = await chromium.launch({ executablePath: process.env.CHROMIUM, args: ["--no-sandbox"] });
+const browser = await chromium.launch({ executablePath: process.env.CHROMIUM, args: ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"] });
 const page = await browser.newPage({ viewport: { width: 1100, height: 760 } });
 page.on("pageerror", (e) => result.errors.push(e.message));
 const health = async () => (await fetch(url + "/health")).json();
