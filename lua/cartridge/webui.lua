@@ -162,6 +162,9 @@ handlers["/v1/training"] = function(srv, req)
     if #w.training == 0 then off(srv, "training runs", "--training NAME=RUN.safetensors (a selfstudy --save path)") end
     local q = req.query or ""
     local want = q:match("run=([^&]+)")
+    if want then -- as a browser's encodeURIComponent sends it
+        want = want:gsub("%+", " "):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+    end
     local since = tonumber(q:match("since=(%d+)") or "0")
     local out = {}
     for _, run in ipairs(w.training) do
