@@ -32,7 +32,7 @@
 #include "train.h"
 #include "compact.h"
 #include "params.h"
-#include "spec.h"
+#include "draft.h"
 #include "http.h"
 #include "dist.h"
 #include "abi.h"

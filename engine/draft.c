@@ -1,5 +1,5 @@
 /*
- * spec.c - a suffix automaton over token ids (see spec.h).
+ * draft.c - a suffix automaton over token ids (see draft.h).
  *
  * States carry len (longest string in the state), link (suffix link) and
  * last_end (the largest end position, in the reference, of the strings in
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "internal.h"
-#include "spec.h"
+#include "draft.h"
 
 typedef struct sam_state {
     int32_t len;

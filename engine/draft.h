@@ -1,5 +1,5 @@
 /*
- * spec.h - drafting tokens from a reference sequence for speculative decoding.
+ * draft.h - drafting tokens from a reference sequence for speculative decoding.
  *
  * A cart_sam is a suffix automaton over a token sequence (the corpus ids, or
  * a prompt), built once and then read-only. A cursor follows a stream of
@@ -12,8 +12,8 @@
  * Memory: about 2 states and 3 transitions per reference token (tens of bytes
  * per token); building is linear in the reference length.
  */
-#ifndef CART_SPEC_H
-#define CART_SPEC_H
+#ifndef CART_DRAFT_H
+#define CART_DRAFT_H
 
 #include <stdint.h>
 

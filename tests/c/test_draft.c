@@ -1,10 +1,10 @@
 /*
- * test_spec.c - the suffix automaton drafts what a brute-force search finds:
+ * test_draft.c - the suffix automaton drafts what a brute-force search finds:
  * the continuation of the latest occurrence of the longest matching suffix.
  */
 #include "check.h"
 #include "rng.h"
-#include "spec.h"
+#include "draft.h"
 
 /* Brute force: longest suffix of ctx[0..n) occurring in ref, its latest end. */
 static void brute(const int32_t *ref, int64_t nr, const int32_t *ctx, int64_t n, int32_t *len_out,
@@ -95,5 +95,5 @@ static void test_a_repeated_phrase_drafts_its_continuation(void) {
 int main(void) {
     RUN(test_drafts_match_a_brute_force_search);
     RUN(test_a_repeated_phrase_drafts_its_continuation);
-    return check_finish("spec");
+    return check_finish("draft");
 }
