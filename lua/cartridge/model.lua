@@ -26,7 +26,9 @@ Model.__index = Model
 local KV = {}
 KV.__index = KV
 
-local ARCH = { [1] = "llama", [2] = "qwen3", [3] = "gemma4" }
+-- architecture names by the engine's enum (engine/model.h), read through the FFI
+local ARCH = { [tonumber(C.CART_ARCH_LLAMA)] = "llama", [tonumber(C.CART_ARCH_QWEN3)] = "qwen3",
+    [tonumber(C.CART_ARCH_GEMMA4)] = "gemma4" }
 
 local function config_table(c)
     return {

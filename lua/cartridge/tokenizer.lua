@@ -66,7 +66,7 @@ function tokenizer.load(source)
     local bos, eos = C.cart_tokenizer_bos(h), C.cart_tokenizer_eos(h)
     return setmetatable({
         handle = h,
-        kind = C.cart_tokenizer_kind_of(h) == 2 and "spm" or "bpe", -- CART_TOKENIZER_SPM
+        kind = C.cart_tokenizer_kind_of(h) == C.CART_TOKENIZER_SPM and "spm" or "bpe",
         vocab_size = core.int(C.cart_tokenizer_vocab_size(h)),
         bos = bos >= 0 and bos or nil, -- nil when the model has none
         eos = eos >= 0 and eos or nil,
