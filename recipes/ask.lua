@@ -14,7 +14,7 @@ local cartridge = require("cartridge")
 local options = require("cartridge.options")
 local defaults = require("cartridge.defaults")
 local corpus_mod = require("cartridge.corpus")
-local serve = require("cartridge.serve")
+local answering = require("cartridge.answering")
 local grammar = require("cartridge.grammar")
 
 local opts = options.parse(arg, {
@@ -52,7 +52,7 @@ local spec, label
 if opts.spec_serve then
     spec, label = require("cartridge.speculative").for_serving(opts.load, corpus, m)
 end
-serve.print_three({ model = m, cartridge = c, question = opts.ask, max_a = opts.max_a, corpus = corpus,
+answering.print_three({ model = m, cartridge = c, question = opts.ask, max_a = opts.max_a, corpus = corpus,
     icl_max = opts.icl_max, speculative = spec, spec_label = label, grammar = schema })
 if spec then
     local s = spec.stats

@@ -22,7 +22,7 @@ local randmodel = require("cartridge.randmodel")
 local fleet = require("cartridge.fleet")
 local retrieval = require("cartridge.retrieval")
 local selfstudy = require("cartridge.selfstudy")
-local serve = require("cartridge.serve")
+local answering = require("cartridge.answering")
 local chat = require("cartridge.chat")
 local fs = require("cartridge.fs")
 local cart = cartridge.cart
@@ -117,12 +117,12 @@ print(("index: %d chunks of %d tokens in %.1f s (%.2f s/chunk)"):format(index.n,
 -- serving: bare, then behind 1 and 2 composed cartridges mapped from disk
 local question = "What does this document explain, and how do I use it?"
 local function timed(prefix, label)
-    local r = serve.answer({ model = m, cartridge = prefix, question = question, max_a = opts.answer,
+    local r = answering.answer({ model = m, cartridge = prefix, question = question, max_a = opts.answer,
         ignore_eos = true })
     print(("serve %-11s: %.2f s for %d tokens (~%.1f tok/s, %d KV rows in front)"):format(label, r.seconds, #r.ids,
         r.tok_s, prefix and prefix.p or 0))
 end
-serve.answer({ model = m, question = question, max_a = 1 }) -- warm-up: first-touch costs out of the figures
+answering.answer({ model = m, question = question, max_a = 1 }) -- warm-up: first-touch costs out of the figures
 timed(nil, "bare")
 local a, b = cart.map(fleet.join(dir, man.docs[1].cart_file), m), cart.map(fleet.join(dir, man.docs[2].cart_file), m)
 timed(cart.stack({ a }), "1 cartridge")

@@ -36,7 +36,7 @@ local options = require("cartridge.options")
 local defaults = require("cartridge.defaults")
 local corpus_mod = require("cartridge.corpus")
 local selfstudy = require("cartridge.selfstudy")
-local serve = require("cartridge.serve")
+local answering = require("cartridge.answering")
 local facts = require("cartridge.facts")
 local compact = require("cartridge.compact")
 local protocol = require("cartridge.protocol")
@@ -173,7 +173,7 @@ local function compare_doc(path, qa_list, quiet)
     local results = {}
     local bare = score({})
     show("bare", 0, fmt.bytes(0), "-", bare)
-    local icl = score({ system = serve.icl_text(corpus, tok, m.config.n_ctx_train) })
+    local icl = score({ system = answering.icl_text(corpus, tok, m.config.n_ctx_train) })
     show("ICL", n, fmt.bytes(n * row_bytes), "-", icl)
     results[#results + 1] = { method = "bare", p = 0, kv_bytes = 0, sets = bare }
     results[#results + 1] = { method = "ICL", p = n, kv_bytes = n * row_bytes, sets = icl }

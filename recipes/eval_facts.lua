@@ -20,7 +20,7 @@ local defaults = require("cartridge.defaults")
 local protocol = require("cartridge.protocol")
 local facts = require("cartridge.facts")
 local selfstudy = require("cartridge.selfstudy")
-local serve = require("cartridge.serve")
+local answering = require("cartridge.answering")
 local corpus_mod = require("cartridge.corpus")
 local chat = require("cartridge.chat")
 local json = require("cartridge.json")
@@ -89,7 +89,7 @@ for seed = first, last do
     local train_s = C.cart_now_seconds() - t0
     local row = { seed = seed, n = #all, p = p, train_seconds = train_s, arms = {} }
     local line = { ("doc %d: n %d, p %d, %.0f s;"):format(seed, #all, p, train_s) }
-    local icl_text = serve.icl_text(corpus, tok, m.config.n_ctx_train)
+    local icl_text = answering.icl_text(corpus, tok, m.config.n_ctx_train)
     for _, a in ipairs(ARMS) do
         local arm = { cartridge = a == "cartridge" and c or nil, system = a == "ICL" and icl_text or nil }
         local cells = {}

@@ -33,7 +33,7 @@ local chat = require("cartridge.chat")
 local json = require("cartridge.json")
 local fs = require("cartridge.fs")
 local retrieval = require("cartridge.retrieval")
-local serve = require("cartridge.serve")
+local answering = require("cartridge.answering")
 local cart = cartridge.cart
 local C = cartridge.C
 
@@ -124,10 +124,10 @@ if opts.ask then
     local parts = {}
     for k, i in ipairs(chosen) do parts[k] = cart.map(fleet.join(dir, man.docs[i].cart_file), m) end
     local prefix = cart.stack(parts)
-    local r = serve.answer({ model = m, cartridge = prefix, question = opts.ask, max_a = opts.max_a })
+    local r = answering.answer({ model = m, cartridge = prefix, question = opts.ask, max_a = opts.max_a })
     print(("[%d composed cartridge(s), %d KV rows] (%.2f s, ~%.1f tok/s)"):format(#parts, prefix.p, r.seconds, r.tok_s))
     print(r.text)
-    local bare = serve.answer({ model = m, question = opts.ask, max_a = opts.max_a })
+    local bare = answering.answer({ model = m, question = opts.ask, max_a = opts.max_a })
     print("[bare model, no context]")
     print(bare.text)
     for _, c in ipairs(parts) do c:free() end

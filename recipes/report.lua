@@ -39,7 +39,7 @@ local options = require("cartridge.options")
 local defaults = require("cartridge.defaults")
 local corpus_mod = require("cartridge.corpus")
 local selfstudy = require("cartridge.selfstudy")
-local serve = require("cartridge.serve")
+local answering = require("cartridge.answering")
 local chat = require("cartridge.chat")
 local json = require("cartridge.json")
 local fmt = require("cartridge.fmt")
@@ -145,7 +145,7 @@ if opts.qa then
     end
     if #opts.corpus > 0 then
         local corpus = corpus_mod.load(opts.corpus, tok)
-        local text, _, truncated = serve.icl_text(corpus, tok, opts.icl_max)
+        local text, _, truncated = answering.icl_text(corpus, tok, opts.icl_max)
         arms[#arms + 1] = { name = "ICL (corpus in context" .. (truncated and ", truncated)" or ")"), system = text }
     end
     local started = C.cart_now_seconds()
@@ -286,7 +286,7 @@ if corpus then
             .. "template and the longest held-out text fit the model's %d-token context"):format(
             math.min(icl_max, corpus.n_tokens), corpus.n_tokens, opts.icl_max, n_ctx))
     end
-    local text, _, truncated = serve.icl_text(corpus, tok, icl_max)
+    local text, _, truncated = answering.icl_text(corpus, tok, icl_max)
     local ctx = tok:encode(selfstudy.system_block(template, text),
         { special = true, add_special = true })
     arms[#arms + 1] = score({ name = "ICL (corpus in context" .. (truncated and ", truncated)" or ")"),

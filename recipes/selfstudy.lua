@@ -26,7 +26,7 @@ local defaults = require("cartridge.defaults")
 local corpus_mod = require("cartridge.corpus")
 local cart = require("cartridge.cart")
 local selfstudy = require("cartridge.selfstudy")
-local serve = require("cartridge.serve")
+local answering = require("cartridge.answering")
 local progress = require("cartridge.progress")
 local json = require("cartridge.json")
 local chat = require("cartridge.chat")
@@ -115,7 +115,7 @@ if opts.load then
         local speculative = require("cartridge.speculative")
         spec, label = speculative.for_serving(opts.load, corpus, m)
     end
-    serve.print_three({ model = m, cartridge = c, question = opts.ask, expected = opts.expect, max_a = opts.max_a,
+    answering.print_three({ model = m, cartridge = c, question = opts.ask, expected = opts.expect, max_a = opts.max_a,
         corpus = corpus,
         icl_max = opts.icl_max, speculative = spec, spec_label = label })
     return
@@ -383,7 +383,7 @@ if opts.qa and dist.root() then -- only rank 0's host needs the file
     facts = require("cartridge.facts")
     qa = facts.read_qa(opts.qa)
     local bare, bare_first = score_sets({})
-    local icl, icl_first = score_sets({ system = (serve.icl_text(corpus, tok, opts.icl_max)) })
+    local icl, icl_first = score_sets({ system = (answering.icl_text(corpus, tok, opts.icl_max)) })
     print(("qa: %d questions; bare %s; ICL %s"):format(#qa, sets_text(bare), sets_text(icl)))
     record({ event = "qa_reference", bare = bare_first.right, icl = icl_first.right, total = icl_first.total,
         sets = { bare = bare, icl = icl } })
@@ -523,7 +523,7 @@ print("cartridge saved to " .. opts.save)
 if opts.ask then
     print(("cartridge: p = %d rows/layer x %d layers, %s of f16 KV served (%s as trained and saved, f32)"):format(
         c.p, c.n_layer, cartridge.fmt.bytes(m:kv_bytes(c.p, "f16")), cartridge.fmt.bytes(c:bytes())))
-    serve.print_three({ model = m, cartridge = c, question = opts.ask, expected = opts.expect, max_a = opts.max_a,
+    answering.print_three({ model = m, cartridge = c, question = opts.ask, expected = opts.expect, max_a = opts.max_a,
         corpus = corpus,
         icl_max = opts.icl_max })
 end

@@ -199,7 +199,7 @@ function webui.state(m, opts)
     if opts.corpus and #opts.corpus > 0 then
         local tok, T = m:tokenizer(), require("cartridge.chat").for_model(m)
         local corpus = require("cartridge.corpus").load(opts.corpus, tok)
-        local text, n, truncated = require("cartridge.serve").icl_text(corpus, tok, opts.icl_max or 4096)
+        local text, n, truncated = require("cartridge.answering").icl_text(corpus, tok, opts.icl_max or 4096)
         local selfstudy = require("cartridge.selfstudy")
         local block = selfstudy.system_block(T, text)
         -- the system message whose block report.lua's and selfstudy's ICL arm puts in front

@@ -1,9 +1,9 @@
--- cartridge.serve: answering a question behind a cartridge, from the bare
+-- cartridge.answering: answering a question behind a cartridge, from the bare
 -- model, and with the corpus in context (ICL), as recipes/ask.lua and
 -- `selfstudy.lua --load F --ask Q` print them.
 --
---   local serve = require("cartridge.serve")
---   local r = serve.answer{ model = m, cartridge = c, question = "...", max_a = 192 }
+--   local answering = require("cartridge.answering")
+--   local r = answering.answer{ model = m, cartridge = c, question = "...", max_a = 192 }
 --   r.text, r.ids, r.seconds, r.tok_s, r.rows (KV rows in front of the prompt),
 --   r.prompt_tokens, r.question_tokens (the question's turn within the prompt)
 --
@@ -21,7 +21,7 @@ local grammar_mod = require("cartridge.grammar")
 local sampler_mod = require("cartridge.sampler")
 local C = core.C
 
-local serve = {}
+local answering = {}
 
 local function now() return C.cart_now_seconds() end
 
@@ -30,7 +30,7 @@ local function now() return C.cart_now_seconds() end
 -- speculative drafter with :decode, see cartridge.speculative), template,
 -- grammar (optional, not with speculative), ignore_eos (greedy decoding goes
 -- on past the end of the turn: a benchmark's fixed length).
-function serve.answer(opts)
+function answering.answer(opts)
     local m = opts.model
     local tok = m:tokenizer()
     local T = opts.template or chat.for_model(m)
@@ -47,7 +47,7 @@ function serve.answer(opts)
     if opts.cartridge then opts.cartridge:append_to(kv) end
     local ids
     if opts.speculative and opts.grammar then
-        error("serve.answer: a grammar and speculative decoding together are not supported (drafted tokens are not "
+        error("answering.answer: a grammar and speculative decoding together are not supported (drafted tokens are not "
             .. "checked against the grammar)", 0)
     end
     if opts.grammar then
@@ -94,7 +94,7 @@ end
 
 -- The corpus text for the ICL arm: the whole corpus, or the text of its first
 -- icl_max tokens. Returns text, rows it will take, truncated (bool).
-function serve.icl_text(corpus, tok, icl_max)
+function answering.icl_text(corpus, tok, icl_max)
     if corpus.n_tokens <= icl_max then return corpus.text, corpus.n_tokens, false end
     return tok:decode(corpus.ids:sub(0, icl_max), { special = true }), icl_max, true
 end
@@ -106,7 +106,7 @@ end
 -- opts: model, cartridge, cartridge_path, question, max_a, corpus (optional),
 -- icl_max, speculative (optional), spec_label (text after "KV rows"),
 -- grammar (optional: every answer a document of it).
-function serve.print_three(opts)
+function answering.print_three(opts)
     local m, c = opts.model, opts.cartridge
     local tok = m:tokenizer()
     -- with opts.expected, each label says whether the reply's first line
@@ -116,18 +116,18 @@ function serve.print_three(opts)
         return require("cartridge.facts").correct(r.text, opts.expected) and " -- right" or " -- wrong"
     end
     if opts.expected then print(("question: %s (expected: %s)"):format(opts.question, opts.expected)) end
-    local r = serve.answer({ model = m, cartridge = c, question = opts.question, max_a = opts.max_a,
+    local r = answering.answer({ model = m, cartridge = c, question = opts.question, max_a = opts.max_a,
         speculative = opts.speculative, grammar = opts.grammar })
     print(("[cartridge, %d KV rows%s] (%.2f s, ~%.1f tok/s)%s"):format(c.p, opts.spec_label or "", r.seconds, r.tok_s,
         verdict(r)))
     print(r.text)
-    local bare = serve.answer({ model = m, question = opts.question, max_a = opts.max_a, grammar = opts.grammar })
+    local bare = answering.answer({ model = m, question = opts.question, max_a = opts.max_a, grammar = opts.grammar })
     print("[bare model, no context]" .. verdict(bare))
     print(bare.text)
     local icl
     if opts.corpus then
-        local text, _, truncated = serve.icl_text(opts.corpus, tok, opts.icl_max or 4096)
-        icl = serve.answer({ model = m, question = opts.question, max_a = opts.max_a, system = text,
+        local text, _, truncated = answering.icl_text(opts.corpus, tok, opts.icl_max or 4096)
+        icl = answering.answer({ model = m, question = opts.question, max_a = opts.max_a, system = text,
             grammar = opts.grammar })
         -- rows in front of the question's turn, as the cartridge's p and
         -- report.lua's ICL arm count them (facts.accuracy): the system block
@@ -143,4 +143,4 @@ function serve.print_three(opts)
     return r, bare, icl
 end
 
-return serve
+return answering
