@@ -240,6 +240,10 @@ describe("the fleet manifest", function()
             { good:gsub('"resident":false', '"resident":"no"', 1), "docs[0].resident must be true or false" },
             { good:gsub('"rows":32', '"rows":33', 1), "docs[0].rows must be an integer in [1, p = 32]" },
             { "[]", "the top level must be an object" },
+            -- numbers past a double's range read as infinity, which no manifest written back can hold
+            { '{"note":1e999,' .. good:sub(2), "the manifest.note is a number beyond a double's range" },
+            { (good:gsub('"resident":false', '"resident":false,"x":[0,-1e999]', 1)),
+                "the manifest.docs[0].x[1] is a number beyond a double's range" },
         }
         for _, case in ipairs(cases) do
             helper.write_file(dir .. "/fleet.json", case[1])
