@@ -117,7 +117,9 @@ end
 -- The web page's routes (cartridge.webui), over two questions and one run
 -- whose metrics file the input may write: a 200 of JSON, or a 4xx.
 local webui = require("cartridge.webui")
-local metrics_file = os.tmpname()
+local tmp_name = os.tmpname()
+os.remove(tmp_name)
+local metrics_file = tmp_name .. ".metrics.jsonl" -- read as it is (a run's --save path would be read beside it)
 srv.web = { qa = { { question = "Where?", answer = "Longri", others = { "Tarn" } }, { question = "Who?", answer = "Hosshe" } },
     qa_path = "qa.jsonl", training = { { name = "run", path = metrics_file } } }
 

@@ -478,6 +478,7 @@ put("fuzz_request", "raw09", "\0" .. '{"messages":[{"role":"user","content":"x"}
 put("fuzz_request", "web01", "\16" .. '{"replies":[{"index":0,"reply":"Longri."},{"index":1,"reply":"Tarn"}]}')
 put("fuzz_request", "web02", "\17" .. "run=run&since=1")
 put("fuzz_request", "web03", "\18" .. '{"event":"start","settings":{"steps":2}}\n{"step":1,"steps":2,"loss":0.5}\n{"step":2')
+put("fuzz_request", "web04", "\18" .. '{"step":1,"steps":2,"loss":1e999}\n{"step":2,"steps":2,"loss":0.5}\n')
 
 -- ---------------------------------------------------------------------------
 -- Chat templates. Byte 0: bits 0-1 template, bit 2 by name, bit 3 no
