@@ -18,7 +18,6 @@
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
-local randmodel = require("cartridge.randmodel")
 local fleet = require("cartridge.fleet")
 local retrieval = require("cartridge.retrieval")
 local selfstudy = require("cartridge.selfstudy")
@@ -53,14 +52,7 @@ end
 cartridge.set_threads(opts.threads)
 local now = C.cart_now_seconds
 
-local path = opts.model
-if not path then
-    path = cartridge.root .. "/models/bench-qwen3-0.6b-f16.gguf"
-    if fs.kind(path) ~= "file" then
-        io.stderr:write("bench_fleet: generating " .. path .. " (once)\n")
-        randmodel.write({ out = path, preset = "qwen3-0.6b", dtype = "f16", seed = 7 })
-    end
-end
+local path = require("cartridge.defaults").bench_model(opts.model, "bench_fleet")
 local m = cartridge.model.load(path)
 print(m:describe() .. (", %d threads"):format(cartridge.threads()))
 local tok = m:tokenizer()

@@ -23,7 +23,6 @@
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
-local randmodel = require("cartridge.randmodel")
 local defaults = require("cartridge.defaults")
 local json = require("cartridge.json")
 local ffi = cartridge.ffi
@@ -71,14 +70,7 @@ for _, d in ipairs(dtypes) do require("cartridge.dtype").id(d) end -- an unknown
 -- the file to measure for a dtype: --model, or a generated random model of
 -- the preset's shape (written once into models/)
 local function model_path(dtype)
-    if opts.model then return opts.model end
-    local suffix = opts.preset == "qwen3-0.6b" and "qwen3-0.6b" or opts.preset
-    local path = ("%s/models/bench-%s-%s.gguf"):format(cartridge.root, suffix, dtype)
-    if not defaults.exists(path) then
-        io.stderr:write("bench_infer: generating " .. path .. " (once)\n")
-        randmodel.write({ out = path, preset = opts.preset, dtype = dtype, seed = 7 })
-    end
-    return path
+    return defaults.bench_model(opts.model, "bench_infer", opts.preset, dtype)
 end
 
 -- the machine's limits, measured now

@@ -37,7 +37,6 @@
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
-local randmodel = require("cartridge.randmodel")
 local defaults = require("cartridge.defaults")
 local corpus_mod = require("cartridge.corpus")
 local selfstudy = require("cartridge.selfstudy")
@@ -70,14 +69,7 @@ local opts = options.parse(arg, {
 })
 local function fail(msg) error("bench_selfstudy: " .. msg, 0) end
 
-local path = opts.model
-if not path then
-    path = cartridge.root .. "/models/bench-qwen3-0.6b-f16.gguf"
-    if not defaults.exists(path) then
-        io.stderr:write("bench_selfstudy: generating " .. path .. " (once)\n")
-        randmodel.write({ out = path, preset = "qwen3-0.6b", dtype = "f16", seed = 7 })
-    end
-end
+local path = defaults.bench_model(opts.model, "bench_selfstudy")
 
 -- ---------------------------------------------------------------------------
 -- --ranks N: the recipe alone and under mpirun, and the projection

@@ -72,12 +72,7 @@ end
 local dir = sh("mktemp -d /tmp/cartridge-bench-server.XXXXXX"):gsub("%s+$", "")
 local model = opts.model
 if not model and opts.shape == "0.6b" then
-    model = cartridge.root .. "/models/bench-qwen3-0.6b-f16.gguf"
-    local f = io.open(model, "rb")
-    if f then f:close() else
-        print("generating the Qwen3-0.6B-shaped model (f16, once) at " .. model)
-        randmodel.write({ out = model, preset = "qwen3-0.6b", dtype = "f16", seed = 7 })
-    end
+    model = require("cartridge.defaults").bench_model(nil, "bench_server")
 elseif not model then
     model = dir .. "/model.gguf"
     randmodel.write({ out = model, preset = "default", dtype = "f16", quiet = true })

@@ -13,7 +13,6 @@
 
 local cartridge = require("cartridge")
 local options = require("cartridge.options")
-local randmodel = require("cartridge.randmodel")
 local defaults = require("cartridge.defaults")
 local json = require("cartridge.json")
 local helper_q = function(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
@@ -33,14 +32,7 @@ local opts = options.parse(arg, {
     },
 })
 
-local path = opts.model
-if not path then
-    path = cartridge.root .. "/models/bench-qwen3-0.6b-f16.gguf"
-    if not defaults.exists(path) then
-        io.stderr:write("bench_train: generating " .. path .. " (once)\n")
-        randmodel.write({ out = path, preset = "qwen3-0.6b", dtype = "f16", seed = 7 })
-    end
-end
+local path = defaults.bench_model(opts.model, "bench_train")
 
 local function rss_peak_kib()
     for line in io.lines("/proc/self/status") do

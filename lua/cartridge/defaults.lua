@@ -18,6 +18,22 @@ local function exists(path)
 end
 defaults.exists = exists
 
+-- The model a benchmark measures: `given` (its --model) when set, else the
+-- random-weight model of a randmodel preset's shape and dtype (default the
+-- Qwen3-0.6B shape at f16), written once to models/bench-PRESET-DTYPE.gguf
+-- with seed 7 and kept for later runs. `who` names the recipe in the line
+-- that says so.
+function defaults.bench_model(given, who, preset, dtype)
+    if given then return given end
+    preset, dtype = preset or "qwen3-0.6b", dtype or "f16"
+    local path = ("%s/models/bench-%s-%s.gguf"):format(core.root, preset, dtype)
+    if not exists(path) then
+        io.stderr:write(("%s: generating %s (once)\n"):format(who, path))
+        require("cartridge.randmodel").write({ out = path, preset = preset, dtype = dtype, seed = 7 })
+    end
+    return path
+end
+
 -- Where a bare model name (no "/" and no ".gguf", e.g. "stories260K") is
 -- looked for, in order.
 function defaults.model_dirs()
