@@ -300,11 +300,11 @@ end
 -- A chunk's system block as ids: the encoded head with the chunk's provenance
 -- line, the corpus's own ids of the chunk (never decoded and encoded again),
 -- the encoded tail. BOS and EOS as the model adds them to a text.
-function Synth:chunk_block(c)
-    local out = ids_mod.new(c.chunk_len + 96)
+function Synth:chunk_block(conv)
+    local out = ids_mod.new(conv.chunk_len + 96)
     if self.bos then out:push(self.bos) end
-    self.tok:encode_ids(self.sys_head .. selfstudy.chunk_header(c.path), { special = true }, out)
-    out:extend(self.corpus.ids.data + c.chunk_start, c.chunk_len)
+    self.tok:encode_ids(self.sys_head .. selfstudy.chunk_header(conv.path), { special = true }, out)
+    out:extend(self.corpus.ids.data + conv.chunk_start, conv.chunk_len)
     return out:extend(self.sys_tail)
 end
 
@@ -327,26 +327,26 @@ function Synth:draw(r)
     return { chunk_start = start, chunk_len = len, turns = turns }
 end
 
--- The complete sentences of conversation c's chunk (cached on c).
-function Synth:chunk_sentences(c)
-    if c.sentences then return c.sentences end
-    local body = ids_mod.new(c.chunk_len):extend(self.corpus.ids.data + c.chunk_start, c.chunk_len)
-    local at_start = c.chunk_start == 0
+-- The complete sentences of conversation conv's chunk (cached on conv).
+function Synth:chunk_sentences(conv)
+    if conv.sentences then return conv.sentences end
+    local body = ids_mod.new(conv.chunk_len):extend(self.corpus.ids.data + conv.chunk_start, conv.chunk_len)
+    local at_start = conv.chunk_start == 0
     if not at_start then
-        local before = self.tok:decode(ids_mod.from({ self.corpus.ids.data[c.chunk_start - 1] }), { special = true })
+        local before = self.tok:decode(ids_mod.from({ self.corpus.ids.data[conv.chunk_start - 1] }), { special = true })
         at_start = before:match("[%.!%?]%s*$") ~= nil or before:match("\n%s*$") ~= nil
     end
-    c.sentences = selfstudy.sentences(self.tok:decode(body, { special = true }), at_start)
-    return c.sentences
+    conv.sentences = selfstudy.sentences(self.tok:decode(body, { special = true }), at_start)
+    return conv.sentences
 end
 
--- Bot A's user turn for turn tt of conversation c, as ids, and the seed's
+-- Bot A's user turn for turn tt of conversation conv, as ids, and the seed's
 -- name. A focus instruction quotes the drawn sentence; a chunk with no
 -- complete sentence gets the question instruction instead.
-function Synth:a_turn(c, tt)
+function Synth:a_turn(conv, tt)
     local kind = self.kinds[tt.seed]
     if not kind.focus then return self.a_turns[tt.seed], kind.name, kind.text end
-    local sentences = self:chunk_sentences(c)
+    local sentences = self:chunk_sentences(conv)
     local T = self.template
     if #sentences == 0 then
         local q = selfstudy.seed_kinds("question")[1]
@@ -455,33 +455,33 @@ function Synth:group(keys)
         convos[i].step, convos[i].index = key[1], key[2]
     end
     local streams_a = {}
-    for _, c in ipairs(convos) do
-        c.path = self.corpus:file_of(c.chunk_start)
-        c.sys_ids = self:chunk_block(c)
-        for _, tt in ipairs(c.turns) do tt.a_ids, tt.seed_name, tt.seed_text = self:a_turn(c, tt) end
-        c.seed_name = c.turns[1].seed_name
+    for _, conv in ipairs(convos) do
+        conv.path = self.corpus:file_of(conv.chunk_start)
+        conv.sys_ids = self:chunk_block(conv)
+        for _, tt in ipairs(conv.turns) do tt.a_ids, tt.seed_name, tt.seed_text = self:a_turn(conv, tt) end
+        conv.seed_name = conv.turns[1].seed_name
     end
     if K == 1 then
-        for i, c in ipairs(convos) do
-            local a_turn = c.turns[1].a_ids
+        for i, conv in ipairs(convos) do
+            local a_turn = conv.turns[1].a_ids
             -- room for bot A, and usually for bot B too (its turn is the question
             -- plus a few template tokens); B grows the cache when it is not
-            local cap = #c.sys_ids + math.max(#a_turn + o.max_q, o.max_q + 128 + o.max_a) + 16
-            c.kv = m:new_kv(cap, "f16")
-            streams_a[i] = { kv = c.kv, ids = concat(c.sys_ids, a_turn), max = o.max_q, turn = c.turns[1] }
+            local cap = #conv.sys_ids + math.max(#a_turn + o.max_q, o.max_q + 128 + o.max_a) + 16
+            conv.kv = m:new_kv(cap, "f16")
+            streams_a[i] = { kv = conv.kv, ids = concat(conv.sys_ids, a_turn), max = o.max_q, turn = conv.turns[1] }
         end
     else
         -- the system block once per conversation, copied into each turn's cache
         local kvs, sys = {}, {}
-        for i, c in ipairs(convos) do
-            c.kv = m:new_kv(#c.sys_ids + K * (o.max_q + 128 + o.max_a) + 16, "f16")
-            kvs[i], sys[i] = c.kv, c.sys_ids
+        for i, conv in ipairs(convos) do
+            conv.kv = m:new_kv(#conv.sys_ids + K * (o.max_q + 128 + o.max_a) + 16, "f16")
+            kvs[i], sys[i] = conv.kv, conv.sys_ids
         end
         m:forward_batch(kvs, sys, "none")
-        for _, c in ipairs(convos) do
-            for _, tt in ipairs(c.turns) do
-                local kv = m:new_kv(#c.sys_ids + #tt.a_ids + o.max_q + 1, "f16")
-                kv:copy_from(c.kv, #c.sys_ids)
+        for _, conv in ipairs(convos) do
+            for _, tt in ipairs(conv.turns) do
+                local kv = m:new_kv(#conv.sys_ids + #tt.a_ids + o.max_q + 1, "f16")
+                kv:copy_from(conv.kv, #conv.sys_ids)
                 streams_a[#streams_a + 1] = { kv = kv, ids = tt.a_ids, max = o.max_q, turn = tt, own_kv = true }
             end
         end
@@ -509,55 +509,55 @@ function Synth:group(keys)
             tt.empty = true
         end
     end
-    for _, c in ipairs(convos) do c.question, c.empty = c.turns[1].question, c.turns[1].empty end
+    for _, conv in ipairs(convos) do conv.question, conv.empty = conv.turns[1].question, conv.turns[1].empty end
     local t1 = now()
     -- bot B: the answers, behind the same system block rows, turn by turn;
     -- each scored row appends its teacher entries to the conversation's
     -- C-side target list at its place in the student sequence
-    for _, c in ipairs(convos) do
-        c.kv:truncate(#c.sys_ids)
-        c.targets = trainer_mod.targets()
-        c.student, c.spans, c.answer_len = ids_mod.new(), {}, 0
+    for _, conv in ipairs(convos) do
+        conv.kv:truncate(#conv.sys_ids)
+        conv.targets = trainer_mod.targets()
+        conv.student, conv.spans, conv.answer_len = ids_mod.new(), {}, 0
     end
     for t = 1, K do
         local streams_b = {}
-        for i, c in ipairs(convos) do
-            local tt = c.turns[t]
+        for i, conv in ipairs(convos) do
+            local tt = conv.turns[t]
             -- what goes into the cache now: the last answer and its close
             -- (its rows are dropped after each turn and fed again here), then
             -- this turn's user message and the assistant's opener
             local feed = ids_mod.new()
             local text = T.user_open .. tt.question .. T.close .. T.opener(false)
             if t > 1 then
-                local last = c.turns[t - 1]
+                local last = conv.turns[t - 1]
                 feed:extend(last.answer)
                 if last.stopped then feed:push(self.stop_id) end
                 text = (last.stopped and self.after_stop or T.close) .. text
             end
             tok:encode_ids(text, { special = true }, feed)
-            if t == 1 then c.prefix = feed end
-            local base = #c.student + #feed -- the student position of the answer's first token
-            local targets = c.targets
-            streams_b[i] = { kv = c.kv, ids = feed, max = o.max_a, rows = 0, last_start = 0, base = base,
+            if t == 1 then conv.prefix = feed end
+            local base = #conv.student + #feed -- the student position of the answer's first token
+            local targets = conv.targets
+            streams_b[i] = { kv = conv.kv, ids = feed, max = o.max_a, rows = 0, last_start = 0, base = base,
                 on_row = function(st, l)
                     st.last_start = targets:count()
                     targets:append_topk(st.base + st.rows, l, m.n_vocab, o.top_k, 0.99)
                     st.rows = st.rows + 1
                 end }
-            local need = #c.sys_ids + #c.student + #feed + o.max_a + 1
-            if need > c.kv:capacity() then
+            local need = #conv.sys_ids + #conv.student + #feed + o.max_a + 1
+            if need > conv.kv:capacity() then
                 local kv = m:new_kv(need + (K - t) * (o.max_q + 128 + o.max_a), "f16")
-                kv:copy_from(c.kv, c.kv:len())
-                c.kv:free()
-                c.kv = kv
+                kv:copy_from(conv.kv, conv.kv:len())
+                conv.kv:free()
+                conv.kv = kv
                 streams_b[i].kv = kv
             end
         end
         if o.spec_b then
             -- each stream drafts from its own prompt, where the chunk is
             local speculative = require("cartridge.speculative")
-            for i, c in ipairs(convos) do
-                streams_b[i].drafter = speculative.new(concat(c.sys_ids, c.student):extend(streams_b[i].ids))
+            for i, conv in ipairs(convos) do
+                streams_b[i].drafter = speculative.new(concat(conv.sys_ids, conv.student):extend(streams_b[i].ids))
             end
             speculative.decode_batch(m, streams_b)
             for _, st in ipairs(streams_b) do
@@ -568,33 +568,33 @@ function Synth:group(keys)
         else
             self:generate(streams_b, self.stats.work and self.stats.work.b)
         end
-        for i, c in ipairs(convos) do
-            local s, tt = streams_b[i], c.turns[t]
+        for i, conv in ipairs(convos) do
+            local s, tt = streams_b[i], conv.turns[t]
             tt.answer = s.out
             tt.stopped = s.stopped and self.stop_id ~= nil
-            c.student:extend(s.ids)
+            conv.student:extend(s.ids)
             -- the stop token is supervised too, so the cartridge learns when to end
             local len = #s.out + (tt.stopped and 1 or 0)
-            c.spans[t] = { #c.student, len }
-            c.answer_len = c.answer_len + len
+            conv.spans[t] = { #conv.student, len }
+            conv.answer_len = conv.answer_len + len
             -- an end-of-generation row the template names no stop token for is
             -- scored but not supervised
-            if s.rows > len then c.targets:truncate(s.last_start) end
+            if s.rows > len then conv.targets:truncate(s.last_start) end
             if tt.stopped then self.stats.stopped = self.stats.stopped + 1 end
             if t < K then
-                c.kv:truncate(#c.sys_ids + #c.student)
+                conv.kv:truncate(#conv.sys_ids + #conv.student)
             else
-                c.student:extend(s.out)
-                if tt.stopped then c.student:push(self.stop_id) end
+                conv.student:extend(s.out)
+                if tt.stopped then conv.student:push(self.stop_id) end
             end
         end
     end
     local t2 = now()
-    for _, c in ipairs(convos) do
-        c.answer, c.stopped = c.turns[1].answer, c.turns[1].stopped
-        c.first_answer = c.spans[1][1]
-        c.kv:free()
-        c.kv = nil
+    for _, conv in ipairs(convos) do
+        conv.answer, conv.stopped = conv.turns[1].answer, conv.turns[1].stopped
+        conv.first_answer = conv.spans[1][1]
+        conv.kv:free()
+        conv.kv = nil
     end
     if o.teacher_pass then self:teacher_pass(convos) end
     self.stats.time.a = self.stats.time.a + (t1 - t0)
@@ -610,18 +610,18 @@ end
 -- the group, and a conversation's targets must not (selfstudy.share).
 function Synth:teacher_pass(convos)
     local t0 = now()
-    for _, c in ipairs(convos) do
+    for _, conv in ipairs(convos) do
         local rows, at = {}, {}
-        for _, span in ipairs(c.spans) do
+        for _, span in ipairs(conv.spans) do
             for j = 0, span[2] - 1 do
                 at[#at + 1] = span[1] + j
-                rows[#rows + 1] = #c.sys_ids + span[1] + j - 1
+                rows[#rows + 1] = #conv.sys_ids + span[1] + j - 1
             end
         end
-        local logits = self.o.trainer:logits(nil, { concat(c.sys_ids, c.student) }, rows)
-        c.targets = trainer_mod.targets()
+        local logits = self.o.trainer:logits(nil, { concat(conv.sys_ids, conv.student) }, rows)
+        conv.targets = trainer_mod.targets()
         for k, pos in ipairs(at) do
-            c.targets:append_topk(pos, logits + (k - 1) * self.m.n_vocab, self.m.n_vocab, self.o.top_k, 0.99)
+            conv.targets:append_topk(pos, logits + (k - 1) * self.m.n_vocab, self.m.n_vocab, self.o.top_k, 0.99)
         end
     end
     self.stats.time.teacher = self.stats.time.teacher + (now() - t0)
