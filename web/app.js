@@ -34,12 +34,16 @@ const UI = (() => {
     }
   }
 
+  // A response's JSON body; a body that is not JSON becomes an error's message.
+  async function bodyOf(res) {
+    const text = await res.text();
+    try { return JSON.parse(text); } catch (_) { return { error: { message: text.slice(0, 300) } }; }
+  }
+
   async function api(path, body, signal) {
     const res = await fetch(path, { method: body ? "POST" : "GET", headers: headers(!!body),
       body: body ? JSON.stringify(body) : undefined, signal });
-    const text = await res.text();
-    let data = null;
-    try { data = JSON.parse(text); } catch (_) { data = { error: { message: text.slice(0, 300) } }; }
+    const data = await bodyOf(res);
     if (!res.ok) throw new ApiError(res.status, data);
     return data;
   }
@@ -50,11 +54,7 @@ const UI = (() => {
     const t0 = performance.now();
     const res = await fetch("/v1/chat/completions", { method: "POST", headers: headers(true), signal,
       body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }) });
-    if (!res.ok) {
-      const text = await res.text();
-      let data; try { data = JSON.parse(text); } catch (_) { data = { error: { message: text.slice(0, 300) } }; }
-      throw new ApiError(res.status, data);
-    }
+    if (!res.ok) throw new ApiError(res.status, await bodyOf(res));
     const out = { text: "", usage: null, finish: null, documents: null, ttft: null, seconds: 0 };
     const reader = res.body.getReader();
     const dec = new TextDecoder();

@@ -103,14 +103,8 @@ function fleet.check_manifest(man, where)
     if json.kind(man) ~= "object" then bad("the top level must be an object, not " .. shown(man)) end
     -- a number past a double's range (1e999) reads as infinity, which no
     -- JSON text can hold: the manifest could not be written back
-    local function finite(v, at)
-        if type(v) == "number" and (v ~= v or v == math.huge or v == -math.huge) then
-            bad(at .. " is a number beyond a double's range")
-        elseif type(v) == "table" then
-            for k, x in pairs(v) do finite(x, at .. (type(k) == "number" and ("[%d]"):format(k - 1) or "." .. k)) end
-        end
-    end
-    finite(man, "the manifest")
+    local inf_at = json.nonfinite_at(man)
+    if inf_at then bad("the manifest" .. inf_at .. " is a number beyond a double's range") end
     if man.format ~= fleet.FORMAT then
         bad(("format is %s, expected %q (is this a fleet directory?)"):format(shown(man.format), fleet.FORMAT))
     end

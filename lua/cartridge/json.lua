@@ -146,6 +146,21 @@ function encode_value(v, out, depth, py)
     end
 end
 
+-- Where a decoded value holds a number no JSON text can (1e999 reads as
+-- infinity, and json.encode would refuse it): its path below v as
+-- ".key[index]..." (indices from 0), or nil when every number is finite.
+function json.nonfinite_at(v)
+    if type(v) == "number" then
+        if v ~= v or v == math.huge or v == -math.huge then return "" end
+    elseif type(v) == "table" then
+        for k, x in pairs(v) do
+            local at = json.nonfinite_at(x)
+            if at then return (type(k) == "number" and ("[%d]"):format(k - 1) or "." .. tostring(k)) .. at end
+        end
+    end
+    return nil
+end
+
 function json.encode(v, opts)
     local out = {}
     local style = false

@@ -124,15 +124,6 @@ local function run_file(path)
     return stem .. ".metrics.jsonl", "finished"
 end
 
--- Does v hold only numbers a JSON text can (no 1e999, read as infinity)?
-local function finite(v)
-    if type(v) == "number" then return v == v and v ~= math.huge and v ~= -math.huge end
-    if type(v) == "table" then
-        for _, x in pairs(v) do if not finite(x) then return false end end
-    end
-    return true
-end
-
 -- Complete lines only (a writer may be inside the last one), decoded; a
 -- line that is not JSON, or holds a number past a double's range, is
 -- skipped and counted.
@@ -146,7 +137,7 @@ local function read_lines(file, since)
         n = n + 1
         if n > since and line:find("%S") then
             local ok, v = pcall(json.decode, line)
-            if ok and json.kind(v) == "object" and finite(v) then lines[#lines + 1] = v else bad = bad + 1 end
+            if ok and json.kind(v) == "object" and not json.nonfinite_at(v) then lines[#lines + 1] = v else bad = bad + 1 end
         end
     end
     return lines, n, bad

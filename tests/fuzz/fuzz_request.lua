@@ -94,20 +94,29 @@ end
 local utility = require("cartridge.server_utility")
 local UTILITY = { "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/apply-template" }
 
+-- A route handler's answer: the decoded 200 body, or nil after a 4xx
+-- request error; anything else (another error, a body that is not JSON) is
+-- a finding.
+local function answered(handle, req, value)
+    local done, out = pcall(handle, srv, req, value)
+    if not done then
+        if not (is_request_error(out) and out.status >= 400 and out.status <= 499 and type(out.message) == "string") then
+            util.finding("%s raised %s", req.route, util.describe(out))
+        end
+        return nil
+    end
+    local parsed_ok, r = pcall(json.decode, out)
+    if not parsed_ok or type(r) ~= "table" then util.finding("%s answered text that is not JSON: %s", req.route, out) end
+    return r
+end
+
 local function check_utility(route, body)
     if route == "/v1/embeddings" and #body > 4096 then return end -- the model runs at once: keep inputs short
     local ok, value = pcall(json.decode, body)
     if not ok or type(value) ~= "table" then return end
     local req = { path = route, route = route, method = "POST", body = body, header = function() return nil end }
-    local done, out = pcall(utility.handle, srv, req, value)
-    if not done then
-        if not (is_request_error(out) and out.status >= 400 and out.status <= 499 and type(out.message) == "string") then
-            util.finding("%s raised %s", route, util.describe(out))
-        end
-        return
-    end
-    local parsed_ok, r = pcall(json.decode, out)
-    if not parsed_ok or type(r) ~= "table" then util.finding("%s answered text that is not JSON: %s", route, out) end
+    local r = answered(utility.handle, req, value)
+    if not r then return end
     for i, t in ipairs(route == "/tokenize" and r.tokens or {}) do
         local id = type(t) == "table" and t.id or t
         if type(id) ~= "number" or id < 0 or id >= n_vocab then util.finding("/tokenize: tokens[%d] = %s", i, tostring(id)) end
@@ -138,15 +147,7 @@ local function check_web(kind, body)
     end
     local req = { path = route, route = route, method = value and "POST" or "GET", query = query, body = body,
         header = function() return nil end }
-    local done, out = pcall(webui.handle, srv, req, value)
-    if not done then
-        if not (is_request_error(out) and out.status >= 400 and out.status <= 499 and type(out.message) == "string") then
-            util.finding("%s raised %s", route, util.describe(out))
-        end
-        return
-    end
-    local parsed_ok, r = pcall(json.decode, out)
-    if not parsed_ok or type(r) ~= "table" then util.finding("%s answered text that is not JSON: %s", route, out) end
+    answered(webui.handle, req, value)
 end
 
 return function(data)
