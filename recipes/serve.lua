@@ -94,6 +94,7 @@ if opts.open and not opts.webui then error("serve: --open shows the web page, wh
 opts.model = opts.model or opts.gguf
 if not opts.model then error("serve: give the model: serve.lua MODEL.gguf, or --model MODEL.gguf (see --help)", 0) end
 if opts.parallel < 1 or opts.ctx < 16 then error("serve: --parallel must be >= 1 and --ctx >= 16", 0) end
+if opts.qa_max_tokens < 1 or opts.icl_max < 1 then error("serve: --qa-max-tokens and --icl-max must be at least 1", 0) end
 local sampling = server_mod.sampling_defaults({ temperature = opts.temp, top_p = opts.top_p, top_k = opts.top_k,
     min_p = opts.min_p, repeat_penalty = opts.repeat_penalty, seed = opts.seed })
 local kv_cache_max, why = require("cartridge.kvstore").parse_size(opts.kv_cache_max)

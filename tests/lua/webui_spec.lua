@@ -70,6 +70,25 @@ describe("cartridge.webui", function()
         end
     end)
 
+    it("refuses bad view flags at start, naming the file or flag", function()
+        if not helper.exists(helper.bin) then return pending("build/cartridge is not built") end
+        helper.write_file(tmp .. "/cut.jsonl", '{"question": "Where does Hos')
+        helper.write_file(tmp .. "/empty.md", "")
+        local cases = {
+            { { "--qa", tmp .. "/nope.jsonl" }, "qa: cannot open" },
+            { { "--qa", tmp .. "/cut.jsonl" }, "line 1 is not" },
+            { { "--corpus", tmp .. "/empty.md" }, "has no text" },
+            { { "--qa-max-tokens", "0" }, "must be at least 1" },
+            { { "--open", "--no-webui" }, "which --no-webui turns off" },
+        }
+        for _, case in ipairs(cases) do
+            local rc, _, err = helper.cartridge("run", "recipes/serve.lua", "--model", helper.root .. "/models/reader.gguf",
+                "--port", "0", unpack(case[1]))
+            assert.are.equal(1, rc, err)
+            assert.truthy(err:find(case[2], 1, true), err)
+        end
+    end)
+
     it("serves only the page's own files", function()
         assert.are.same({ "/", "index.html" }, { webui.route_of("/") })
         assert.are.same({ "/web/{file}", "app.js" }, { webui.route_of("/web/app.js") })
