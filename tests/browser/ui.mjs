@@ -132,7 +132,7 @@ async function training() {
     if (states[states.length - 1] !== s) states.push(s);
     if (s === "running" && await page.locator("#train-last-loss").count()) seenSteps += 1;
     if (s === "finished" && states.includes("running")) break;
-    if (Date.now() - t0 > 240000 || (exitedAt && Date.now() - exitedAt > 5000)) throw new Error(`the training view never showed the run finished: ${states.join(" -> ")}; ${stderr}`);
+    if (Date.now() - t0 > 900000 || (exitedAt && Date.now() - exitedAt > 5000)) throw new Error(`the training view never showed the run finished: ${states.join(" -> ")}; ${stderr}`);
     await new Promise((r) => setTimeout(r, 200));
   }
   const code = await exited;

@@ -81,7 +81,9 @@ describe("the web page in headless Chromium", function()
         local ok, v = pcall(json.decode, out:match("[^\n]*$") ~= "" and out:match("[^\n]*$") or out)
         saw = ok and v or { failed = ("ui.mjs printed no JSON (exit %s): %s %s"):format(tostring(rc), out, err) }
         if rc ~= 0 and not saw.failed then saw.failed = ("ui.mjs exit %s: %s"):format(tostring(rc), err) end
-        for line in helper.read_file(tmp .. "/live.metrics.jsonl"):gmatch("[^\n]+") do
+        -- the live run's metrics (absent when the run did not finish: saw.failed says why)
+        local metrics = helper.exists(tmp .. "/live.metrics.jsonl") and helper.read_file(tmp .. "/live.metrics.jsonl") or ""
+        for line in metrics:gmatch("[^\n]+") do
             local l = json.decode(line)
             if l.step then metrics_loss = l.loss end
         end
