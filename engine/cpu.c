@@ -13,12 +13,16 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #define CART_X86 1
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #elif defined(__aarch64__)
 #include <sys/auxv.h>
 #define CART_ARM64 1
 #endif
 
-static const char *const isa_names[CART_ISA_COUNT] = {"scalar", "avx2", "avx512", "neon", "avx512vnni", "neondot"};
+static const char *const isa_names[CART_ISA_COUNT] = {"scalar", "avx2", "avx512", "neon", "avx512vnni", "neondot", "amx"};
 
 const char *cart_isa_name(int32_t isa) {
     return isa >= 0 && isa < CART_ISA_COUNT ? isa_names[isa] : "unknown";
@@ -31,7 +35,7 @@ int cart_isa_parse(int32_t *isa, const char *name) {
             *isa = i;
             return CART_OK;
         }
-    return cart_fail(CART_E_ARG, "unknown ISA level '%s': use scalar, avx2, avx512, avx512vnni, neon or neondot", name);
+    return cart_fail(CART_E_ARG, "unknown ISA level '%s': use scalar, avx2, avx512, avx512vnni, amx, neon or neondot", name);
 }
 
 /* ---- what the CPU has ----------------------------------------------------- */
@@ -39,6 +43,7 @@ int cart_isa_parse(int32_t *isa, const char *name) {
 typedef struct cpu_info {
     int avx2, fma, f16c, avx512; /* avx512: F, BW, VL, DQ with OS support for zmm state */
     int avx512vnni;
+    int amx;
     int neon, neondot; /* neondot: SDOT (HWCAP_ASIMDDP) */
     char features[256];
 } cpu_info;
@@ -59,6 +64,16 @@ static uint64_t xgetbv0(void) {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return ((uint64_t)hi << 32) | lo;
 }
+
+/* Asks Linux for the AMX tile data state (ARCH_REQ_XCOMP_PERM, feature 18):
+ * without it the first tile instruction is a fault. 1 when granted. */
+static int request_tiles(void) {
+#if defined(__linux__) && defined(__x86_64__)
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+    return 0;
+#endif
+}
 #endif
 
 static void detect(void) {
@@ -72,10 +87,12 @@ static void detect(void) {
     uint64_t xcr0 = osxsave ? xgetbv0() : 0;
     const int ymm_os = (xcr0 & 0x6) == 0x6;             /* SSE and AVX state */
     const int zmm_os = ymm_os && (xcr0 & 0xe0) == 0xe0; /* opmask, ZMM_Hi256, Hi16_ZMM */
-    int avx2 = 0, f = 0, bw = 0, vl = 0, dq = 0, vnni = 0;
+    int avx2 = 0, f = 0, bw = 0, vl = 0, dq = 0, vnni = 0, amx_tile = 0, amx_int8 = 0;
     if (__get_cpuid_max(0, NULL) >= 7) {
         __cpuid_count(7, 0, a, b, c, d);
         vnni = (c >> 11) & 1;
+        amx_tile = (d >> 24) & 1;
+        amx_int8 = (d >> 25) & 1;
         avx2 = (b >> 5) & 1;
         f = (b >> 16) & 1;
         dq = (b >> 17) & 1;
@@ -85,6 +102,10 @@ static void detect(void) {
     cpu.avx2 = avx && ymm_os && avx2 && cpu.fma && cpu.f16c;
     cpu.avx512 = cpu.avx2 && zmm_os && f && bw && vl && dq;
     cpu.avx512vnni = cpu.avx512 && vnni;
+    /* the tile state (XCR0 bits 17, 18) is saved by the OS only for a
+     * process that asks for it */
+    const int tiles_os = (xcr0 & 0x60000) == 0x60000;
+    cpu.amx = cpu.avx512vnni && amx_tile && amx_int8 && tiles_os && request_tiles();
     add_feature("avx", avx && ymm_os);
     add_feature("avx2", avx2 && ymm_os);
     add_feature("fma", cpu.fma);
@@ -94,6 +115,7 @@ static void detect(void) {
     add_feature("avx512vl", vl && zmm_os);
     add_feature("avx512dq", dq && zmm_os);
     add_feature("avx512vnni", vnni && zmm_os);
+    add_feature("amx-int8", amx_tile && amx_int8 && tiles_os);
 #elif CART_ARM64
     snprintf(cpu.features, sizeof cpu.features, "aarch64:");
     unsigned long hw = getauxval(AT_HWCAP);
@@ -134,6 +156,8 @@ static const cart_kernels *table_of(int32_t isa) {
         return cart_kernels_avx512vnni();
     case CART_ISA_NEONDOT:
         return cart_kernels_neondot();
+    case CART_ISA_AMX:
+        return cart_kernels_amx();
     default:
         return NULL;
     }
@@ -163,6 +187,9 @@ int32_t cart_isa_supported(int32_t isa) {
     case CART_ISA_NEONDOT:
         cpu_has = cpu.neondot;
         break;
+    case CART_ISA_AMX:
+        cpu_has = cpu.amx;
+        break;
     default:
         break;
     }
@@ -170,7 +197,7 @@ int32_t cart_isa_supported(int32_t isa) {
 }
 
 int32_t cart_isa_best(void) {
-    static const int32_t order[] = {CART_ISA_AVX512VNNI, CART_ISA_AVX512, CART_ISA_AVX2, CART_ISA_NEONDOT,
+    static const int32_t order[] = {CART_ISA_AMX, CART_ISA_AVX512VNNI, CART_ISA_AVX512, CART_ISA_AVX2, CART_ISA_NEONDOT,
                                     CART_ISA_NEON};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (cart_isa_supported(order[i])) return order[i];
@@ -182,7 +209,7 @@ int32_t cart_isa_best(void) {
 static int build_has(int32_t isa) {
 #if CART_X86
     return isa == CART_ISA_SCALAR || isa == CART_ISA_AVX2 || isa == CART_ISA_AVX512 ||
-           isa == CART_ISA_AVX512VNNI;
+           isa == CART_ISA_AVX512VNNI || isa == CART_ISA_AMX;
 #elif CART_ARM64
     return isa == CART_ISA_SCALAR || isa == CART_ISA_NEON || isa == CART_ISA_NEONDOT;
 #else

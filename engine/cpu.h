@@ -2,10 +2,11 @@
  * cpu.h - which instruction-set level the engine's kernels run at.
  *
  * One build carries the kernels of every level its target architecture has
- * (x86-64: scalar, avx2, avx512, avx512vnni; AArch64: scalar, neon, neondot) and picks, on first
+ * (x86-64: scalar, avx2, avx512, avx512vnni, amx; AArch64: scalar, neon,
+ * neondot) and picks, on first
  * use, the best one the CPU supports: cpuid and xgetbv on x86 (the OS must
  * save the vector registers too), getauxval(AT_HWCAP) on Linux/AArch64.
- * The environment variable CART_ISA=scalar|avx2|avx512|avx512vnni|neon|neondot forces a level.
+ * The environment variable CART_ISA=scalar|avx2|avx512|avx512vnni|amx|neon|neondot forces a level.
  * Naming one the CPU or the build lacks is an error that cart_isa_init()
  * returns, and with it every model load and matmul call: the cartridge
  * executable prints it and exits 1 rather than run at another level.
@@ -16,6 +17,10 @@
  *   neon    AArch64 Advanced SIMD (every AArch64 CPU)
  *   avx512vnni  avx512 plus AVX-512 VNNI (Ice Lake, Zen 4 and later): the
  *           integer block products on vpdpbusd, everything else as avx512
+ *   amx     avx512vnni plus AMX-TILE and AMX-INT8 (Sapphire Rapids and later
+ *           Xeons), which Linux grants a process on request (arch_prctl):
+ *           the integer block products of 16 tokens at a time (prefill,
+ *           batched decode) on tile products, fewer tokens as avx512vnni
  *   neondot neon plus the dot-product instructions (ARMv8.2 DotProd: A55,
  *           A76, Neoverse N1, Apple M1 and later): the integer block
  *           products on SDOT, everything else as neon
@@ -45,7 +50,8 @@ typedef enum cart_isa {
     CART_ISA_NEON = 3,
     CART_ISA_AVX512VNNI = 4,
     CART_ISA_NEONDOT = 5,
-    CART_ISA_COUNT = 6
+    CART_ISA_AMX = 6,
+    CART_ISA_COUNT = 7
 } cart_isa;
 
 /* The level's name ("scalar", "avx2", ...), or "unknown". Static storage. */

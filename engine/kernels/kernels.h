@@ -195,6 +195,7 @@ const cart_kernels *cart_kernels_scalar(void);
 const cart_kernels *cart_kernels_avx2(void);
 const cart_kernels *cart_kernels_avx512(void);
 const cart_kernels *cart_kernels_avx512vnni(void);
+const cart_kernels *cart_kernels_amx(void);
 const cart_kernels *cart_kernels_neon(void);
 const cart_kernels *cart_kernels_neondot(void);
 

@@ -167,13 +167,31 @@ QK_INLINE void qk_dots(const int NT, qi *d, const qs *w, const int8_t *const *x,
 
 /* ---- blocks of 32 --------------------------------------------------------- */
 
+/* The steps of one 32-block after its products, for NT tokens: d[t] = the
+ * sum over the block of the stored field (q4_0, q5_0: before the offset) or,
+ * q8_0 and iq4_nl, of the signed value times token t's activations; at[t]:
+ * the index of the token's activation block, xs[t] its sum. */
+QK_INLINE void qk_block_end_32(const int type, const int NT, const uint8_t *s, const qk_act *a,
+                               const int64_t *at, const int32_t *xs, const qi *dots, qf *acc) {
+    const int with_m = type == CART_Q4_1 || type == CART_Q5_1;
+    const int32_t off = type == CART_Q4_0 ? 8 : type == CART_Q5_0 ? 16 : 0;
+    const qf dw = qf_load_f16(s);
+    const qf mw = with_m ? qf_load_f16(s + 32) : qf_zero();
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        qi d = dots[t];
+        if (off) d = qi_sub1(d, off * xs[t]);
+        const qf p = qf_mul(qf_cvt(d), qf_mul(dw, qf_set1(a->d[at[t]])));
+        if (with_m) acc[t] = qf_add(acc[t], qf_add(p, qf_mul(mw, qf_set1(a->sf[at[t]]))));
+        else acc[t] = qf_add(acc[t], p);
+    }
+}
+
 QK_INLINE void qk_tile_32(const int type, const int NT, const qk_src *w, const uint8_t *grp, const qk_act *a,
                           int64_t t0, qf *acc) {
     const int64_t nb = w->nb, cols = w->cols;
     const uint8_t *sc = grp + nb * w->qbytes;
     const int signed_w = type == CART_Q8_0 || type == CART_IQ4_NL;
-    const int with_m = type == CART_Q4_1 || type == CART_Q5_1;
-    const int32_t off = type == CART_Q4_0 ? 8 : type == CART_Q5_0 ? 16 : 0;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
         /* (not for q8_0 at one token, whose plain stream of loads the
@@ -208,19 +226,63 @@ QK_INLINE void qk_tile_32(const int type, const int NT, const qk_src *w, const u
             qk_dot(NT, d, u, x, 0, 8);
             (void)bits;
         }
-        const qf dw = qf_load_f16(s);
-        const qf mw = with_m ? qf_load_f16(s + 32) : qf_zero();
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            if (off) d[t] = qi_sub1(d[t], off * xs[t]);
-            const qf p = qf_mul(qf_cvt(d[t]), qf_mul(dw, qf_set1(a->d[at[t]])));
-            if (with_m) acc[t] = qf_add(acc[t], qf_add(p, qf_mul(mw, qf_set1(a->sf[at[t]]))));
-            else acc[t] = qf_add(acc[t], p);
-        }
+        qk_block_end_32(type, NT, s, a, at, xs, d, acc);
     }
 }
 
 /* ---- blocks of 256 ---------------------------------------------------------- */
+
+/* The integer steps of unit j (32 elements) of a K block after its
+ * products, for NT tokens: d[t] = the sum over the unit of the stored field
+ * (iq4_xs: the signed level) times token t's activations (q6_K q3_K q2_K:
+ * over quads 0-3, and d1[t] over quads 4-7); bs[t]: the token's two sums of
+ * 16 for the unit. Adds to A (and B). */
+QK_INLINE void qk_unit_scale_256(const int type, const int NT, const uint8_t *s, const int j,
+                                 const int32_t *const *bs, const qi *d, const qi *d1, qi *A, qi *B) {
+    if (type == CART_IQ4_XS) {
+        const qi sc = qi_load_i8(s + 32 + 16 * j);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) A[t] = qi_add(A[t], qi_mul(sc, d[t]));
+    } else if (type == CART_Q4_K || type == CART_Q5_K) {
+        const qi sc = qi_load_u8(s + 64 + 16 * j), mn = qi_load_u8(s + 192 + 16 * j);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            A[t] = qi_add(A[t], qi_mul(sc, d[t]));
+            B[t] = qi_add(B[t], qi_mul(mn, qi_set1(bs[t][0] + bs[t][1])));
+        }
+    } else {
+        const int base = type == CART_Q2_K ? 64 : 32;
+        const qi r0 = type == CART_Q2_K ? qi_load_u8(s + base + 32 * j) : qi_load_i8(s + base + 32 * j);
+        const qi r1 = type == CART_Q2_K ? qi_load_u8(s + base + 32 * j + 16) : qi_load_i8(s + base + 32 * j + 16);
+        const qi sc0 = type == CART_Q2_K ? qi_lo4(r0) : r0, sc1 = type == CART_Q2_K ? qi_lo4(r1) : r1;
+        const int32_t off = type == CART_Q6_K ? 32 : type == CART_Q3_K ? 4 : 0;
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            qi d0 = d[t], e1 = d1[t];
+            if (off) {
+                d0 = qi_sub1(d0, off * bs[t][0]);
+                e1 = qi_sub1(e1, off * bs[t][1]);
+            }
+            A[t] = qi_add(qi_add(A[t], qi_mul(sc0, d0)), qi_mul(sc1, e1));
+            if (type == CART_Q2_K)
+                B[t] = qi_add(qi_add(B[t], qi_mul(qi_hi4(r0), qi_set1(bs[t][0]))), qi_mul(qi_hi4(r1), qi_set1(bs[t][1])));
+        }
+    }
+}
+
+/* The float steps at the end of block b, for NT tokens from t0. */
+QK_INLINE void qk_block_end_256(const int type, const int NT, const uint8_t *s, const qk_act *a, int64_t t0,
+                                int64_t b, const qi *A, const qi *B, qf *acc) {
+    const int mins = type == CART_Q4_K || type == CART_Q5_K || type == CART_Q2_K;
+    const qf dw = qf_load_f16(s);
+    const qf dm = mins ? qf_load_f16(s + 32) : qf_zero();
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        const qf xd = qf_set1(a->d[(t0 + t) * (a->cols / 256) + b]);
+        acc[t] = qf_add(acc[t], qf_mul(qf_cvt(A[t]), qf_mul(dw, xd)));
+        if (mins) acc[t] = qf_sub(acc[t], qf_mul(qf_cvt(B[t]), qf_mul(dm, xd)));
+    }
+}
 
 /* One unit (32 elements) of a K block for NT tokens: adds to A (and B). */
 QK_INLINE void qk_unit_256(const int type, const int NT, const uint8_t *q, const uint8_t *s, const int j,
@@ -236,7 +298,7 @@ QK_INLINE void qk_unit_256(const int type, const int NT, const uint8_t *q, const
     qb u[8];
     const int bits = qk_field_bits(type);
     qk_unit(type, q, 8, j, u);
-    qi d[QK_T];
+    qi d[QK_T], d1[QK_T];
     (void)bits;
     if (type == CART_IQ4_XS) {
         qs ws[8];
@@ -246,44 +308,18 @@ QK_INLINE void qk_unit_256(const int type, const int NT, const uint8_t *q, const
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) xs[t] = bs[t][0] + bs[t][1];
         qk_dots(NT, d, ws, x, xs);
-        const qi sc = qi_load_i8(s + 32 + 16 * j);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) A[t] = qi_add(A[t], qi_mul(sc, d[t]));
     } else if (type == CART_Q4_K || type == CART_Q5_K) {
         qk_dot(NT, d, u, x, 0, 8);
-        const qi sc = qi_load_u8(s + 64 + 16 * j), mn = qi_load_u8(s + 192 + 16 * j);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            A[t] = qi_add(A[t], qi_mul(sc, d[t]));
-            B[t] = qi_add(B[t], qi_mul(mn, qi_set1(bs[t][0] + bs[t][1])));
-        }
     } else { /* q6_K q3_K q2_K: two sub-blocks of 16, quads 0-3 and 4-7 */
-        const int base = type == CART_Q2_K ? 64 : 32;
-        const qi r0 = type == CART_Q2_K ? qi_load_u8(s + base + 32 * j) : qi_load_i8(s + base + 32 * j);
-        const qi r1 = type == CART_Q2_K ? qi_load_u8(s + base + 32 * j + 16) : qi_load_i8(s + base + 32 * j + 16);
-        const qi sc0 = type == CART_Q2_K ? qi_lo4(r0) : r0, sc1 = type == CART_Q2_K ? qi_lo4(r1) : r1;
-        const int32_t off = type == CART_Q6_K ? 32 : type == CART_Q3_K ? 4 : 0;
-        qi d1[QK_T];
         qk_dot(NT, d, u, x, 0, 4);
         qk_dot(NT, d1, u, x, 4, 8);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            qi d0 = d[t], e1 = d1[t];
-            if (off) {
-                d0 = qi_sub1(d0, off * bs[t][0]);
-                e1 = qi_sub1(e1, off * bs[t][1]);
-            }
-            A[t] = qi_add(qi_add(A[t], qi_mul(sc0, d0)), qi_mul(sc1, e1));
-            if (type == CART_Q2_K)
-                B[t] = qi_add(qi_add(B[t], qi_mul(qi_hi4(r0), qi_set1(bs[t][0]))), qi_mul(qi_hi4(r1), qi_set1(bs[t][1])));
-        }
     }
+    qk_unit_scale_256(type, NT, s, j, bs, d, d1, A, B);
 }
 
 QK_INLINE void qk_tile_256(const int type, const int NT, const qk_src *w, const uint8_t *grp, const qk_act *a,
                            int64_t t0, qf *acc) {
-    const int64_t nb = w->nb, cols = w->cols;
-    const int mins = type == CART_Q4_K || type == CART_Q5_K || type == CART_Q2_K;
+    const int64_t nb = w->nb;
     const uint8_t *sc = grp + nb * w->qbytes;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
@@ -293,14 +329,7 @@ QK_INLINE void qk_tile_256(const int type, const int NT, const qk_src *w, const 
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) A[t] = B[t] = qi_zero();
         for (int j = 0; j < 8; j++) qk_unit_256(type, NT, q, s, j, a, t0, 256 * b + 32 * j, A, B);
-        const qf dw = qf_load_f16(s);
-        const qf dm = mins ? qf_load_f16(s + 32) : qf_zero();
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            const qf xd = qf_set1(a->d[(t0 + t) * (cols / 256) + b]);
-            acc[t] = qf_add(acc[t], qf_mul(qf_cvt(A[t]), qf_mul(dw, xd)));
-            if (mins) acc[t] = qf_sub(acc[t], qf_mul(qf_cvt(B[t]), qf_mul(dm, xd)));
-        }
+        qk_block_end_256(type, NT, s, a, t0, b, A, B, acc);
     }
 }
 

@@ -1,0 +1,325 @@
+/*
+ * amx.c - the x86-64 AMX level: the avx512vnni level's table with the
+ * integer block products of whole tiles of 16 tokens on AMX-INT8's tile
+ * products (Intel Sapphire Rapids and later). Compiled with AMX enabled;
+ * cpu.c runs it only on a CPU that has AMX-TILE and AMX-INT8 and whose
+ * kernel granted this process the tile state (arch_prctl).
+ *
+ * A tile product C[16 tokens][16 rows] += A[16 tokens][kb bytes] . B[kb/4]
+ * [64 bytes] reads B in the packed layout's own order: row k of B is the
+ * quad vector QV(k) (qdot.h), 16 weight rows of 4 elements. So a unit's 8
+ * quad vectors, unpacked to bytes once per block into L1, are one B tile
+ * (kb = 32), or two of 4 (kb = 16: the sub-blocks of 16 of q6_K, q3_K,
+ * q2_K), and the activations of 16 tokens are A at a stride of the row.
+ * Unsigned fields go through tdpbsud (signed activations times unsigned
+ * weights), signed ones (q8_0, iq4_nl, iq4_xs levels) through tdpbssd. The
+ * int32 sums are exact, so they are the sums qgeneric.h's qk_dot and
+ * qk_dots give; everything after them is qgeneric.h's own code
+ * (qk_unit_scale_256, qk_block_end_256, qk_block_end_32), so this level
+ * gives the same bits as every other. Tokens past the last whole tile of 16
+ * go to the vpdpbusd kernel.
+ */
+#include "kernels.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "dtype.h"
+
+#define QK_VNNI 1
+#include "qk_avx512.h"
+#define QK_T 4
+#define QK_FN qk_groups_vnni
+#include "qgeneric.h"
+
+enum {
+    AMX_TOK = 16,   /* tokens per tile */
+    AMX_SPAN = 256, /* tokens whose accumulators one pass over a group keeps (16 KiB) */
+};
+
+typedef struct tile_config {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Tiles 0-3: C (16 tokens x 16 int32); 4 and 5: A (16 tokens x kb
+ * bytes); 6 and 7: B (kb / 4 quad vectors). Four products in flight, each
+ * with its own sum, and loads for the next while one multiplies. */
+static void amx_config(int kb) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 4; i++) {
+        c.rows[i] = AMX_TOK;
+        c.colsb[i] = 64;
+    }
+    for (int i = 4; i < 6; i++) {
+        c.rows[i] = AMX_TOK;
+        c.colsb[i] = (uint16_t)kb;
+        c.rows[i + 2] = (uint8_t)(kb / 4);
+        c.colsb[i + 2] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* C tile c += A tile ta (loaded from x, rows `stride` bytes apart) times B
+ * tile tb (loaded from quad vectors w); tile numbers are literals (GCC's
+ * intrinsics paste them into the instruction). */
+#define AMX_STEP(c, ta, tb, SIGNED, x, stride, w)                                                            \
+    do {                                                                                                     \
+        _tile_loadd(ta, (x), (stride));                                                                      \
+        _tile_loadd(tb, (w), 64);                                                                            \
+        if (SIGNED) _tile_dpbssd(c, ta, tb);                                                                 \
+        else _tile_dpbsud(c, ta, tb);                                                                        \
+    } while (0)
+
+/* Up to four products, C tile k from x[k] and w[k] (k < n), stored to
+ * out[k] (16 x 16 int32 each). */
+QK_INLINE void amx_four(const int SIGNED, const int n, const int8_t *const *x, int64_t stride,
+                        const uint8_t *const *w, int32_t (*const *out)[16]) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    AMX_STEP(0, 4, 6, SIGNED, x[0], stride, w[0]);
+    if (n > 1) AMX_STEP(1, 5, 7, SIGNED, x[1], stride, w[1]);
+    if (n > 2) AMX_STEP(2, 4, 6, SIGNED, x[2], stride, w[2]);
+    if (n > 3) AMX_STEP(3, 5, 7, SIGNED, x[3], stride, w[3]);
+    _tile_stored(0, out[0], 64);
+    if (n > 1) _tile_stored(1, out[1], 64);
+    if (n > 2) _tile_stored(2, out[2], 64);
+    if (n > 3) _tile_stored(3, out[3], 64);
+}
+
+QK_INLINE int amx_signed(const int type) {
+    return type == CART_Q8_0 || type == CART_IQ4_NL || type == CART_IQ4_XS;
+}
+
+/* Two tile products per unit, over its quads 0-3 and 4-7 (kb = 16). */
+QK_INLINE int amx_halves(const int type) {
+    return type == CART_Q6_K || type == CART_Q3_K || type == CART_Q2_K;
+}
+
+/* The units of a block at q as the bytes a B tile reads: wb[unit][8][64],
+ * the signed value for the signed types, the stored field otherwise.
+ * q8_0's packed bytes are that already and are read in place. Returns
+ * where unit 0's vectors lie. */
+QK_INLINE const uint8_t *amx_unpack(const int type, const uint8_t *q, const int units, uint8_t *wb) {
+    if (type == CART_Q8_0) return q;
+    const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)qk_iq4_levels));
+    for (int j = 0; j < units; j++) {
+        qb u[8];
+        qk_unit(type, q, units, j, u);
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const qb v = type == CART_IQ4_NL || type == CART_IQ4_XS ? _mm512_shuffle_epi8(levels, u[g]) : u[g];
+            _mm512_store_si512((void *)(wb + 512 * j + 64 * g), v);
+        }
+    }
+    return wb;
+}
+
+/* The unit sums of 16 tokens (activations from x, rows `cols` bytes apart)
+ * with a block's 8 unpacked units wb: cb[j][0] over unit j (q6_K q3_K
+ * q2_K: its quads 0-3, and cb[j][1] over quads 4-7). */
+QK_INLINE void amx_units(const int type, const int8_t *x, int64_t cols, const uint8_t *wb,
+                         int32_t (*cb)[2][AMX_TOK][16]) {
+    const int8_t *xs[4];
+    const uint8_t *ws[4];
+    int32_t(*out[4])[16];
+    for (int j0 = 0; j0 < 8; j0 += amx_halves(type) ? 2 : 4) {
+        for (int k = 0; k < 4; k++) {
+            const int j = amx_halves(type) ? j0 + k / 2 : j0 + k, h = amx_halves(type) ? k % 2 : 0;
+            xs[k] = x + 32 * j + 16 * h;
+            ws[k] = wb + 512 * j + 256 * h;
+            out[k] = cb[j][h];
+        }
+        amx_four(amx_signed(type), 4, xs, cols, ws, out);
+    }
+}
+
+/* q4_K and q5_K's B for one token: the sum over units j of min_j times the
+ * token's activation sum over the unit, as 16-bit pair products
+ * (vpmaddwd: a min is below 64, a unit's sum within 32 * 127), exact, so
+ * qk_unit_scale_256's sum. mp[p]: lane r holds min_2p and min_2p+1 of row r
+ * as two int16; bs: the token's 16 sums of 16 for the block. */
+QK_INLINE qi amx_mins(const __m512i *mp, const int32_t *bs) {
+    qi B = qi_zero();
+    for (int p = 0; p < 4; p++) {
+        const int32_t lo = bs[4 * p] + bs[4 * p + 1], hi = bs[4 * p + 2] + bs[4 * p + 3];
+        const int32_t pair = (int32_t)(((uint32_t)hi << 16) | ((uint32_t)lo & 0xffffu));
+        B = _mm512_add_epi32(B, _mm512_madd_epi16(mp[p], _mm512_set1_epi32(pair)));
+    }
+    return B;
+}
+
+/* acc[t] for tokens [t0, t0 + nt) (nt a multiple of 16, at most AMX_SPAN)
+ * of one group of a K type: qk_tile_256's steps, with the unit sums of 16
+ * tokens at a time from the tiles. */
+QK_INLINE void amx_group_256(const int type, const qk_src *w, const qk_act *a, const uint8_t *grp, int64_t t0,
+                             int64_t nt, float (*acc)[16]) {
+    const int64_t nb = w->nb, cols = a->cols;
+    const int kmin = type == CART_Q4_K || type == CART_Q5_K;
+    const uint8_t *sc = grp + nb * w->qbytes;
+    _Alignas(64) uint8_t wbuf[8 * 512];
+    _Alignas(64) int32_t cb[8][2][AMX_TOK][16];
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
+        QK_PREFETCH(q + w->group_bytes, w->qbytes);
+        QK_PREFETCH(s + w->group_bytes, w->sbytes);
+        const uint8_t *wb = amx_unpack(type, q, 8, wbuf);
+        __m512i mp[4], scale[8];
+        if (kmin)
+            for (int p = 0; p < 4; p++) {
+                mp[p] = _mm512_or_si512(qi_load_u8(s + 192 + 32 * p),
+                                        _mm512_slli_epi32(qi_load_u8(s + 192 + 32 * p + 16), 16));
+                scale[2 * p] = qi_load_u8(s + 64 + 32 * p);
+                scale[2 * p + 1] = qi_load_u8(s + 64 + 32 * p + 16);
+            }
+        for (int64_t tt = 0; tt < nt; tt += AMX_TOK) {
+            amx_units(type, a->q + (t0 + tt) * cols + 256 * b, cols, wb, cb);
+            for (int tc = 0; tc < AMX_TOK; tc += 4) {
+                const int64_t t = t0 + tt + tc;
+                qi A[4], B[4];
+                for (int i = 0; i < 4; i++) A[i] = B[i] = qi_zero();
+                if (kmin) {
+                    for (int i = 0; i < 4; i++) {
+                        for (int j = 0; j < 8; j++)
+                            A[i] = qi_add(A[i], qi_mul(scale[j], _mm512_load_si512((const void *)cb[j][0][tc + i])));
+                        B[i] = amx_mins(mp, a->s + (t + i) * (cols / 16) + 16 * b);
+                    }
+                } else {
+                    for (int j = 0; j < 8; j++) {
+                        const int32_t *bs[4];
+                        qi d[4], d1[4];
+                        for (int i = 0; i < 4; i++) {
+                            bs[i] = a->s + (t + i) * (cols / 16) + 16 * b + 2 * j;
+                            d[i] = _mm512_load_si512((const void *)cb[j][0][tc + i]);
+                            d1[i] = amx_halves(type) ? _mm512_load_si512((const void *)cb[j][1][tc + i]) : d[i];
+                        }
+                        qk_unit_scale_256(type, 4, s, j, bs, d, d1, A, B);
+                    }
+                }
+                qf f[4];
+                for (int i = 0; i < 4; i++) f[i] = _mm512_load_ps(acc[tt + tc + i]);
+                qk_block_end_256(type, 4, s, a, t, b, A, B, f);
+                for (int i = 0; i < 4; i++) _mm512_store_ps(acc[tt + tc + i], f[i]);
+            }
+        }
+    }
+}
+
+/* The same for a type of 32-blocks (qk_tile_32's steps), four blocks at a
+ * time, one tile product each. */
+QK_INLINE void amx_group_32(const int type, const qk_src *w, const qk_act *a, const uint8_t *grp, int64_t t0,
+                            int64_t nt, float (*acc)[16]) {
+    const int64_t nb = w->nb, cols = a->cols;
+    const uint8_t *sc = grp + nb * w->qbytes;
+    _Alignas(64) uint8_t wbuf[4][512];
+    _Alignas(64) int32_t cb[4][AMX_TOK][16];
+    for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+        const int n = nb - b0 < 4 ? (int)(nb - b0) : 4;
+        const uint8_t *wb[4];
+        int32_t(*out[4])[16];
+        for (int k = 0; k < n; k++) {
+            const uint8_t *q = grp + (b0 + k) * w->qbytes;
+            QK_PREFETCH(q + w->group_bytes, w->qbytes);
+            wb[k] = amx_unpack(type, q, 1, wbuf[k]);
+            out[k] = cb[k];
+        }
+        for (int64_t tt = 0; tt < nt; tt += AMX_TOK) {
+            const int8_t *xs[4];
+            for (int k = 0; k < n; k++) xs[k] = a->q + (t0 + tt) * cols + 32 * (b0 + k);
+            amx_four(amx_signed(type), n, xs, cols, wb, out);
+            for (int tc = 0; tc < AMX_TOK; tc += 4) {
+                qf f[4];
+                for (int i = 0; i < 4; i++) f[i] = _mm512_load_ps(acc[tt + tc + i]);
+                for (int k = 0; k < n; k++) {
+                    int64_t at[4];
+                    int32_t xsum[4];
+                    qi d[4];
+                    for (int i = 0; i < 4; i++) {
+                        at[i] = (t0 + tt + tc + i) * (cols / 32) + b0 + k;
+                        xsum[i] = a->s[at[i]];
+                        d[i] = _mm512_load_si512((const void *)cb[k][tc + i]);
+                    }
+                    qk_block_end_32(type, 4, sc + (b0 + k) * w->sbytes, a, at, xsum, d, f);
+                }
+                for (int i = 0; i < 4; i++) _mm512_store_ps(acc[tt + tc + i], f[i]);
+            }
+        }
+    }
+}
+
+/* Tokens [t0, t1) (whole tiles) of groups [g0, g1). */
+QK_INLINE void amx_type(const int type, const qk_src *w, const qk_act *a, int64_t t0, int64_t t1, int64_t g0,
+                        int64_t g1, float *y, int64_t ldy) {
+    _Alignas(64) float acc[AMX_SPAN][16];
+    amx_config(amx_halves(type) ? 16 : 32);
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *grp = w->data + (uint64_t)g * w->group_bytes;
+        const int64_t r0 = g * QK_ROWS;
+        const int nr = (int)(w->rows - r0 < QK_ROWS ? w->rows - r0 : QK_ROWS);
+        for (int64_t s0 = t0; s0 < t1; s0 += AMX_SPAN) {
+            const int64_t nt = t1 - s0 < AMX_SPAN ? t1 - s0 : AMX_SPAN;
+            for (int64_t t = 0; t < nt; t++) _mm512_store_ps(acc[t], _mm512_setzero_ps());
+            if (qk_bs(type) == 256) amx_group_256(type, w, a, grp, s0, nt, acc);
+            else amx_group_32(type, w, a, grp, s0, nt, acc);
+            for (int64_t t = 0; t < nt; t++) qf_store(y + (s0 + t) * ldy + r0, _mm512_load_ps(acc[t]), nr);
+        }
+    }
+    _tile_release();
+}
+
+static void qk_groups_amx(const qk_src *w, const qk_act *a, int64_t t0, int64_t t1, int64_t g0, int64_t g1,
+                          float *y, int64_t ldy) {
+    int64_t full = t0 + (t1 - t0) / AMX_TOK * AMX_TOK;
+    /* q6_K, q3_K and q2_K take two tile products per unit and 16 integer
+     * multiplies per token and block after them: below 64 tokens that
+     * measured slower than vpdpbusd */
+    if (amx_halves(w->dtype) && t1 - t0 < 64) full = t0;
+    if (full > t0) switch (w->dtype) {
+        case CART_Q4_0: amx_type(CART_Q4_0, w, a, t0, full, g0, g1, y, ldy); break;
+        case CART_Q4_1: amx_type(CART_Q4_1, w, a, t0, full, g0, g1, y, ldy); break;
+        case CART_Q5_0: amx_type(CART_Q5_0, w, a, t0, full, g0, g1, y, ldy); break;
+        case CART_Q5_1: amx_type(CART_Q5_1, w, a, t0, full, g0, g1, y, ldy); break;
+        case CART_Q8_0: amx_type(CART_Q8_0, w, a, t0, full, g0, g1, y, ldy); break;
+        case CART_IQ4_NL: amx_type(CART_IQ4_NL, w, a, t0, full, g0, g1, y, ldy); break;
+        case CART_Q2_K: amx_type(CART_Q2_K, w, a, t0, full, g0, g1, y, ldy); break;
+        case CART_Q3_K: amx_type(CART_Q3_K, w, a, t0, full, g0, g1, y, ldy); break;
+        case CART_Q4_K: amx_type(CART_Q4_K, w, a, t0, full, g0, g1, y, ldy); break;
+        case CART_Q5_K: amx_type(CART_Q5_K, w, a, t0, full, g0, g1, y, ldy); break;
+        case CART_Q6_K: amx_type(CART_Q6_K, w, a, t0, full, g0, g1, y, ldy); break;
+        case CART_IQ4_XS: amx_type(CART_IQ4_XS, w, a, t0, full, g0, g1, y, ldy); break;
+        default: break;
+        }
+    if (full < t1) qk_groups_vnni(w, a, full, t1, g0, g1, y, ldy);
+}
+
+static cart_kernels table;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void build(void) {
+    table = *cart_kernels_avx512vnni();
+    table.isa = 6; /* CART_ISA_AMX */
+    table.name = "amx";
+    table.qk_groups = qk_groups_amx;
+}
+
+const cart_kernels *cart_kernels_amx(void) {
+    pthread_once(&once, build);
+    return &table;
+}
+
+#else
+
+const cart_kernels *cart_kernels_amx(void) {
+    return 0; /* not an x86-64 build */
+}
+
+#endif
