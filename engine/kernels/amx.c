@@ -214,6 +214,86 @@ QK_INLINE void amx_group_256(const int type, const qk_src *w, const qk_act *a, c
     }
 }
 
+/* q4_K and q5_K from 32 tokens on: the sub-block scales go into the
+ * weights, so that the tile unit adds the whole block. A scale (6 bits) is
+ * 8 hi + lo, and field times lo or hi stays a byte (31 x 7 = 217), so two
+ * products over the block's 256 elements, C_lo = sum x (u lo) and C_hi =
+ * sum x (u hi), give A = C_lo + 8 C_hi: the same integer as qgeneric.h's
+ * sum over units of scale times unit sum (exact in int32: at most 256 x
+ * 127 x 217 each). wk[half][64 quad vectors]: half 0 the fields times lo,
+ * 1 times hi, in the order of the block's 4 steps of depth 64. */
+QK_INLINE void amx_fold(const int type, const uint8_t *q, const uint8_t *s, uint8_t (*wk)[64][64]) {
+    const __m512i even = _mm512_set1_epi16(0x00ff);
+    for (int j = 0; j < 8; j++) {
+        qb u[8];
+        qk_unit(type, q, 8, j, u);
+        const __m512i sc = qi_load_u8(s + 64 + 16 * j);
+        const __m512i part[2] = {_mm512_and_si512(sc, _mm512_set1_epi32(7)), _mm512_srli_epi32(sc, 3)};
+        for (int h = 0; h < 2; h++) {
+            const __m512i m = _mm512_or_si512(part[h], _mm512_slli_epi32(part[h], 16));
+            for (int g = 0; g < 8; g++) {
+                const __m512i lo = _mm512_mullo_epi16(_mm512_and_si512(u[g], even), m);
+                const __m512i hi = _mm512_mullo_epi16(_mm512_srli_epi16(u[g], 8), m);
+                _mm512_store_si512((void *)wk[h][8 * j + g], _mm512_or_si512(lo, _mm512_slli_epi16(hi, 8)));
+            }
+        }
+    }
+}
+
+/* acc[t] for tokens [t0, t0 + nt) (a multiple of 16, at most AMX_SPAN) of
+ * one group of q4_K or q5_K with the scales folded (amx_fold); tiles of
+ * depth 64 (amx_config(64)). */
+QK_INLINE void amx_group_folded(const int type, const qk_src *w, const qk_act *a, const uint8_t *grp, int64_t t0,
+                                int64_t nt, float (*acc)[16]) {
+    const int64_t nb = w->nb, cols = a->cols;
+    const uint8_t *sc = grp + nb * w->qbytes;
+    _Alignas(64) uint8_t wk[2][64][64];
+    _Alignas(64) int32_t cb[4][AMX_TOK][16];
+    int32_t(*out[4])[16] = {cb[0], cb[1], cb[2], cb[3]};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
+        QK_PREFETCH(q + w->group_bytes, w->qbytes);
+        QK_PREFETCH(s + w->group_bytes, w->sbytes);
+        amx_fold(type, q, s, wk);
+        __m512i mp[4];
+        for (int p = 0; p < 4; p++)
+            mp[p] = _mm512_or_si512(qi_load_u8(s + 192 + 32 * p), _mm512_slli_epi32(qi_load_u8(s + 192 + 32 * p + 16), 16));
+        for (int64_t tt = 0; tt < nt; tt += AMX_TOK) {
+            const int8_t *x = a->q + (t0 + tt) * cols + 256 * b;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int c = 0; c < 4; c += 2) { /* C0, C2: lo over steps 0-1, 2-3; C1, C3: hi */
+                AMX_STEP(0, 4, 6, 0, x + 64 * c, cols, wk[0][16 * c]);
+                AMX_STEP(1, 5, 7, 0, x + 64 * c, cols, wk[1][16 * c]);
+                AMX_STEP(2, 4, 6, 0, x + 64 * (c + 1), cols, wk[0][16 * (c + 1)]);
+                AMX_STEP(3, 5, 7, 0, x + 64 * (c + 1), cols, wk[1][16 * (c + 1)]);
+            }
+            _tile_stored(0, out[0], 64);
+            _tile_stored(1, out[1], 64);
+            _tile_stored(2, out[2], 64);
+            _tile_stored(3, out[3], 64);
+            for (int tc = 0; tc < AMX_TOK; tc += 4) {
+                const int64_t t = t0 + tt + tc;
+                qi A[4], B[4];
+                qf f[4];
+                for (int i = 0; i < 4; i++) {
+                    const qi lo = qi_add(_mm512_load_si512((const void *)cb[0][tc + i]),
+                                         _mm512_load_si512((const void *)cb[2][tc + i]));
+                    const qi hi = qi_add(_mm512_load_si512((const void *)cb[1][tc + i]),
+                                         _mm512_load_si512((const void *)cb[3][tc + i]));
+                    A[i] = qi_add(lo, _mm512_slli_epi32(hi, 3));
+                    B[i] = amx_mins(mp, a->s + (t + i) * (cols / 16) + 16 * b);
+                    f[i] = _mm512_load_ps(acc[tt + tc + i]);
+                }
+                qk_block_end_256(type, 4, s, a, t, b, A, B, f);
+                for (int i = 0; i < 4; i++) _mm512_store_ps(acc[tt + tc + i], f[i]);
+            }
+        }
+    }
+}
+
 /* The same for a type of 32-blocks (qk_tile_32's steps), four blocks at a
  * time, one tile product each. */
 QK_INLINE void amx_group_32(const int type, const qk_src *w, const qk_act *a, const uint8_t *grp, int64_t t0,
@@ -260,7 +340,10 @@ QK_INLINE void amx_group_32(const int type, const qk_src *w, const qk_act *a, co
 QK_INLINE void amx_type(const int type, const qk_src *w, const qk_act *a, int64_t t0, int64_t t1, int64_t g0,
                         int64_t g1, float *y, int64_t ldy) {
     _Alignas(64) float acc[AMX_SPAN][16];
-    amx_config(amx_halves(type) ? 16 : 32);
+    /* from 32 tokens on, q4_K and q5_K fold their scales (amx_fold: once
+     * per block, worth it only over several tiles; measured) */
+    const int folded = (type == CART_Q4_K || type == CART_Q5_K) && t1 - t0 >= 32;
+    amx_config(folded ? 64 : amx_halves(type) ? 16 : 32);
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *grp = w->data + (uint64_t)g * w->group_bytes;
         const int64_t r0 = g * QK_ROWS;
@@ -268,7 +351,8 @@ QK_INLINE void amx_type(const int type, const qk_src *w, const qk_act *a, int64_
         for (int64_t s0 = t0; s0 < t1; s0 += AMX_SPAN) {
             const int64_t nt = t1 - s0 < AMX_SPAN ? t1 - s0 : AMX_SPAN;
             for (int64_t t = 0; t < nt; t++) _mm512_store_ps(acc[t], _mm512_setzero_ps());
-            if (qk_bs(type) == 256) amx_group_256(type, w, a, grp, s0, nt, acc);
+            if (folded) amx_group_folded(type, w, a, grp, s0, nt, acc);
+            else if (qk_bs(type) == 256) amx_group_256(type, w, a, grp, s0, nt, acc);
             else amx_group_32(type, w, a, grp, s0, nt, acc);
             for (int64_t t = 0; t < nt; t++) qf_store(y + (s0 + t) * ldy + r0, _mm512_load_ps(acc[t]), nr);
         }

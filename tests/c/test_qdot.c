@@ -459,14 +459,15 @@ static void test_repack_refuses_what_init_refuses_and_skips_other_types(void) {
 
 /* The largest sums a product can reach: every quant byte 0xff (every field
  * at its maximum, every sub-block scale and min at 63), activations all +1
- * or all -1 (so every q is +127 or -127), 16 rows and 1-16 tokens. The
+ * or all -1 (so every q is +127 or -127), 16 rows, 1-16 tokens and 32, 48, 64
+ * (the amx level's tiles, its folded scales from 32 on). The
  * 16-bit partial sums of the byte-product levels must not overflow here
  * (qgeneric.h's QK_RUN): the bits are still the contract's. */
 static void test_the_largest_sums_give_the_contracts_bits(void) {
     for (int d = 0; d < NQ; d++) {
         const int32_t dtype = qtypes[d];
         const scale_fields *sf = scales_of(dtype);
-        const int64_t rows = 16, cols = 2 * block_size_of(dtype), ldy = rows, n = 16;
+        const int64_t rows = 16, cols = 2 * block_size_of(dtype), ldy = rows, n = 64;
         const uint64_t rb = row_bytes_of(dtype, cols);
         uint8_t *data = malloc(rb * (uint64_t)rows);
         memset(data, 0xff, rb * (uint64_t)rows);
@@ -484,7 +485,7 @@ static void test_the_largest_sums_give_the_contracts_bits(void) {
         for (int sign = -1; sign <= 1; sign += 2) {
             for (int64_t i = 0; i < n * cols; i++) x[i] = (float)sign;
             ref_product(want, ldy, x, cols, dtype, data, rows, cols, n);
-            for (int64_t k = 1; k <= n; k++)
+            for (int64_t k = 1; k <= n; k += k < 16 ? 1 : 16) /* 1-16 tokens, then whole tiles to 64 */
                 for (int layout = 0; layout < 2; layout++) {
                     CHECK_OK(cart_matmul_forward(got, ldy, x, cols, layout ? &wp : &w, k, NULL));
                     if (!same_bits(got, want, k, rows, ldy)) wrong++;
