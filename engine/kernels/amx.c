@@ -17,7 +17,10 @@
  * qk_dots give; everything after them is qgeneric.h's own code
  * (qk_unit_scale_256, qk_block_end_256, qk_block_end_32), so this level
  * gives the same bits as every other. Tokens past the last whole tile of 16
- * go to the vpdpbusd kernel.
+ * go to the vpdpbusd kernel, and so do q6_K, q3_K and q2_K below 64 tokens
+ * (measured slower on tiles there). q4_K and q5_K from 32 tokens on fold
+ * their sub-block scales into the weights (amx_fold), which leaves no
+ * integer multiply per unit and token after the products.
  */
 #include "kernels.h"
 
