@@ -203,6 +203,8 @@ local function llama(path)
         error(("--vs-llama: %s not found; install llama.cpp's peer as ../shared/bench/README.md shows"):format(script), 0)
     end
     local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+    -- the peer runs in its own directory: a relative --model is made absolute
+    if path:sub(1, 1) ~= "/" then path = (os.getenv("PWD") or ".") .. "/" .. path end
     local cmd = ("cd %s && node bench_llama.mjs %s --threads %d --pp %d --tg %d --reps %d --flash-attn on --no-mmap 2>/dev/null")
         :format(q(opts.vs_llama), q(path), opts.threads, opts.prompt, opts.decode, opts.reps)
     io.stderr:write("bench_infer: running llama.cpp: " .. cmd .. "\n")
