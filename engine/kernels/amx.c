@@ -370,21 +370,7 @@ static void qk_groups_amx(const qk_src *w, const qk_act *a, int64_t t0, int64_t 
      * multiplies per token and block after them: below 64 tokens that
      * measured slower than vpdpbusd */
     if (amx_halves(w->dtype) && t1 - t0 < 64) full = t0;
-    if (full > t0) switch (w->dtype) {
-        case CART_Q4_0: amx_type(CART_Q4_0, w, a, t0, full, g0, g1, y, ldy); break;
-        case CART_Q4_1: amx_type(CART_Q4_1, w, a, t0, full, g0, g1, y, ldy); break;
-        case CART_Q5_0: amx_type(CART_Q5_0, w, a, t0, full, g0, g1, y, ldy); break;
-        case CART_Q5_1: amx_type(CART_Q5_1, w, a, t0, full, g0, g1, y, ldy); break;
-        case CART_Q8_0: amx_type(CART_Q8_0, w, a, t0, full, g0, g1, y, ldy); break;
-        case CART_IQ4_NL: amx_type(CART_IQ4_NL, w, a, t0, full, g0, g1, y, ldy); break;
-        case CART_Q2_K: amx_type(CART_Q2_K, w, a, t0, full, g0, g1, y, ldy); break;
-        case CART_Q3_K: amx_type(CART_Q3_K, w, a, t0, full, g0, g1, y, ldy); break;
-        case CART_Q4_K: amx_type(CART_Q4_K, w, a, t0, full, g0, g1, y, ldy); break;
-        case CART_Q5_K: amx_type(CART_Q5_K, w, a, t0, full, g0, g1, y, ldy); break;
-        case CART_Q6_K: amx_type(CART_Q6_K, w, a, t0, full, g0, g1, y, ldy); break;
-        case CART_IQ4_XS: amx_type(CART_IQ4_XS, w, a, t0, full, g0, g1, y, ldy); break;
-        default: break;
-        }
+    if (full > t0) QK_DISPATCH(w->dtype, amx_type, w, a, t0, full, g0, g1, y, ldy);
     if (full < t1) qk_groups_vnni(w, a, full, t1, g0, g1, y, ldy);
 }
 

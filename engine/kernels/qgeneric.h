@@ -365,21 +365,29 @@ QK_INLINE void qk_type(const int type, const qk_src *w, const qk_act *a, int64_t
     }
 }
 
+/* Calls F(TYPE, ...) with TYPE the constant for `dtype`, for every
+ * qk_supported type (nothing for another), so that F is specialized per
+ * type. */
+#define QK_DISPATCH(dtype, F, ...)                                                                           \
+    do {                                                                                                     \
+        switch (dtype) {                                                                                     \
+        case CART_Q4_0: F(CART_Q4_0, __VA_ARGS__); break;                                                    \
+        case CART_Q4_1: F(CART_Q4_1, __VA_ARGS__); break;                                                    \
+        case CART_Q5_0: F(CART_Q5_0, __VA_ARGS__); break;                                                    \
+        case CART_Q5_1: F(CART_Q5_1, __VA_ARGS__); break;                                                    \
+        case CART_Q8_0: F(CART_Q8_0, __VA_ARGS__); break;                                                    \
+        case CART_IQ4_NL: F(CART_IQ4_NL, __VA_ARGS__); break;                                                \
+        case CART_Q2_K: F(CART_Q2_K, __VA_ARGS__); break;                                                    \
+        case CART_Q3_K: F(CART_Q3_K, __VA_ARGS__); break;                                                    \
+        case CART_Q4_K: F(CART_Q4_K, __VA_ARGS__); break;                                                    \
+        case CART_Q5_K: F(CART_Q5_K, __VA_ARGS__); break;                                                    \
+        case CART_Q6_K: F(CART_Q6_K, __VA_ARGS__); break;                                                    \
+        case CART_IQ4_XS: F(CART_IQ4_XS, __VA_ARGS__); break;                                                \
+        default: break;                                                                                      \
+        }                                                                                                    \
+    } while (0)
+
 static void QK_FN(const qk_src *w, const qk_act *a, int64_t t0, int64_t t1, int64_t g0, int64_t g1,
                   float *y, int64_t ldy) {
-    switch (w->dtype) {
-    case CART_Q4_0: qk_type(CART_Q4_0, w, a, t0, t1, g0, g1, y, ldy); break;
-    case CART_Q4_1: qk_type(CART_Q4_1, w, a, t0, t1, g0, g1, y, ldy); break;
-    case CART_Q5_0: qk_type(CART_Q5_0, w, a, t0, t1, g0, g1, y, ldy); break;
-    case CART_Q5_1: qk_type(CART_Q5_1, w, a, t0, t1, g0, g1, y, ldy); break;
-    case CART_Q8_0: qk_type(CART_Q8_0, w, a, t0, t1, g0, g1, y, ldy); break;
-    case CART_IQ4_NL: qk_type(CART_IQ4_NL, w, a, t0, t1, g0, g1, y, ldy); break;
-    case CART_Q2_K: qk_type(CART_Q2_K, w, a, t0, t1, g0, g1, y, ldy); break;
-    case CART_Q3_K: qk_type(CART_Q3_K, w, a, t0, t1, g0, g1, y, ldy); break;
-    case CART_Q4_K: qk_type(CART_Q4_K, w, a, t0, t1, g0, g1, y, ldy); break;
-    case CART_Q5_K: qk_type(CART_Q5_K, w, a, t0, t1, g0, g1, y, ldy); break;
-    case CART_Q6_K: qk_type(CART_Q6_K, w, a, t0, t1, g0, g1, y, ldy); break;
-    case CART_IQ4_XS: qk_type(CART_IQ4_XS, w, a, t0, t1, g0, g1, y, ldy); break;
-    default: break;
-    }
+    QK_DISPATCH(w->dtype, qk_type, w, a, t0, t1, g0, g1, y, ldy);
 }
