@@ -29,6 +29,8 @@
 #include "sampler.h"
 #include "grammar.h"
 #include "adam.h"
+#include "cart.h"
+#include "targets.h"
 #include "train.h"
 #include "compact.h"
 #include "params.h"

@@ -77,6 +77,14 @@ void cart_cs64_update(cart_cs64 *c, const void *data, uint64_t n);
 void cart_cs64_update_u64(cart_cs64 *c, uint64_t v);
 uint64_t cart_cs64_final(cart_cs64 *c);
 
+/* The cartridge's rows for the trainer (cart.c): layer's K (which = 0) or V
+ * rows, read-only; and the check that c's geometry is m's, CART_E_ARG
+ * naming fn and both geometries when not. */
+struct cart_cartridge;
+struct cart_model;
+const float *cart_cartridge_rows_of(const struct cart_cartridge *c, int32_t layer, int32_t which);
+int cart_cartridge_check_model(const struct cart_cartridge *c, const struct cart_model *m, const char *fn);
+
 #pragma GCC visibility pop
 
 #endif

@@ -154,7 +154,7 @@ local function part_name(c, i)
     return c.path or ("part " .. i)
 end
 
--- A composed cartridge (engine/train.h): the parts' rows one after the other
+-- A composed cartridge (engine/cart.h): the parts' rows one after the other
 -- in every layer, each part's sinks first, each part keeping its positions;
 -- tokens behind it sit at positions sum(p_i). parts: a list of carts of one
 -- geometry; a mismatch is an error naming both files. The result is a new

@@ -66,7 +66,7 @@ local function pack(segments)
 end
 trainer.pack = pack
 
--- A list of distillation targets held in C (engine/train.h
+-- A list of distillation targets held in C (engine/targets.h
 -- cart_target_list): the decode appends each scored row's top-k entries, a
 -- packed step appends whole lists at an offset, and distill reads it in place.
 local Targets = {}
