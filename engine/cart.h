@@ -15,6 +15,16 @@
  * query at position P sees only positions P - window + 1 .. P, prefix rows
  * included: exactly what a real prefill of the p corpus tokens would let it
  * see, so that a captured cartridge stays equivalent to that prefill.
+ *
+ * The artifact (docs/formats.md) is a safetensors file any reader opens:
+ * per layer l, "layers.<l>.k" and "layers.<l>.v" F32 [p - frozen, kv_heads,
+ * head_dim] (the trainable rows), "layers.<l>.k_sink" / ".v_sink" [frozen,
+ * kv_heads, head_dim] when frozen > 0, and optionally "draft_reference" I64
+ * [n] (corpus token ids for the drafter). Rows are in KV-cache order
+ * (position, kv head, dim). Its metadata names the format, the
+ * architecture, the geometry (n_layer, kv_heads, head_dim, p, frozen), the
+ * model (name, fingerprint and content hash) and the training settings (a
+ * JSON object's text), and a checksum covers every tensor's bytes.
  */
 #ifndef CART_CART_H
 #define CART_CART_H
@@ -23,6 +33,7 @@
 #include "adam.h"
 #include "kv.h"
 #include "model.h"
+#include "safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -135,6 +146,89 @@ int cart_cartridge_adam_step(cart_cartridge *c, cart_adam *a);
  * several passes, or of several processes (dist.h). */
 void cart_cartridge_grad_export(const cart_cartridge *c, float *dst);
 void cart_cartridge_grad_import(cart_cartridge *c, const float *src);
+
+/* ---- the artifact ---------------------------------------------------------- */
+
+/* The format this version writes; it reads it and "cartridge-v1" (no
+ * content hash: a v1 file is checked by the sampled fingerprint only, with
+ * a warning). */
+#define CART_CARTRIDGE_FORMAT "cartridge-v2"
+
+/* What an artifact records besides the rows; every field may be 0/NULL. */
+typedef struct cart_cartridge_save_options {
+    const char *training_json;      /* cartridge.training: a JSON object's text (NULL: "{}") */
+    const int32_t *draft_reference; /* corpus token ids, stored as "draft_reference" I64 */
+    int64_t n_draft;
+    const char *const *meta_keys;   /* more metadata entries, n_meta of each */
+    const char *const *meta_values;
+    int32_t n_meta;
+    int32_t reserved;               /* 0 */
+} cart_cartridge_save_options;
+
+/* Writes c, trained on m, to `path` atomically (a temporary file beside it,
+ * fsynced, renamed; a target that exists and is not a regular file is
+ * refused). Every row must be finite and within +-CART_CARTRIDGE_MAX_ABS
+ * (CART_E_FORMAT naming the first that is not). opts may be NULL. */
+int cart_cartridge_save(const cart_cartridge *c, const cart_model *m, const char *path,
+                        const cart_cartridge_save_options *opts);
+
+/* An artifact opened and checked, its rows read in place from the file's
+ * mapping. */
+typedef struct cart_cartridge_file cart_cartridge_file;
+
+enum {
+    /* load a cartridge whose metadata names another model (fingerprint,
+     * content hash, architecture) or lacks its identity or geometry, with a
+     * warning; its tensors must still fit the model */
+    CART_CARTRIDGE_FOREIGN = 1
+};
+
+/* Opens `path` after sweeping the temporary files dead writers left beside
+ * it, and checks it as a cartridge: the checksum (a file without one opens,
+ * with a warning), exactly the expected tensors (names, F32, shapes; the
+ * same rows in every layer), every row finite and within
+ * +-CART_CARTRIDGE_MAX_ABS, draft_reference a non-empty I64 vector of token
+ * ids, and the metadata: a format this version reads and the geometry its
+ * tensors have. With a model m (may be NULL) also: the model's layers and
+ * KV geometry, the draft ids within its vocabulary, and the identity (the
+ * architecture, the fingerprint, a v2 file's content hash of every weight
+ * byte), which without CART_CARTRIDGE_FOREIGN in flags refuses another
+ * model's cartridge. Errors (CART_E_FORMAT, or the reader's) say
+ * "<path>: what", and what to do. Close with cart_cartridge_file_close. */
+int cart_cartridge_open(cart_cartridge_file **out, const char *path, const cart_model *m, int32_t flags);
+void cart_cartridge_file_close(cart_cartridge_file *f);
+
+/* What the open noticed and let pass, one "<path>: ..." line each ending in
+ * a newline: the temporary files it removed, a file without a checksum, a
+ * foreign cartridge loaded anyway, a v1 file. "" when nothing. */
+const char *cart_cartridge_file_warnings(const cart_cartridge_file *f);
+
+/* The file's safetensors view (its metadata: cart_st_meta_get). Borrowed. */
+const cart_st_file *cart_cartridge_file_st(const cart_cartridge_file *f);
+
+int32_t cart_cartridge_file_n_layer(const cart_cartridge_file *f);
+int64_t cart_cartridge_file_p(const cart_cartridge_file *f);
+int64_t cart_cartridge_file_frozen(const cart_cartridge_file *f);
+/* Layer l's KV heads and head_dim (0 out of range). */
+int32_t cart_cartridge_file_layer_heads(const cart_cartridge_file *f, int32_t layer);
+int32_t cart_cartridge_file_layer_head_dim(const cart_cartridge_file *f, int32_t layer);
+
+/* Layer l's rows in the file, [n, kv_heads, head_dim] f32 (which: 0 = K, 1
+ * = V): the trainable rows (sink = 0, n = p - frozen) or the sink rows
+ * (sink = 1, n = frozen; NULL when frozen is 0). Valid until close. */
+const float *cart_cartridge_file_rows(const cart_cartridge_file *f, int32_t layer, int32_t which, int32_t sink);
+
+/* The draft reference's token ids (*ids borrowed until close; NULL and 0
+ * when the file has none). */
+int64_t cart_cartridge_file_draft(const cart_cartridge_file *f, const int32_t **ids);
+
+/* A cartridge of the file's geometry holding its rows (a copy; the file may
+ * be closed after). */
+int cart_cartridge_file_load(cart_cartridge **out, const cart_cartridge_file *f);
+
+/* Open, load and close in one call; warnings go nowhere (open the file to
+ * read them). */
+int cart_cartridge_load(cart_cartridge **out, const char *path, const cart_model *m, int32_t flags);
 
 #ifdef __cplusplus
 }

@@ -624,6 +624,24 @@ int cart_model_content_hash(const cart_model *m, uint64_t *out) {
     return CART_OK;
 }
 
+int cart_model_content_hash_once(const cart_model *m, uint64_t *out) {
+    cart_model *mm = (cart_model *)m;
+    if (m && out && atomic_load(&mm->content_hash_known)) {
+        *out = m->content_hash;
+        return CART_OK;
+    }
+    int rc = cart_model_content_hash(m, out);
+    if (rc == CART_OK) {
+        mm->content_hash = *out;
+        atomic_store(&mm->content_hash_known, 1);
+    }
+    return rc;
+}
+
+const char *cart_arch_name(int32_t arch) {
+    return arch >= CART_ARCH_LLAMA && arch <= CART_ARCH_GEMMA4 ? arch_names[arch] : NULL;
+}
+
 int32_t *cart_model_kv_geometry(const cart_model *m) {
     const int32_t n = m->cfg.n_layer;
     int32_t *geom = cart_malloc(sizeof(int32_t) * 2 * (size_t)n, "KV geometry");

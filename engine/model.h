@@ -61,6 +61,10 @@ typedef enum cart_arch {
     CART_ARCH_GEMMA4 = 3
 } cart_arch;
 
+/* The architecture's name as GGUF's general.architecture writes it
+ * ("llama", "qwen3", "gemma4"); NULL for a value not in cart_arch. */
+const char *cart_arch_name(int32_t arch);
+
 /* The model's hyperparameters. Where gemma4's layers differ (head_dim,
  * n_head_kv, n_rot, rope_theta, n_ff), the fields hold the full-attention
  * layers' values as the GGUF keys name them; cart_model_layer gives each

@@ -5,6 +5,8 @@
 #ifndef CART_MODEL_INTERNAL_H
 #define CART_MODEL_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include "gguf.h"
 #include "matmul.h"
 #include "model.h"
@@ -49,6 +51,8 @@ typedef struct layer_weights {
 
 struct cart_model {
     cart_gguf *gguf;
+    _Atomic int content_hash_known; /* cart_model_content_hash_once's cache */
+    uint64_t content_hash;
     cart_model_config cfg;
     cart_weight tok_embd;  /* [n_vocab, n_embd], rows looked up by id */
     cart_weight output;    /* [n_vocab, n_embd]; a copy of tok_embd's view when tied */
@@ -83,6 +87,11 @@ typedef struct model_grads {
 } model_grads;
 
 const model_grads *cart_params_grads(const cart_params *p);
+
+/* cart_model_content_hash, computed once per model and kept (the weights
+ * of a loaded model do not change; cartridges check it on every save and
+ * open). Two threads may both compute it the first time: the same value. */
+int cart_model_content_hash_once(const cart_model *m, uint64_t *out);
 
 /* Reading a model's GGUF (model.c; model_gemma4.c reads gemma4's part). */
 typedef struct model_loader {

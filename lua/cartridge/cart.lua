@@ -19,22 +19,17 @@
 -- differ). Rows are in
 -- KV-cache order (position, kv head, dim), keys post-RoPE at positions
 -- 0..p-1. __metadata__ records the format, the architecture and geometry,
--- the model's name and fingerprint, p, frozen and the training settings (a
--- JSON string). Any safetensors reader opens it; writes are atomic.
+-- the model's name, fingerprint and content hash, p, frozen and the
+-- training settings (a JSON string). Any safetensors reader opens it; writes
+-- are atomic. The format and its checks are the engine's (engine/cart.h).
 
 local core = require("cartridge.core")
-local safetensors = require("cartridge.safetensors")
 local json = require("cartridge.json")
 local ids_mod = require("cartridge.ids")
 local ffi = core.ffi
 local C = core.C
 
 local cart = {}
--- v2 adds cartridge.model_content_hash (a hash of every weight byte of the
--- model); v1 files (fingerprint only) still load, with a warning.
-cart.FORMAT = "cartridge-v2"
-cart.FORMATS = { ["cartridge-v1"] = true, ["cartridge-v2"] = true }
-
 -- Whether cart.load and cart.map accept a cartridge whose metadata does not
 -- name the model it is loaded with (another fingerprint or content hash,
 -- another architecture, missing or false geometry metadata): false refuses
@@ -199,260 +194,77 @@ function cart.fingerprint(m)
     return core.hex64(C.cart_model_fingerprint(m.handle))
 end
 
--- One field of the geometry for the metadata: a number when every layer
--- shares it, else the layers' values joined by commas.
-function Cart:per_layer_text(field)
-    local values, same = {}, true
-    for l, g in ipairs(self.layers) do
-        values[l] = tostring(g[field])
-        same = same and values[l] == values[1]
-    end
-    return same and values[1] or table.concat(values, ",")
-end
-
--- Saves the cartridge atomically. opts: training (a table, stored as JSON),
--- draft_reference (corpus token ids: a cartridge.ids sequence or a Lua list),
--- extra_meta (string map).
+-- Saves the cartridge atomically (cart_cartridge_save, engine/cart.h).
+-- opts: training (a table, stored as JSON), draft_reference (corpus token
+-- ids: a cartridge.ids sequence or a Lua list), extra_meta (string map).
 function Cart:save(path, m, opts)
     opts = opts or {}
-    local tensors, keep = {}, {}
-    local trainable = self.p - self.frozen
-    for l = 0, self.n_layer - 1 do
-        local g = self.layers[l + 1]
-        for which, name in ipairs({ "k", "v" }) do
-            local rows = self:rows(l, which - 1)
-            tensors[#tensors + 1] = { name = ("layers.%d.%s"):format(l, name), dtype = "F32",
-                shape = { trainable, g.kv_heads, g.head_dim }, data = rows + self.frozen * g.row }
-            if self.frozen > 0 then
-                tensors[#tensors + 1] = { name = ("layers.%d.%s_sink"):format(l, name), dtype = "F32",
-                    shape = { self.frozen, g.kv_heads, g.head_dim }, data = rows }
-            end
-        end
-    end
+    local o = ffi.new("cart_cartridge_save_options")
+    local training = json.encode(opts.training or json.object())
+    o.training_json = training
+    local keep = {}
     if opts.draft_reference and #opts.draft_reference > 0 then
         local src, n = ids_mod.view(opts.draft_reference)
-        local ids = ffi.new("int64_t[?]", n)
-        for i = 0, n - 1 do ids[i] = src[i] end
-        keep[#keep + 1] = ids
-        tensors[#tensors + 1] = { name = "draft_reference", dtype = "I64", shape = { n }, data = ids }
+        local copy = ffi.new("int32_t[?]", n)
+        ffi.copy(copy, src, 4 * n)
+        o.draft_reference, o.n_draft, keep[#keep + 1] = copy, n, copy
     end
-    local meta = {
-        ["cartridge.format"] = cart.FORMAT,
-        ["cartridge.architecture"] = m.config.arch,
-        ["cartridge.n_layer"] = tostring(self.n_layer),
-        ["cartridge.kv_heads"] = self:per_layer_text("kv_heads"),
-        ["cartridge.head_dim"] = self:per_layer_text("head_dim"),
-        ["cartridge.p"] = tostring(self.p),
-        ["cartridge.frozen"] = tostring(self.frozen),
-        ["cartridge.model_name"] = tostring(m.file:get("general.name") or m.path),
-        ["cartridge.model_fingerprint"] = cart.fingerprint(m),
-        ["cartridge.model_content_hash"] = (m:content_hash()),
-        ["cartridge.training"] = json.encode(opts.training or json.object()),
-    }
-    for k, v in pairs(opts.extra_meta or {}) do meta[k] = tostring(v) end
-    core.check(C.cart_cartridge_check_finite(self.handle, 0), "cartridge save: " .. path)
-    safetensors.write(path, tensors, meta, { checksum = true })
+    local keys, values = {}, {}
+    for k, v in pairs(opts.extra_meta or {}) do
+        keys[#keys + 1], values[#values + 1] = k, tostring(v)
+    end
+    if #keys > 0 then
+        local ck, cv = ffi.new("const char *[?]", #keys), ffi.new("const char *[?]", #keys)
+        for i = 1, #keys do ck[i - 1], cv[i - 1] = keys[i], values[i] end
+        o.meta_keys, o.meta_values, o.n_meta = ck, cv, #keys
+        keep[#keep + 1], keep[#keep + 2] = ck, cv
+    end
+    require("cartridge.fs").sweep_temps(path)
+    core.check(C.cart_cartridge_save(self.handle, m.handle, path, o), "cartridge save")
     return path
 end
 
--- What in a cartridge's metadata disagrees with its tensors g ({ n_layer,
--- heads, dims, p, frozen }) and, given a model m, with m: a list of
--- sentences, empty when all is well. The format, the geometry and (with m)
--- the architecture and the model's fingerprint are required; a v2 file's
--- content hash (every weight byte) is required and compared too.
-function cart.identity_problems(meta, g, m)
-    local problems = {}
-    local function add(fmt, ...) problems[#problems + 1] = fmt:format(...) end
-    local format = meta["cartridge.format"]
-    if not cart.FORMATS[format] then
-        add(format and ("its metadata has cartridge.format '%s', which this version does not read (it reads "
-            .. "cartridge-v1 and cartridge-v2)") or "its metadata has no cartridge.format", tostring(format))
-    end
-    local function per_layer(values)
-        for _, v in ipairs(values) do if v ~= values[1] then return table.concat(values, ",") end end
-        return tostring(values[1])
-    end
-    local geometry = { n_layer = tostring(g.n_layer), p = tostring(g.p), frozen = tostring(g.frozen),
-        kv_heads = per_layer(g.heads), head_dim = per_layer(g.dims) }
-    for _, key in ipairs({ "n_layer", "kv_heads", "head_dim", "p", "frozen" }) do
-        local said = meta["cartridge." .. key]
-        if said ~= geometry[key] then
-            add("its metadata says cartridge.%s %s where its tensors have %s", key,
-                said and ("'" .. said .. "'") or "nothing", geometry[key])
-        end
-    end
-    if not m then return problems end
-    local name = tostring(meta["cartridge.model_name"])
-    if meta["cartridge.architecture"] ~= m.config.arch then
-        add("it was trained on a %s model, and %s is %s", tostring(meta["cartridge.architecture"]), m.path,
-            m.config.arch)
-    end
-    local fp, model_fp = meta["cartridge.model_fingerprint"], cart.fingerprint(m)
-    if not fp then
-        add("its metadata names no model fingerprint (cartridge.model_fingerprint)")
-    elseif fp ~= model_fp then
-        add("it was trained on model '%s' (fingerprint %s), and %s has fingerprint %s", name, fp, m.path, model_fp)
-    end
-    if format == "cartridge-v2" then
-        local want = meta["cartridge.model_content_hash"]
-        if not want then
-            add("its metadata has no cartridge.model_content_hash, which a cartridge-v2 file records")
-        elseif fp == model_fp and want ~= m:content_hash() then
-            add("it was trained on model '%s' (content hash %s), and the weights of %s hash to %s: the same "
-                .. "tensors with other values (a damaged or edited copy)", name, want, m.path, m:content_hash())
-        end
-    end
-    return problems
-end
-
--- Opens a cartridge artifact and checks it: the checksum, exactly the
--- expected tensors, and with a model m its geometry and fingerprint. Returns
--- the open file, the geometry { n_layer, heads, dims (each layer's KV heads
--- and head_dim), kv_heads, head_dim (layer 0's), p, frozen }, the metadata and
--- the draft reference (or nil); raises "<who>: PATH: what".
+-- Opens and checks a cartridge artifact (cart_cartridge_open, engine/cart.h:
+-- the checksum, exactly the expected tensors, finite rows within the f16
+-- range, and with a model m its geometry, vocabulary and identity). Prints
+-- what it let pass on stderr, a line each; raises "<who>: PATH: what".
+-- Returns the handle, the geometry { n_layer, heads, dims (each layer's KV
+-- heads and head_dim), kv_heads, head_dim (layer 0's), p, frozen }, the
+-- metadata table and the draft reference (a cartridge.ids sequence or nil).
 local function open_checked(path, m, who)
-    require("cartridge.fs").sweep_temps(path)
-    local f = safetensors.open(path)
-    local function fail(what)
-        f:close()
-        error(who .. ": " .. path .. ": " .. what, 0)
+    local out = ffi.new("cart_cartridge_file *[1]")
+    local rc = C.cart_cartridge_open(out, path, m and m.handle or nil,
+        cart.allow_foreign and C.CART_CARTRIDGE_FOREIGN or 0)
+    if rc ~= 0 then error(who .. ": " .. core.last_error(), 0) end
+    local f = ffi.gc(out[0], C.cart_cartridge_file_close)
+    io.stderr:write(ffi.string(C.cart_cartridge_file_warnings(f)))
+    local g = { n_layer = C.cart_cartridge_file_n_layer(f), heads = {}, dims = {},
+        p = tonumber(C.cart_cartridge_file_p(f)), frozen = tonumber(C.cart_cartridge_file_frozen(f)) }
+    for l = 0, g.n_layer - 1 do
+        g.heads[l + 1] = C.cart_cartridge_file_layer_heads(f, l)
+        g.dims[l + 1] = C.cart_cartridge_file_layer_head_dim(f, l)
     end
-    local ok, verified = pcall(f.verify, f)
-    if not ok then
-        f:close()
-        error(who .. ": " .. verified, 0)
-    end
-    if not verified then
-        io.stderr:write(("cart.load: %s carries no checksum (written by an older version): its bytes are not "
-            .. "verified; saving it again adds one\n"):format(path))
-    end
-    local k0 = f:tensor("layers.0.k")
-    if not k0 then fail("no tensor 'layers.0.k': this is not a cartridge artifact") end
-    if #k0.shape ~= 3 then fail("'layers.0.k' has rank " .. #k0.shape .. ", expected 3 [rows, kv_heads, head_dim]") end
-    local trainable = k0.shape[1]
-    local sink0 = f:tensor("layers.0.k_sink")
-    local frozen = sink0 and sink0.shape[1] or 0
-    local n_layer = 0
-    local heads, dims = {}, {}
-    while true do
-        local k = f:tensor(("layers.%d.k"):format(n_layer))
-        if not k then break end
-        if #k.shape ~= 3 then
-            fail(("'layers.%d.k' has rank %d, expected 3 [rows, kv_heads, head_dim]"):format(n_layer, #k.shape))
-        end
-        heads[n_layer + 1], dims[n_layer + 1] = k.shape[2], k.shape[3]
-        n_layer = n_layer + 1
-    end
-    local p = trainable + frozen
-    -- strict: exactly the expected names, shapes and dtypes (each layer its
-    -- own heads and head_dim, every layer the same rows)
-    local expected = {}
-    for l = 0, n_layer - 1 do
-        for _, name in ipairs({ "k", "v" }) do
-            expected[("layers.%d.%s"):format(l, name)] = { trainable, heads[l + 1], dims[l + 1] }
-            if frozen > 0 then
-                expected[("layers.%d.%s_sink"):format(l, name)] = { frozen, heads[l + 1], dims[l + 1] }
-            end
-        end
+    g.kv_heads, g.head_dim = g.heads[1], g.dims[1]
+    local meta, st = {}, C.cart_cartridge_file_st(f)
+    for i = 0, tonumber(C.cart_st_meta_count(st)) - 1 do
+        local e = C.cart_st_meta_at(st, i)
+        meta[core.str(e.key)] = core.str(e.value)
     end
     local draft
-    for _, t in ipairs(f:tensors()) do
-        if t.name == "draft_reference" then
-            if t.dtype_name ~= "I64" or #t.shape ~= 1 or t.shape[1] < 1 then
-                fail("'draft_reference' must be a non-empty 1-D I64 tensor")
-            end
-            local p64 = ffi.cast("const int64_t *", t.data)
-            draft = ids_mod.new(t.shape[1])
-            for i = 0, t.shape[1] - 1 do
-                local id = p64[i]
-                if id < 0 or id > 0x7fffffff then
-                    fail(("'draft_reference' entry %d is %s, not a token id"):format(i, tostring(id):gsub("LL$", "")))
-                end
-                draft:push(id)
-            end
-        else
-            local want = expected[t.name]
-            if not want then fail("unexpected tensor '" .. t.name .. "'") end
-            if t.dtype_name ~= "F32" then fail("'" .. t.name .. "' is " .. t.dtype_name .. ", expected F32") end
-            if #t.shape ~= 3 or t.shape[1] ~= want[1] or t.shape[2] ~= want[2] or t.shape[3] ~= want[3] then
-                fail(("'%s' has shape [%s], expected [%d, %d, %d]"):format(t.name, table.concat(t.shape, ", "),
-                    want[1], want[2], want[3]))
-            end
-            expected[t.name] = nil
-        end
-    end
-    local missing = next(expected)
-    if missing then fail("missing tensor '" .. missing .. "'") end
-    local meta = f.metadata
-    if m then
-        local mc = m.config
-        if mc.n_layer ~= n_layer then
-            fail(("the cartridge is %d layers x %d KV heads x %d dims, the model %s is %d x %d x %d; "
-                .. "use the model it was trained with"):format(n_layer, heads[1], dims[1], m.path,
-                mc.n_layer, m.layers[1].n_head_kv, m.layers[1].head_dim))
-        end
-        for l = 1, n_layer do
-            local g = m.layers[l]
-            if g.n_head_kv ~= heads[l] or g.head_dim ~= dims[l] then
-                fail(("the cartridge is %d layers x %d KV heads x %d dims (layer %d), the model %s is %d x %d x %d; "
-                    .. "use the model it was trained with"):format(n_layer, heads[l], dims[l], l - 1, m.path,
-                    mc.n_layer, g.n_head_kv, g.head_dim))
-            end
-        end
-        if draft then
-            for i = 0, #draft - 1 do
-                local id = draft:get(i)
-                if id >= m.n_vocab then
-                    fail(("'draft_reference' entry %d is token %d, beyond the model's vocabulary of %d ids; the file "
-                        .. "is damaged or was made for another model"):format(i, id, m.n_vocab))
-                end
-            end
-        end
-    end
-    local problems = cart.identity_problems(meta, { n_layer = n_layer, heads = heads, dims = dims, p = p,
-        frozen = frozen }, m)
-    if #problems > 0 then
-        local what = table.concat(problems, "; ")
-        if not cart.allow_foreign then
-            fail(what .. "; the file was made for another model, or damaged or edited: use the model it was "
-                .. "trained with (--foreign-cartridge loads it anyway, when its tensors fit the model)")
-        end
-        io.stderr:write(("%s: %s: warning: %s; loading it anyway (--foreign-cartridge)\n"):format(who, path, what))
-    elseif m and meta["cartridge.format"] == "cartridge-v1" then
-        io.stderr:write(("%s: %s: warning: a cartridge-v1 file records only a sampled fingerprint of its model, "
-            .. "so a model whose weights differ away from each tensor's ends passes the check\n"):format(who, path))
-    end
-    return f, { n_layer = n_layer, heads = heads, dims = dims, kv_heads = heads[1], head_dim = dims[1], p = p,
-        frozen = frozen }, meta, draft
+    local ids_out = ffi.new("const int32_t *[1]")
+    local n = tonumber(C.cart_cartridge_file_draft(f, ids_out))
+    if n > 0 then draft = ids_mod.from(ids_out[0], n) end
+    return f, g, meta, draft
 end
 
 -- Loads a cartridge artifact. The geometry comes from the tensors; with a
--- model m, a different geometry or model fingerprint is refused, naming both.
+-- model m, a different geometry or model is refused, naming both.
 -- Returns the cartridge and a table { metadata, draft_reference (a
 -- cartridge.ids sequence or nil), training (decoded table or nil) }.
 function cart.load(path, m)
-    local f, g, meta, draft = open_checked(path, m, "cart.load")
-    local n_layer, heads, dims, p, frozen = g.n_layer, g.heads, g.dims, g.p, g.frozen
-    local function fail(what) error("cart.load: " .. path .. ": " .. what, 0) end
-    local c = cart.new_geometry(n_layer, g.heads, g.dims, p, frozen)
-    for l = 0, n_layer - 1 do
-        for which, name in ipairs({ "k", "v" }) do
-            local rows = c:rows(l, which - 1)
-            local t = f:tensor(("layers.%d.%s"):format(l, name))
-            ffi.copy(rows + frozen * c.layers[l + 1].row, t.data, t.nbytes)
-            if frozen > 0 then
-                local s = f:tensor(("layers.%d.%s_sink"):format(l, name))
-                ffi.copy(rows, s.data, s.nbytes)
-            end
-        end
-    end
-    f:close()
-    local finite = C.cart_cartridge_check_finite(c.handle, 0)
-    if finite ~= 0 then
-        local why = core.last_error()
-        c:free()
-        fail(why .. "; the file is damaged or its training diverged")
-    end
+    local f, _, meta, draft = open_checked(path, m, "cart.load")
+    local c = wrap(core.new("cart_cartridge", C.cart_cartridge_file_load, C.cart_cartridge_free, "cart.load", f))
+    C.cart_cartridge_file_close(ffi.gc(f, nil))
     c.path = path
     local training
     if meta["cartridge.training"] then
@@ -481,18 +293,9 @@ function cart.map(path, m)
     for l = 1, g.n_layer do self.rows_per_layer[l] = g.heads[l] * g.dims[l] end
     self.row = self.rows_per_layer[1]
     for l = 0, g.n_layer - 1 do
-        for _, name in ipairs({ "k", "v", "k_sink", "v_sink" }) do
-            local t = f:tensor(("layers.%d.%s"):format(l, name))
-            if t then
-                local bad = tonumber(C.cart_f32_first_outside(t.data, t.numel, 65504))
-                if bad >= 0 then
-                    f:close()
-                    error(("cart.map: %s: '%s' holds a NaN, an infinity or a value beyond +-65504 (the largest an "
-                        .. "f16 KV cache holds) at element %d: every value must be finite and within it; the file "
-                        .. "is damaged or its training diverged"):format(path, t.name, bad), 0)
-                end
-                self[name][l] = ffi.cast("const float *", t.data)
-            end
+        self.k[l], self.v[l] = C.cart_cartridge_file_rows(f, l, 0, 0), C.cart_cartridge_file_rows(f, l, 1, 0)
+        if g.frozen > 0 then
+            self.k_sink[l], self.v_sink[l] = C.cart_cartridge_file_rows(f, l, 0, 1), C.cart_cartridge_file_rows(f, l, 1, 1)
         end
     end
     return self
@@ -521,7 +324,7 @@ function Mapped:bytes()
 end
 
 function Mapped:free()
-    if self.file then self.file:close() end
+    if self.file then C.cart_cartridge_file_close(ffi.gc(self.file, nil)) end
     self.file, self.k, self.v, self.k_sink, self.v_sink = nil, {}, {}, {}, {}
 end
 
