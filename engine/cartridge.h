@@ -18,6 +18,7 @@
 #include "tensor.h"
 #include "gguf.h"
 #include "fs.h"
+#include "proc.h"
 #include "utf8.h"
 #include "tokenizer.h"
 #include "safetensors.h"

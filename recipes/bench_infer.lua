@@ -202,15 +202,12 @@ local function llama(path)
     if not defaults.exists(script) then
         error(("--vs-llama: %s not found; install llama.cpp's peer as ../shared/bench/README.md shows"):format(script), 0)
     end
-    local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
     -- the peer runs in its own directory: a relative --model is made absolute
     if path:sub(1, 1) ~= "/" then path = (os.getenv("PWD") or ".") .. "/" .. path end
-    local cmd = ("cd %s && node bench_llama.mjs %s --threads %d --pp %d --tg %d --reps %d --flash-attn on --no-mmap 2>/dev/null")
-        :format(q(opts.vs_llama), q(path), opts.threads, opts.prompt, opts.decode, opts.reps)
-    io.stderr:write("bench_infer: running llama.cpp: " .. cmd .. "\n")
-    local p = io.popen(cmd)
-    local out = p:read("*a")
-    p:close()
+    local argv = { "node", "bench_llama.mjs", path, "--threads", opts.threads, "--pp", opts.prompt, "--tg", opts.decode,
+        "--reps", opts.reps, "--flash-attn", "on", "--no-mmap" }
+    io.stderr:write(("bench_infer: running llama.cpp in %s: %s\n"):format(opts.vs_llama, table.concat(argv, " ")))
+    local _, out = require("cartridge.proc").capture(argv, { cwd = opts.vs_llama, stderr = "/dev/null" })
     local ok, r = pcall(json.decode, out:match("%b{}") or "")
     if not ok or type(r) ~= "table" or not r.best then
         error("--vs-llama: llama.cpp's benchmark printed no result:\n" .. out, 0)

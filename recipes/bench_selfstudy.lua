@@ -112,30 +112,35 @@ local function ranks_mode()
     fs.mkdirs(dir)
     local host = package.loaded["cartridge.host"]
     local exe = host and host.executable or (cartridge.root .. "/build/cartridge")
-    local function q(x) return "'" .. tostring(x):gsub("'", "'\\''") .. "'" end
     local args = { "--model", path, "--p", opts.p, "--steps", opts.steps, "--accum", opts.accum,
         "--chunk-min", opts.chunk_min, "--chunk-max", opts.chunk_max, "--max-q", opts.max_q, "--max-a", opts.max_a }
     for _, c in ipairs(opts.corpus) do args[#args + 1], args[#args + 2] = "--corpus", c end
     if opts.spec_b then args[#args + 1] = "--spec-b" end
     if opts.teacher_pass then args[#args + 1] = "--teacher-pass" end
-    local quoted = {}
-    for i, a in ipairs(args) do quoted[i] = q(a) end
-    local recipe = q(exe) .. " run " .. q(cartridge.root .. "/recipes/selfstudy.lua") .. " " .. table.concat(quoted, " ")
+    local proc = require("cartridge.proc")
     -- as root, Open MPI's mpirun wants its two confirmation variables
     pcall(cartridge.ffi.cdef, "unsigned int getuid(void);")
-    local root_env = C.getuid() == 0 and "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " or ""
+    local root_env = C.getuid() == 0 and { OMPI_ALLOW_RUN_AS_ROOT = 1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = 1 } or nil
     -- one process with one thread, N ranks of one thread each, and one
     -- process with N threads (the same cores shared the other way)
     local runs, threaded = {}, nil
     for _, run in ipairs({ { 1, 1 }, { N, 1 }, { 1, N } }) do
         local n, threads = run[1], run[2]
         local save = ("%s/n%d-t%d.safetensors"):format(dir, n, threads)
-        local cmd = recipe .. " --threads " .. threads .. " --save " .. q(save)
-        if n > 1 then cmd = ("%s%s -np %d %s"):format(root_env, opts.mpirun, n, cmd) end
+        local argv = {}
+        if n > 1 then
+            for word in opts.mpirun:gmatch("%S+") do argv[#argv + 1] = word end
+            argv[#argv + 1], argv[#argv + 2] = "-np", n
+        end
+        for _, a in ipairs({ exe, "run", cartridge.root .. "/recipes/selfstudy.lua" }) do argv[#argv + 1] = a end
+        for _, a in ipairs(args) do argv[#argv + 1] = a end
+        for _, a in ipairs({ "--threads", threads, "--save", save }) do argv[#argv + 1] = a end
         io.stderr:write(("bench_selfstudy: self-study with %d process%s of %d thread%s ...\n"):format(n,
             n == 1 and "" or "es", threads, threads == 1 and "" or "s"))
-        local ok = os.execute(cmd .. " >" .. q(dir .. "/out") .. " 2>" .. q(dir .. "/err") .. " </dev/null")
-        if ok ~= 0 and ok ~= true then
+        local status = proc.run(argv, { stdin = "/dev/null", stdout = dir .. "/out", stderr = dir .. "/err",
+            env = n > 1 and root_env or nil })
+        local ok = status == 0
+        if not ok then
             for _, name in ipairs({ "/out", "/err" }) do
                 local f = io.open(dir .. name, "rb")
                 local text = f and f:read("*a") or ""

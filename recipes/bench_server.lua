@@ -51,7 +51,6 @@ local opts = options.parse(arg, {
 
 local C = cartridge.C
 local function now() return C.cart_now_seconds() end
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local function read_file(path) -- "" until it exists
     local f = io.open(path, "rb")
     if not f then return "" end
@@ -59,17 +58,14 @@ local function read_file(path) -- "" until it exists
     f:close()
     return text
 end
-local function sh(cmd)
-    local p = io.popen(cmd)
-    local out = p:read("*a")
-    p:close()
-    return out
-end
+local proc = require("cartridge.proc")
 
 -- ---------------------------------------------------------------------------
 -- The model, a cartridge and the server
 
-local dir = sh("mktemp -d /tmp/cartridge-bench-server.XXXXXX"):gsub("%s+$", "")
+local base = os.tmpname() -- an empty file of a fresh name: the directory beside it is ours alone
+local dir = base .. ".d"
+fs.mkdirs(dir)
 local model = opts.model
 if not model and opts.shape == "0.6b" then
     model = require("cartridge.defaults").bench_model(nil, "bench_server")
@@ -83,9 +79,9 @@ m:free()
 
 local exe = package.loaded["cartridge.host"] and package.loaded["cartridge.host"].executable or "build/cartridge"
 local log = dir .. "/serve.log"
-local pid = tonumber(sh(("%s run %s/recipes/serve.lua %s --port 0 --quiet --parallel %d --threads %d --queue 256 "
-    .. "--max-connections 512 --max-per-address 2048 --cartridge docs=%s >%s 2>&1 & echo $!"):format(q(exe),
-    q(cartridge.root), q(model), opts.parallel, opts.threads, q(dir .. "/c.safetensors"), q(log))))
+local pid = proc.spawn({ exe, "run", cartridge.root .. "/recipes/serve.lua", model, "--port", 0, "--quiet", "--parallel",
+    opts.parallel, "--threads", opts.threads, "--queue", 256, "--max-connections", 512, "--max-per-address", 2048,
+    "--cartridge", "docs=" .. dir .. "/c.safetensors" }, { stdin = "/dev/null", stdout = log, stderr = log })
 local port
 for _ = 1, 600 do
     port = read_file(log):match("on http://127%.0%.0%.1:(%d+)")
@@ -102,7 +98,10 @@ local function proc_status(key)
     f:close()
     return tonumber(text:match(key .. ":%s+(%d+) kB")) or 0
 end
-local function open_fds() return tonumber(sh("ls /proc/" .. pid .. "/fd 2>/dev/null | wc -l")) or 0 end
+local function open_fds()
+    local ok, names = pcall(fs.list, "/proc/" .. pid .. "/fd")
+    return ok and #names or 0
+end
 local function health()
     local r = nc.request("127.0.0.1", port, "GET", "/health", nil, 5)
     return r and r.status == 200 and json.decode(r.body) or nil
@@ -321,9 +320,13 @@ else
     print(("server RSS: %.1f MiB before, %.1f MiB after"):format(rss0 / 1024, proc_status("VmRSS") / 1024))
 end
 
-os.execute("kill -TERM " .. pid)
-fs.sleep(0.5)
+proc.terminate(pid)
+if not proc.wait(pid, 10) then
+    proc.kill(pid)
+    proc.wait(pid)
+end
 fs.remove_tree(dir)
+os.remove(base)
 if failed then
     io.stderr:write("bench_server: some requests were lost or answered wrongly (see above)\n")
     os.exit(1)

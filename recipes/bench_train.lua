@@ -15,7 +15,6 @@ local cartridge = require("cartridge")
 local options = require("cartridge.options")
 local defaults = require("cartridge.defaults")
 local json = require("cartridge.json")
-local helper_q = function(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local C = cartridge.C
 
 local opts = options.parse(arg, {
@@ -101,12 +100,9 @@ local exe = package.loaded["cartridge.host"] and package.loaded["cartridge.host"
 print(("kernels %s; model %s, p %d, %d sequences x %d tokens (%d supervised each, 20 teacher entries per token), %d threads")
     :format(cartridge.isa(), path, opts.p, opts.seqs, opts.len, opts.answer, opts.threads))
 for _, case in ipairs({ "packed-plain", "flat-plain", "packed-recompute", "flat-recompute" }) do
-    local cmd = ("%s run %s --case %s --model %s --threads %d --p %d --seqs %d --len %d --answer %d --repeat %d"):format(
-        helper_q(exe), helper_q(arg[0]), case, helper_q(path), opts.threads, opts.p, opts.seqs, opts.len, opts.answer,
-        opts["repeat"])
-    local p = io.popen(cmd)
-    local out = p:read("*a")
-    p:close()
+    local _, out = require("cartridge.proc").capture({ exe, "run", arg[0], "--case", case, "--model", path,
+        "--threads", opts.threads, "--p", opts.p, "--seqs", opts.seqs, "--len", opts.len, "--answer", opts.answer,
+        "--repeat", opts["repeat"] })
     local line = out:match("(%b{})%s*$")
     if not line then error("bench_train: case " .. case .. " failed:\n" .. out, 0) end
     local r = json.decode(line)

@@ -162,8 +162,9 @@ if opts.webui then
     print("the web page: " .. page)
     if opts.open then
         -- xdg-open returns at once; a machine without a desktop says so and the server goes on
-        local found = os.execute("command -v xdg-open >/dev/null 2>&1")
-        if found == 0 or found == true then os.execute("xdg-open '" .. page .. "' >/dev/null 2>&1 &")
+        local proc = require("cartridge.proc")
+        if proc.exists("xdg-open") then
+            proc.wait(proc.spawn({ "xdg-open", page }, { stdin = "/dev/null", stdout = "/dev/null", stderr = "/dev/null" }), 10)
         else print("(--open: this machine has no xdg-open; open " .. page .. " in a browser)") end
     end
 end

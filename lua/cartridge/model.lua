@@ -26,13 +26,15 @@ Model.__index = Model
 local KV = {}
 KV.__index = KV
 
--- architecture names by the engine's enum (engine/model.h), read through the FFI
-local ARCH = { [tonumber(C.CART_ARCH_LLAMA)] = "llama", [tonumber(C.CART_ARCH_QWEN3)] = "qwen3",
-    [tonumber(C.CART_ARCH_GEMMA4)] = "gemma4" }
+-- The architecture's name as the engine spells it (cart_arch_name, engine/model.h).
+local function arch_name(arch)
+    local name = C.cart_arch_name(arch)
+    return name ~= nil and ffi.string(name) or tostring(arch)
+end
 
 local function config_table(c)
     return {
-        arch = ARCH[c.arch] or tostring(c.arch),
+        arch = arch_name(c.arch),
         n_layer = c.n_layer,
         n_embd = c.n_embd,
         n_ff = c.n_ff,

@@ -62,20 +62,18 @@ function protocol.selfstudy_args(model, doc, corpus_tokens, p, opts)
     return args
 end
 
-local function q(x) return "'" .. tostring(x):gsub("'", "'\\''") .. "'" end
-
 -- Runs selfstudy.lua with args plus --save save, as its own process (its
 -- output to save .. ".log"); raises an error with the log's tail if it fails.
 function protocol.run_selfstudy(args, save)
     local cartridge = require("cartridge")
     local host = package.loaded["cartridge.host"]
     local exe = host and host.executable or (cartridge.root .. "/build/cartridge")
-    local quoted = {}
-    for i, a in ipairs(args) do quoted[i] = q(a) end
-    local cmd = q(exe) .. " run " .. q(cartridge.root .. "/recipes/selfstudy.lua") .. " " .. table.concat(quoted, " ")
-        .. " --save " .. q(save) .. " > " .. q(save .. ".log") .. " 2>&1"
-    local ok = os.execute(cmd)
-    if ok ~= true and ok ~= 0 then
+    local argv = { exe, "run", cartridge.root .. "/recipes/selfstudy.lua" }
+    for _, a in ipairs(args) do argv[#argv + 1] = a end
+    argv[#argv + 1], argv[#argv + 2] = "--save", save
+    local status = require("cartridge.proc").run(argv, { stdout = save .. ".log", stderr = save .. ".log" })
+    if status ~= 0 then
+        local cmd = table.concat(argv, " ")
         local f = io.open(save .. ".log", "rb")
         local log = f and f:read("*a") or ""
         if f then f:close() end
