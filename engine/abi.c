@@ -22,6 +22,7 @@ static const cart_abi_struct abi_table[] = {
     {"cart_pt_tensor", sizeof(cart_pt_tensor), alignof(cart_pt_tensor)},
     {"cart_pt_out_tensor", sizeof(cart_pt_out_tensor), alignof(cart_pt_out_tensor)},
     {"cart_pt_out_list", sizeof(cart_pt_out_list), alignof(cart_pt_out_list)},
+    {"cart_proc_options", sizeof(cart_proc_options), alignof(cart_proc_options)},
     {"cart_rng", sizeof(cart_rng), alignof(cart_rng)},
     {"cart_weight", sizeof(cart_weight), alignof(cart_weight)},
     {"cart_model_config", sizeof(cart_model_config), alignof(cart_model_config)},
