@@ -75,7 +75,7 @@ print(("init: %d cartridges of p = %d (%s each), %.2f s/document"):format(#docs,
 local mgr = fleet.manager(m, dir, man, { budget = 3, lr = 2e-3, warmup = 1, rotate_every = 0, evict_frac = 0.5 })
 mgr:restore()
 local tr = cartridge.trainer.new(m)
-local synth = selfstudy.synthesizer(m, tok, docs[1].corpus, { chunk_min = opts.chunk_min, chunk_max = opts.chunk_max,
+local interviews = selfstudy.interviews(m, tok, docs[1].corpus, { chunk_min = opts.chunk_min, chunk_max = opts.chunk_max,
     max_q = opts.max_q, max_a = opts.max_a, top_k = 20, seed = 42, template = template })
 local round = 0
 for _, parts in ipairs({ { 1 }, { 1, 2 }, { 3, 1, 2 } }) do
@@ -85,7 +85,7 @@ for _, parts in ipairs({ { 1 }, { 1, 2 }, { 3, 1, 2 } }) do
         local keys = {}
         for j = 1, opts.accum do keys[j] = { round, j } end
         local t1 = now()
-        local convos = synth:group(keys)
+        local convos = interviews:group(keys)
         local t2 = now()
         fleet.train_round(mgr, tr, { target = 1, parts = parts }, convos, opts.accum)
         synth_s, train_s = synth_s + (t2 - t1), train_s + (now() - t2)

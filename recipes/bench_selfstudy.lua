@@ -244,7 +244,7 @@ local c = cartridge.cart.new(m, math.min(opts.p, #init_ids), 1)
 c:capture(m, init_ids)
 local tr = cartridge.trainer.new(m)
 local opt = cartridge.adam.new(c, { lr = 2e-3 })
-local synth = selfstudy.synthesizer(m, tok, corpus, {
+local interviews = selfstudy.interviews(m, tok, corpus, {
     chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, max_q = opts.max_q, max_a = opts.max_a, top_k = 20,
     seed = 42, template = template, teacher_pass = opts.teacher_pass, trainer = tr, spec_b = opts.spec_b,
     record_work = true,
@@ -263,7 +263,7 @@ for step = 1, opts.steps do
         for s = step, math.min(step + steps_per_group - 1, opts.steps) do
             for i = 1, opts.accum do keys[#keys + 1] = { s, i } end
         end
-        pending = synth:group(keys)
+        pending = interviews:group(keys)
     end
     local group = {}
     for i = 1, opts.accum do group[i] = table.remove(pending, 1) end
@@ -290,7 +290,7 @@ local total = now() - started
 local after_gemm, after_bw = probe()
 print(("probed again after the run: f32 GEMM peak %.0f GFLOP/s, read bandwidth %.1f GB/s; the floor takes the better "
     .. "of each"):format(after_gemm / 1e9, after_bw / 1e9))
-local st = synth.stats.time
+local st = interviews.stats.time
 local per = function(x) return x / convos end
 print(("%d conversations, %d supervised answer tokens, %.1f s in all"):format(convos, tokens, total))
 print(("measured  %6.2f s/conversation: bot A %.2f, bot B %.2f, teacher %.2f, training step %.2f, other %.2f")
@@ -314,7 +314,7 @@ local function decode_floor(w)
     end
     return s, flops, bytes, #w.steps, stream_steps
 end
-local wa, wb = synth.stats.work.a, synth.stats.work.b
+local wa, wb = interviews.stats.work.a, interviews.stats.work.b
 local a_pre = prefill_flops(wa, convos)
 local a_dec, a_dflops, a_dbytes, a_steps, a_ss = decode_floor(wa)
 local b_pre = prefill_flops(wb, convos)

@@ -10,7 +10,7 @@
 -- round picks a target among the resident documents (in proportion to their
 -- tokens), composes its cartridge alone (probability --p-iso) or with 1 to
 -- --distract-max other residents' as distractors, in a shuffled order,
--- synthesizes --accum self-study conversations from the target document, and
+-- makes --accum self-study conversations from the target document, and
 -- trains every part of the composition on them, each with its own Adam and a
 -- learning rate that warms up over --warmup steps from the part's entry into
 -- memory. At most --budget documents are resident; every --rotate-every
@@ -200,13 +200,13 @@ local function train()
     mgr:restore()
     print(("resident: %s (budget %d)"):format(names(mgr:residents()), opts.budget))
     local tr = cartridge.trainer.new(m, { recompute = opts.checkpoint })
-    local synths = {}
-    local function synth(i)
-        synths[i] = synths[i] or selfstudy.synthesizer(m, tok, docs[i].corpus, {
+    local interviewers = {}
+    local function interviews(i)
+        interviewers[i] = interviewers[i] or selfstudy.interviews(m, tok, docs[i].corpus, {
             chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, max_q = opts.max_q, max_a = opts.max_a,
             top_k = opts.top_k, seed = opts.seed, template = template, teacher_pass = opts.teacher_pass, trainer = tr,
             spec_b = opts.spec_b, seeds = opts.seeds, turns = opts.turns })
-        return synths[i]
+        return interviewers[i]
     end
 
     -- the held-out conversation: (seed, step 0) of the first document, never
@@ -218,7 +218,7 @@ local function train()
         if not r then c:free() end
         return loss
     end
-    local heldout = synth(1):group({ { 0, 1 } })[1]
+    local heldout = interviews(1):group({ { 0, 1 } })[1]
     local before = heldout_loss(heldout)
     print(("held-out distill loss (%s, isolated) before: %.4f"):format(man.docs[1].name, before))
 
@@ -237,7 +237,7 @@ local function train()
         local plan = fleet.plan(mgr, opts.seed, round, { p_iso = opts.p_iso, distract_max = opts.distract_max })
         local keys = {}
         for j = 1, opts.accum do keys[j] = { round, j } end
-        local convos = synth(plan.target):group(keys)
+        local convos = interviews(plan.target):group(keys)
         local ok, loss = pcall(fleet.train_round, mgr, tr, plan, convos, opts.accum)
         if not ok then fail(("round %d: %s (the fleet on disk is its last checkpoint)"):format(round, loss)) end
         man.rounds = round

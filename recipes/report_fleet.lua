@@ -89,12 +89,12 @@ for _, a in ipairs(ARMS) do sums[a] = 0 end
 local rows = {} -- per conversation, for --json
 local t0 = C.cart_now_seconds()
 for i, d in ipairs(docs) do
-    local synth = selfstudy.synthesizer(m, tok, d.corpus, { chunk_min = opts.chunk_min, chunk_max = opts.chunk_max,
+    local interviews = selfstudy.interviews(m, tok, d.corpus, { chunk_min = opts.chunk_min, chunk_max = opts.chunk_max,
         max_q = opts.max_q, max_a = opts.max_a, top_k = opts.top_k, seed = opts.seed, template = template,
         seeds = opts.seeds, turns = opts.turns })
     local keys = {}
     for j = 1, opts.heldout do keys[j] = { 0, j } end
-    local convos = synth:group(keys)
+    local convos = interviews:group(keys)
     local own = cart.load(fleet.join(dir, man.docs[i].cart_file), m)
     local icl_ids = selfstudy.init_ids(tok, template, d.corpus.text, opts.icl_max)
     local icl = cart.new(m, #icl_ids, 0)

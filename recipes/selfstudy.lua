@@ -251,7 +251,7 @@ end
 
 local tr = cartridge.trainer.new(m, { recompute = opts.checkpoint })
 local opt = cartridge.adam.new(c, { lr = opts.lr })
-local synth = selfstudy.synthesizer(m, tok, corpus, {
+local interviews = selfstudy.interviews(m, tok, corpus, {
     chunk_min = opts.chunk_min, chunk_max = opts.chunk_max, max_q = opts.max_q, max_a = opts.max_a,
     top_k = opts.top_k, seed = opts.seed, template = template, teacher_pass = opts.teacher_pass, trainer = tr,
     spec_b = opts.spec_b, seeds = opts.seeds, turns = opts.turns,
@@ -339,7 +339,7 @@ end
 -- rank 0 makes and scores it
 local heldout, heldout_before
 if dist.root() then
-    heldout = synth:group({ { 0, 1 } })[1]
+    heldout = interviews:group({ { 0, 1 } })[1]
     print("held-out question: " .. heldout.question:gsub("\n", " "))
     heldout_before = selfstudy.eval_loss(tr, c, heldout)
     print(("held-out distill loss before training: %.4f"):format(heldout_before))
@@ -433,7 +433,7 @@ for step = 1, opts.steps do
         for s = step, math.min(step + steps_per_group - 1, opts.steps) do
             for i = first, last do keys[#keys + 1] = { s, i } end
         end
-        pending = synth:group(keys)
+        pending = interviews:group(keys)
     end
     local batch = {}
     for i = 1, last - first + 1 do batch[i] = table.remove(pending, 1) end
@@ -501,7 +501,7 @@ if bar then bar:finish() end
 if qa then score_qa(opts.steps) end
 check_rows(opts.steps)
 local empty = 0
-for _, r in ipairs(dist.allgather_doubles({ synth.stats.empty_questions })) do empty = empty + r[1] end
+for _, r in ipairs(dist.allgather_doubles({ interviews.stats.empty_questions })) do empty = empty + r[1] end
 stepper:free()
 
 local elapsed = C.cart_now_seconds() - train_started

@@ -493,7 +493,7 @@ function facts.accuracy(m, qa, opts)
     return right, #qa, rows, replies
 end
 
--- How well self-study's bots cover a fact document: synthesizes `groups`
+-- How well self-study's bots cover a fact document: makes `groups`
 -- groups of 16 conversations as selfstudy.lua does (opts: chunk_min,
 -- chunk_max, max_q, max_a, seed, and corpus, a cartridge.corpus of the
 -- document; seeds and turns as selfstudy.lua's --seeds and --turns) and
@@ -504,7 +504,7 @@ end
 function facts.bot_coverage(m, qa, opts)
     local selfstudy = require("cartridge.selfstudy")
     local tok = m:tokenizer()
-    local synth = selfstudy.synthesizer(m, tok, opts.corpus, { chunk_min = opts.chunk_min or 82,
+    local interviews = selfstudy.interviews(m, tok, opts.corpus, { chunk_min = opts.chunk_min or 82,
         chunk_max = opts.chunk_max or 163, max_q = opts.max_q or 32, max_a = opts.max_a or 32, top_k = 20,
         seed = opts.seed or 42, template = require("cartridge.chat").for_model(m), seeds = opts.seeds,
         turns = opts.turns })
@@ -515,7 +515,7 @@ function facts.bot_coverage(m, qa, opts)
     for s = 1, opts.groups or 8 do
         local keys = {}
         for i = 1, 16 do keys[i] = { s, i } end
-        for _, c in ipairs(synth:group(keys)) do
+        for _, c in ipairs(interviews:group(keys)) do
             for _, turn in ipairs(c.turns) do
                 r.n = r.n + 1
                 local answer = tok:decode(turn.answer)

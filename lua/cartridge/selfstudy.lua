@@ -146,7 +146,7 @@ selfstudy.SEEDS = {
 }
 
 -- The focus instruction: one question about one sentence of the chunk,
--- quoted. The recipe picks the sentence at random (Synth:draw), so the
+-- quoted. The recipe picks the sentence at random (Interviews:draw), so the
 -- questions spread over the chunk as evenly as its sentences do -- what a
 -- large model's sampling gives by itself, and a small one's does not.
 selfstudy.FOCUS = { name = "focus", focus = true }
@@ -257,18 +257,19 @@ end
 -- streams, rows }).
 local function new_work() return { prefill = 0, prefill_rows = 0, steps = {}, prefill_s = 0, decode_s = 0 } end
 
--- The synthesizer: holds the model, tokenizer, corpus and settings.
-local Synth = {}
-Synth.__index = Synth
+-- The interviews: bot A asks about chunks of the corpus, bot B answers with
+-- the chunk in context. Holds the model, tokenizer, corpus and settings.
+local Interviews = {}
+Interviews.__index = Interviews
 
 -- opts: chunk_min, chunk_max, max_q, max_a, top_k, seed (each
 -- conversation's draws come from (seed, step, index) alone: see
--- Synth:group), teacher_pass (bool), trainer (for teacher_pass), template
+-- Interviews:group), teacher_pass (bool), trainer (for teacher_pass), template
 -- (chat template), spec_b (bool), seeds (a --seeds list; nil: the seven),
 -- turns (exchanges per conversation, default 1), record_work (bool: keep
 -- each bot's generation work in stats.work.a and .b, new_work's fields).
-function selfstudy.synthesizer(m, tok, corpus, opts)
-    local self = setmetatable({ m = m, tok = tok, corpus = corpus, o = opts }, Synth)
+function selfstudy.interviews(m, tok, corpus, opts)
+    local self = setmetatable({ m = m, tok = tok, corpus = corpus, o = opts }, Interviews)
     self.template = opts.template or chat.for_model(m)
     self.stop_id = self.template.stop and tok:find(self.template.stop) or nil
     self.stats = { empty_questions = 0, stopped = 0, conversations = 0,
@@ -300,7 +301,7 @@ end
 -- A chunk's system block as ids: the encoded head with the chunk's provenance
 -- line, the corpus's own ids of the chunk (never decoded and encoded again),
 -- the encoded tail. BOS and EOS as the model adds them to a text.
-function Synth:chunk_block(conv)
+function Interviews:chunk_block(conv)
     local out = ids_mod.new(conv.chunk_len + 96)
     if self.bos then out:push(self.bos) end
     self.tok:encode_ids(self.sys_head .. selfstudy.chunk_header(conv.path), { special = true }, out)
@@ -313,7 +314,7 @@ end
 -- sampling seed; with a focus instruction among --seeds, the sentence's
 -- draw; then the same three for each further turn. A run of one turn
 -- without focus draws what it always did.
-function Synth:draw(r)
+function Interviews:draw(r)
     local n = self.corpus.n_tokens
     local cmax = math.min(self.o.chunk_max, n)
     local len = r:int(math.min(self.o.chunk_min, cmax), cmax)
@@ -328,7 +329,7 @@ function Synth:draw(r)
 end
 
 -- The complete sentences of conversation conv's chunk (cached on conv).
-function Synth:chunk_sentences(conv)
+function Interviews:chunk_sentences(conv)
     if conv.sentences then return conv.sentences end
     local body = ids_mod.new(conv.chunk_len):extend(self.corpus.ids.data + conv.chunk_start, conv.chunk_len)
     local at_start = conv.chunk_start == 0
@@ -343,7 +344,7 @@ end
 -- Bot A's user turn for turn tt of conversation conv, as ids, and the seed's
 -- name. A focus instruction quotes the drawn sentence; a chunk with no
 -- complete sentence gets the question instruction instead.
-function Synth:a_turn(conv, tt)
+function Interviews:a_turn(conv, tt)
     local kind = self.kinds[tt.seed]
     if not kind.focus then return self.a_turns[tt.seed], kind.name, kind.text end
     local sentences = self:chunk_sentences(conv)
@@ -369,7 +370,7 @@ end
 -- logits) optional }. Fills stream.out (a cartridge.ids sequence of the
 -- generated ids, stop token excluded) and stream.stopped. work (optional):
 -- what the generation computed is added to it (new_work).
-function Synth:generate(streams, work)
+function Interviews:generate(streams, work)
     local m, tok = self.m, self.tok
     local kvs, ids = {}, {}
     for i, s in ipairs(streams) do
@@ -421,7 +422,7 @@ end
 
 local function now() return C.cart_now_seconds() end
 
--- Synthesizes conversations as one lockstep group: keys is a list of {
+-- Makes the conversations of one lockstep group: keys is a list of {
 -- step, index }, and conversation (step, index) draws from a generator
 -- seeded by (seed, step, index) alone (rng.h cart_rng_seed_item), so it is
 -- the same conversation whichever process makes it, in whatever group. A
@@ -440,7 +441,7 @@ local function now() return C.cart_now_seconds() end
 -- from its own seed instruction and sampling seed, and bot B answers them in
 -- order in one conversation: turn t's answer sees the chunk and turns 1..t-1.
 -- The student is the whole exchange, every answer supervised.
-function Synth:group(keys)
+function Interviews:group(keys)
     local o, tok, m, T = self.o, self.tok, self.m, self.template
     if type(keys) == "number" then
         local n = keys
@@ -608,7 +609,7 @@ end
 -- one conversation per pass: the training forward's head runs its rows in
 -- chunks whose makeup would otherwise depend on the other conversations of
 -- the group, and a conversation's targets must not (selfstudy.share).
-function Synth:teacher_pass(convos)
+function Interviews:teacher_pass(convos)
     local t0 = now()
     for _, conv in ipairs(convos) do
         local rows, at = {}, {}

@@ -125,9 +125,9 @@ describe("self-study data", function()
         helper.write_file(path, table.concat(words, " ") .. "\n")
         local corpus = require("cartridge.corpus").load({ path }, tok)
         assert.is_true(ids.is(corpus.ids))
-        local synth = selfstudy.synthesizer(m, tok, corpus, { chunk_min = 32, chunk_max = 64, max_q = 6, max_a = 9,
+        local interviews = selfstudy.interviews(m, tok, corpus, { chunk_min = 32, chunk_max = 64, max_q = 6, max_a = 9,
             top_k = 4, seed = 5, template = chat.for_model(m) })
-        local group = synth:group(2)
+        local group = interviews:group(2)
         for _, c in ipairs(group) do
             -- the system block holds the chunk's corpus ids verbatim
             local chunk = corpus.ids:sub(c.chunk_start, c.chunk_len)
@@ -152,7 +152,7 @@ describe("self-study data", function()
         end
         -- conversation (0, 2) made alone is the one made in the group: the same
         -- draws, ids and targets
-        local alone = synth:group({ { 0, 2 } })[1]
+        local alone = interviews:group({ { 0, 2 } })[1]
         assert.are.same({ 0, 2 }, { alone.step, alone.index })
         assert.are.equal(group[2].chunk_start, alone.chunk_start)
         assert.are.same(group[2].student:list(), alone.student:list())
@@ -229,9 +229,9 @@ describe("self-study data", function()
         helper.write_file(path, "# Facts\n\n" .. table.concat(sentences, " ") .. "\n")
         local corpus = require("cartridge.corpus").load({ path }, tok)
         local T = chat.for_model(m)
-        local synth = selfstudy.synthesizer(m, tok, corpus, { chunk_min = 48, chunk_max = 96, max_q = 6, max_a = 9,
+        local interviews = selfstudy.interviews(m, tok, corpus, { chunk_min = 48, chunk_max = 96, max_q = 6, max_a = 9,
             top_k = 4, seed = 5, template = T, turns = 3, seeds = "focus" })
-        local group = synth:group(2)
+        local group = interviews:group(2)
         for _, c in ipairs(group) do
             assert.are.equal(3, #c.turns)
             assert.are.equal(3, #c.spans)
@@ -246,7 +246,7 @@ describe("self-study data", function()
                 local first, len = c.spans[t][1], c.spans[t][2]
                 assert.are.equal(#turn.answer + (turn.stopped and 1 or 0), len)
                 assert.are.same(turn.answer:list(), c.student:sub(first, #turn.answer):list())
-                if turn.stopped then assert.are.equal(synth.stop_id, c.student:get(first + #turn.answer)) end
+                if turn.stopped then assert.are.equal(interviews.stop_id, c.student:get(first + #turn.answer)) end
                 -- just before it: the close of user turn t and the assistant's opener
                 local opener = tok:encode_ids(T.close .. T.opener(false), { special = true })
                 assert.are.same(opener:list(), c.student:sub(first - #opener, #opener):list())
@@ -270,7 +270,7 @@ describe("self-study data", function()
             end
             for pos in pairs(inside) do assert.is_true(seen[pos], "answer position " .. pos .. " has targets") end
         end
-        local alone = synth:group({ { 0, 2 } })[1]
+        local alone = interviews:group({ { 0, 2 } })[1]
         assert.are.same(group[2].student:list(), alone.student:list())
         assert.are.same(group[2].targets:list(), alone.targets:list())
         m:free()
