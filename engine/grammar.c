@@ -2436,6 +2436,32 @@ static void push_new(cart_matcher *m, uint32_t *n, const frame *f) {
     work_push(m, n, f);
 }
 
+/* A copy of f with a new element state, sealed. */
+static frame *restate(cart_matcher *m, const frame *f, uint32_t a, uint32_t b, int64_t v0, int64_t v1) {
+    frame *n = new_frame(m, f->pos, f->up);
+    if (!n) return NULL;
+    n->depth = f->depth;
+    n->a = a;
+    n->b = b;
+    n->v0 = v0;
+    n->v1 = v1;
+    seal(n);
+    return n;
+}
+
+/* Pushes sequence p as the child of a continuation of f (f's element in
+ * state a, b): the object member, extra property or array item that comes
+ * next, when the depth allows it. 0 when frames ran out (try no more). */
+static int push_child(cart_matcher *m, uint32_t *n, const frame *f, uint32_t p, uint32_t a, uint32_t b) {
+    if (f->depth + 1 + m->g->need[p] > MAX_DEPTH) return 1;
+    frame *cont = restate(m, f, a, b, 0, 0);
+    frame *child = cont ? new_frame(m, p, cont) : NULL;
+    if (!child) return 0;
+    seal(child);
+    push_new(m, n, child);
+    return 1;
+}
+
 /* Expands f (or NULL: the end) into terminal stacks: a frame whose element
  * consumes the next byte becomes a stack of the step; the others lead on. */
 static void expand(cart_matcher *m, const frame *start) {
@@ -2503,37 +2529,11 @@ static void expand(cart_matcher *m, const frame *start) {
             /* member j may come next if every member before it is optional */
             for (uint32_t j = i; j < o->n; j++) {
                 const member *mb = &g->members.p[o->first + j];
-                uint32_t p = mb->seq + (wrote ? 0 : 2);
-                if (f->depth + 1 + g->need[p] <= MAX_DEPTH) {
-                    frame *cont = new_frame(m, f->pos, f->up);
-                    if (!cont) break;
-                    cont->depth = f->depth;
-                    cont->a = j + 1;
-                    cont->b = 1;
-                    seal(cont);
-                    frame *mf = new_frame(m, p, cont);
-                    if (!mf) break;
-                    seal(mf);
-                    push_new(m, &n, mf);
-                }
+                if (!push_child(m, &n, f, mb->seq + (wrote ? 0 : 2), j + 1, 1)) break;
                 if (mb->required) break;
             }
             if ((int32_t)i > o->last_req) {
-                if (o->extra >= 0) {
-                    uint32_t p = (uint32_t)o->extra + (wrote ? 0 : 2);
-                    frame *cont = new_frame(m, f->pos, f->up);
-                    if (cont && f->depth + 1 + g->need[p] <= MAX_DEPTH) {
-                        cont->depth = f->depth;
-                        cont->a = o->n;
-                        cont->b = 1;
-                        seal(cont);
-                        frame *mf = new_frame(m, p, cont);
-                        if (mf) {
-                            seal(mf);
-                            push_new(m, &n, mf);
-                        }
-                    }
-                }
+                if (o->extra >= 0) push_child(m, &n, f, (uint32_t)o->extra + (wrote ? 0 : 2), o->n, 1);
                 const frame *nx = next_of(m, f, &ok);
                 if (ok) push_new(m, &n, nx);
             }
@@ -2542,22 +2542,7 @@ static void expand(cart_matcher *m, const frame *start) {
         case E_ARRAY: {
             const arr_spec *a = &g->arrs.p[e->a];
             uint32_t count = f->a;
-            if (count < a->max) {
-                uint32_t p = a->seq + (count ? 0 : 2);
-                if (f->depth + 1 + g->need[p] <= MAX_DEPTH) {
-                    frame *cont = new_frame(m, f->pos, f->up);
-                    if (cont) {
-                        cont->depth = f->depth;
-                        cont->a = count + 1;
-                        seal(cont);
-                        frame *it = new_frame(m, p, cont);
-                        if (it) {
-                            seal(it);
-                            push_new(m, &n, it);
-                        }
-                    }
-                }
-            }
+            if (count < a->max) push_child(m, &n, f, a->seq + (count ? 0 : 2), count + 1, 0);
             if (count >= a->min) {
                 const frame *nx = next_of(m, f, &ok);
                 if (ok) push_new(m, &n, nx);
@@ -2566,19 +2551,6 @@ static void expand(cart_matcher *m, const frame *start) {
         }
         }
     }
-}
-
-/* A copy of f with a new element state, sealed. */
-static frame *restate(cart_matcher *m, const frame *f, uint32_t a, uint32_t b, int64_t v0, int64_t v1) {
-    frame *n = new_frame(m, f->pos, f->up);
-    if (!n) return NULL;
-    n->depth = f->depth;
-    n->a = a;
-    n->b = b;
-    n->v0 = v0;
-    n->v1 = v1;
-    seal(n);
-    return n;
 }
 
 /* Consumes byte c on stack f, expanding what follows into this step. */
