@@ -96,6 +96,42 @@ local function ring_allreduce(n, bytes, latency, bandwidth)
     return 2 * (n - 1) * latency + 2 * (n - 1) / n * bytes / bandwidth
 end
 
+-- One self-study run of --ranks mode: n processes (under --mpirun when n >
+-- 1) of `threads` threads each, its files in dir; argv0 the recipe and its
+-- flags. Returns { seconds, collectives, steps, bytes (the artifact's) }.
+local function run_self_study(dir, argv0, n, threads)
+    local save = ("%s/n%d-t%d.safetensors"):format(dir, n, threads)
+    local argv = {}
+    if n > 1 then
+        for word in opts.mpirun:gmatch("%S+") do argv[#argv + 1] = word end
+        argv[#argv + 1], argv[#argv + 2] = "-np", n
+    end
+    for _, a in ipairs(argv0) do argv[#argv + 1] = a end
+    for _, a in ipairs({ "--threads", threads, "--save", save }) do argv[#argv + 1] = a end
+    io.stderr:write(("bench_selfstudy: self-study with %d process%s of %d thread%s ...\n"):format(n,
+        n == 1 and "" or "es", threads, threads == 1 and "" or "s"))
+    -- as root, Open MPI's mpirun wants its two confirmation variables
+    pcall(cartridge.ffi.cdef, "unsigned int getuid(void);")
+    local root_env = C.getuid() == 0 and { OMPI_ALLOW_RUN_AS_ROOT = 1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = 1 } or nil
+    local status = require("cartridge.proc").run(argv, { stdin = "/dev/null", stdout = dir .. "/out",
+        stderr = dir .. "/err", env = n > 1 and root_env or nil })
+    if status ~= 0 then
+        for _, name in ipairs({ "/out", "/err" }) do
+            local f = io.open(dir .. name, "rb")
+            local text = f and f:read("*a") or ""
+            if f then f:close() end
+            io.stderr:write(text:sub(-2000))
+        end
+        fail(("the run with %d process%s failed (its output is above; the files are in %s)"):format(n,
+            n == 1 and "" or "es", dir))
+    end
+    local total, collectives, steps = run_seconds(save:gsub("%.safetensors$", "") .. ".metrics.jsonl")
+    local f = assert(io.open(save, "rb"))
+    local r = { seconds = total, collectives = collectives, steps = steps, bytes = f:read("*a") }
+    f:close()
+    return r
+end
+
 local function ranks_mode()
     local N = opts.ranks
     if N < 2 then fail("--ranks N needs N >= 2 (one process is measured anyway)") end
@@ -117,43 +153,14 @@ local function ranks_mode()
     for _, c in ipairs(opts.corpus) do args[#args + 1], args[#args + 2] = "--corpus", c end
     if opts.spec_b then args[#args + 1] = "--spec-b" end
     if opts.teacher_pass then args[#args + 1] = "--teacher-pass" end
-    local proc = require("cartridge.proc")
-    -- as root, Open MPI's mpirun wants its two confirmation variables
-    pcall(cartridge.ffi.cdef, "unsigned int getuid(void);")
-    local root_env = C.getuid() == 0 and { OMPI_ALLOW_RUN_AS_ROOT = 1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = 1 } or nil
+    local argv0 = { exe, "run", cartridge.root .. "/recipes/selfstudy.lua" }
+    for _, a in ipairs(args) do argv0[#argv0 + 1] = a end
     -- one process with one thread, N ranks of one thread each, and one
     -- process with N threads (the same cores shared the other way)
     local runs, threaded = {}, nil
     for _, run in ipairs({ { 1, 1 }, { N, 1 }, { 1, N } }) do
         local n, threads = run[1], run[2]
-        local save = ("%s/n%d-t%d.safetensors"):format(dir, n, threads)
-        local argv = {}
-        if n > 1 then
-            for word in opts.mpirun:gmatch("%S+") do argv[#argv + 1] = word end
-            argv[#argv + 1], argv[#argv + 2] = "-np", n
-        end
-        for _, a in ipairs({ exe, "run", cartridge.root .. "/recipes/selfstudy.lua" }) do argv[#argv + 1] = a end
-        for _, a in ipairs(args) do argv[#argv + 1] = a end
-        for _, a in ipairs({ "--threads", threads, "--save", save }) do argv[#argv + 1] = a end
-        io.stderr:write(("bench_selfstudy: self-study with %d process%s of %d thread%s ...\n"):format(n,
-            n == 1 and "" or "es", threads, threads == 1 and "" or "s"))
-        local status = proc.run(argv, { stdin = "/dev/null", stdout = dir .. "/out", stderr = dir .. "/err",
-            env = n > 1 and root_env or nil })
-        local ok = status == 0
-        if not ok then
-            for _, name in ipairs({ "/out", "/err" }) do
-                local f = io.open(dir .. name, "rb")
-                local text = f and f:read("*a") or ""
-                if f then f:close() end
-                io.stderr:write(text:sub(-2000))
-            end
-            fail(("the run with %d process%s failed (its output is above; the files are in %s)"):format(n,
-                n == 1 and "" or "es", dir))
-        end
-        local total, collectives, steps = run_seconds(save:gsub("%.safetensors$", "") .. ".metrics.jsonl")
-        local f = assert(io.open(save, "rb"))
-        local r = { seconds = total, collectives = collectives, steps = steps, bytes = f:read("*a") }
-        f:close()
+        local r = run_self_study(dir, argv0, n, threads)
         if threads > 1 then threaded = r else runs[n] = r end
     end
     local one, many = runs[1], runs[N]
