@@ -286,6 +286,7 @@ static int read_geometry(cart_cartridge_file *f) {
         if (k->ndim != 3)
             return bad(f, "'%s' has rank %d, expected 3 [rows, kv_heads, head_dim]", name, (int)k->ndim);
     }
+    if (k0->shape[0] < 1) return bad(f, "'layers.0.k' has no rows: a cartridge has at least one trainable row");
     f->n_layer = n;
     f->frozen = sink0 ? sink0->shape[0] : 0;
     f->p = k0->shape[0] + f->frozen;
@@ -296,8 +297,9 @@ static int read_geometry(cart_cartridge_file *f) {
     for (int32_t l = 0; l < n; l++) {
         snprintf(name, sizeof name, "layers.%d.k", (int)l);
         const cart_st_tensor *k = cart_st_find(f->st, name);
-        if (k->shape[1] > INT32_MAX || k->shape[2] > INT32_MAX)
-            return bad(f, "'%s' has a dimension beyond 2^31", name);
+        if (k->shape[1] < 1 || k->shape[2] < 1 || k->shape[1] > (1 << 16) || k->shape[2] > (1 << 16))
+            return bad(f, "'%s' has %lld KV heads x %lld dims: each must be between 1 and 65536", name,
+                       (long long)k->shape[1], (long long)k->shape[2]);
         f->heads[l] = (int32_t)k->shape[1], f->dims[l] = (int32_t)k->shape[2];
     }
     return CART_OK;

@@ -164,6 +164,39 @@ static void test_damaged_files_and_bad_rows_are_refused(void) {
     cart_model_free(m);
 }
 
+/* A file of cartridge tensors written by hand: layer 0's K and V of `rows`
+ * rows, heads x dims, zero. */
+static void write_rows(const char *path, int64_t rows, int64_t heads, int64_t dims) {
+    static float zeros[4096];
+    cart_st_writer *w = NULL;
+    CHECK_OK(cart_st_writer_new(&w));
+    const int64_t shape[3] = {rows, heads, dims};
+    CHECK_OK(cart_st_writer_add(w, "layers.0.k", CART_F32, 3, shape, zeros));
+    CHECK_OK(cart_st_writer_add(w, "layers.0.v", CART_F32, 3, shape, zeros));
+    CHECK_OK(cart_st_writer_write(w, path));
+    cart_st_writer_free(w);
+}
+
+static void test_geometry_no_cartridge_has_is_refused(void) {
+    char path[160];
+    path_in_dir(path, sizeof path, "d.safetensors");
+    cart_cartridge_file *f = NULL;
+    write_rows(path, 0, 2, 16);
+    CHECK_ERR(cart_cartridge_open(&f, path, NULL, CART_CARTRIDGE_FOREIGN), CART_E_FORMAT);
+    CHECK_ERROR_MENTIONS("has no rows");
+    write_rows(path, 2, 0, 16);
+    CHECK_ERR(cart_cartridge_open(&f, path, NULL, CART_CARTRIDGE_FOREIGN), CART_E_FORMAT);
+    CHECK_ERROR_MENTIONS("0 KV heads x 16 dims");
+    /* the right shapes without a cartridge's metadata: refused, or opened as foreign with a warning */
+    write_rows(path, 2, 2, 16);
+    CHECK_ERR(cart_cartridge_open(&f, path, NULL, 0), CART_E_FORMAT);
+    CHECK_ERROR_MENTIONS("no cartridge.format");
+    CHECK_OK(cart_cartridge_open(&f, path, NULL, CART_CARTRIDGE_FOREIGN));
+    CHECK(f && strstr(cart_cartridge_file_warnings(f), "carries no checksum") != NULL);
+    cart_cartridge_file_close(f);
+    remove(path);
+}
+
 int main(void) {
     tiny_shape q = {.qwen3 = 1, .layers = 2, .embd = 32, .heads = 4, .kv_heads = 2, .head_dim = 16,
                     .ff = 48, .vocab = 40, .dtype = CART_F32, .tied = 1, .seed = 5};
@@ -182,6 +215,7 @@ int main(void) {
     RUN(test_save_and_open_give_back_everything);
     RUN(test_another_model_is_refused_unless_asked);
     RUN(test_damaged_files_and_bad_rows_are_refused);
+    RUN(test_geometry_no_cartridge_has_is_refused);
     const char *names[] = {"qwen3.gguf", "other.gguf", "llama.gguf", "a.safetensors", "b.safetensors",
                            "c.safetensors"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
