@@ -3,12 +3,14 @@
  * gradients, capture from a model, composition, and the optimizer step
  * (see cart.h; the artifact is in cart_file.c).
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "adam.h"
 #include "cart.h"
+#include "dtype.h"
 #include "internal.h"
 #include "model_internal.h"
 #include "rng.h"
@@ -134,31 +136,30 @@ float *cart_cartridge_grad(cart_cartridge *c, int32_t layer, int32_t which) {
     return c->grad + block_offset(c, layer, which);
 }
 
+int cart_cartridge_value_error(const char *what, int32_t layer, int32_t which, int sink, int64_t row, float x) {
+    if (isfinite(x))
+        return cart_fail(CART_E_FORMAT, "%s of 'layers.%d.%s%s' row %lld holds %g: every value must lie within +-%g, "
+                         "the largest an f16 KV cache holds (attention over larger keys or values overflows)", what,
+                         (int)layer, which ? "v" : "k", sink ? "_sink" : "", (long long)row, (double)x,
+                         (double)CART_CARTRIDGE_MAX_ABS);
+    return cart_fail(CART_E_FORMAT, "%s of 'layers.%d.%s%s' row %lld holds %s: every value must be finite", what,
+                     (int)layer, which ? "v" : "k", sink ? "_sink" : "", (long long)row,
+                     isnan(x) ? "nan" : x > 0 ? "inf" : "-inf");
+}
+
 int cart_cartridge_check_finite(const cart_cartridge *c, int32_t grads) {
     if (!c) return cart_fail(CART_E_ARG, "cartridge check_finite: cartridge is NULL");
     const float *base = grads ? c->grad : c->rows;
-    for (int32_t l = 0; l < c->n_layer; l++) {
+    for (int32_t l = 0; l < c->n_layer; l++)
         for (int32_t which = 0; which < 2; which++) {
             const float *x = base + block_offset(c, l, which);
-            for (int64_t i = 0; i < c->p * c->row[l]; i++) {
-                const int finite = isfinite(x[i]);
-                if (finite && (grads || fabsf(x[i]) <= CART_CARTRIDGE_MAX_ABS)) continue;
-                int64_t r = i / c->row[l];
-                int sink = r < c->frozen;
-                if (finite)
-                    return cart_fail(CART_E_FORMAT, "the data of 'layers.%d.%s%s' row %lld holds %g: every value "
-                                     "must lie within +-%g, the largest an f16 KV cache holds (attention over "
-                                     "larger keys or values overflows)", (int)l, which ? "v" : "k",
-                                     sink ? "_sink" : "", (long long)(sink ? r : r - c->frozen), (double)x[i],
-                                     (double)CART_CARTRIDGE_MAX_ABS);
-                return cart_fail(CART_E_FORMAT, "%s of 'layers.%d.%s%s' row %lld holds %s: every value must be "
-                                 "finite",
-                                 grads ? "the gradient" : "the data", (int)l, which ? "v" : "k",
-                                 sink ? "_sink" : "", (long long)(sink ? r : r - c->frozen),
-                                 isnan(x[i]) ? "nan" : x[i] > 0 ? "inf" : "-inf");
-            }
+            const int64_t i = cart_f32_first_outside(x, c->p * c->row[l], grads ? FLT_MAX : CART_CARTRIDGE_MAX_ABS);
+            if (i < 0) continue;
+            const int64_t r = i / c->row[l];
+            const int sink = r < c->frozen;
+            return cart_cartridge_value_error(grads ? "the gradient" : "the data", l, which, sink,
+                                              sink ? r : r - c->frozen, x[i]);
         }
-    }
     return CART_OK;
 }
 

@@ -2,7 +2,6 @@
  * cart_file.c - the cartridge's artifact: save, and open with every check
  * (see cart.h; docs/formats.md).
  */
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +79,14 @@ static char *model_name(const cart_model *m) {
         return s;
     }
     return cart_strdup(cart_gguf_path(g), "model name");
+}
+
+/* The engine's last error again, as "<path>: <it><suffix>", with status rc. */
+static int error_of(int rc, const char *path, const char *suffix) {
+    char *why = cart_strdup(cart_last_error(), "error text");
+    rc = cart_fail(rc, "%s: %s%s", path, why ? why : cart_status_name(rc), suffix);
+    free(why);
+    return rc;
 }
 
 static void hex64(char *out, uint64_t v) {
@@ -219,12 +226,7 @@ int cart_cartridge_save(const cart_cartridge *c, const cart_model *m, const char
         return cart_fail(CART_E_ARG, "cart_cartridge_save: %s is NULL", !c ? "cartridge" : !m ? "model" : "path");
     int rc = cart_cartridge_check_model(c, m, "cart_cartridge_save");
     if (rc != CART_OK) return rc;
-    if ((rc = cart_cartridge_check_finite(c, 0)) != CART_OK) {
-        char *why = cart_strdup(cart_last_error(), "error text");
-        rc = cart_fail(rc, "%s: %s", path, why ? why : "a value is not finite");
-        free(why);
-        return rc;
-    }
+    if ((rc = cart_cartridge_check_finite(c, 0)) != CART_OK) return error_of(rc, path, "");
     int64_t *draft = NULL;
     if (o && o->draft_reference && o->n_draft > 0) {
         draft = cart_malloc(sizeof *draft * (size_t)o->n_draft, "draft reference");
@@ -385,21 +387,13 @@ static int check_values(const cart_cartridge_file *f) {
     for (int32_t l = 0; l < f->n_layer; l++)
         for (int part = 0; part < PARTS; part++) {
             const cart_st_tensor *t = f->parts[l * PARTS + part];
-            if (!t) continue;
-            const int64_t n = (int64_t)(t->nbytes / 4), row = (int64_t)f->heads[l] * f->dims[l];
-            for (int64_t i = 0; i < n; i++) {
-                float x;
-                memcpy(&x, (const uint8_t *)t->data + 4 * i, 4);
-                if (isfinite(x) && fabsf(x) <= CART_CARTRIDGE_MAX_ABS) continue;
-                if (isfinite(x))
-                    return bad(f, "the data of 'layers.%d.%s' row %lld holds %g: every value must lie within +-%g, "
-                               "the largest an f16 KV cache holds (attention over larger keys or values "
-                               "overflows); the file is damaged or its training diverged", (int)l,
-                               part_suffix[part], (long long)(i / row), (double)x, (double)CART_CARTRIDGE_MAX_ABS);
-                return bad(f, "the data of 'layers.%d.%s' row %lld holds %s: every value must be finite; the file "
-                           "is damaged or its training diverged", (int)l, part_suffix[part], (long long)(i / row),
-                           isnan(x) ? "nan" : x > 0 ? "inf" : "-inf");
-            }
+            const int64_t i = t ? cart_f32_first_outside(t->data, (int64_t)(t->nbytes / 4), CART_CARTRIDGE_MAX_ABS) : -1;
+            if (i < 0) continue;
+            float x;
+            memcpy(&x, (const uint8_t *)t->data + 4 * i, 4);
+            const int rc = cart_cartridge_value_error("the data", l, part % 2, part >= PART_K_SINK,
+                                                      i / (f->heads[l] * f->dims[l]), x);
+            return error_of(rc, f->path, "; the file is damaged or its training diverged");
         }
     return CART_OK;
 }

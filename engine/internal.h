@@ -84,6 +84,10 @@ struct cart_cartridge;
 struct cart_model;
 const float *cart_cartridge_rows_of(const struct cart_cartridge *c, int32_t layer, int32_t which);
 int cart_cartridge_check_model(const struct cart_cartridge *c, const struct cart_model *m, const char *fn);
+/* CART_E_FORMAT naming value x of row `row` of tensor "layers.<layer>.<k|v>"
+ * (+ "_sink" when sink) as not finite, or as beyond
+ * CART_CARTRIDGE_MAX_ABS; `what` is "the data" or "the gradient". */
+int cart_cartridge_value_error(const char *what, int32_t layer, int32_t which, int sink, int64_t row, float x);
 
 #pragma GCC visibility pop
 

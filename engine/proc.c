@@ -51,9 +51,10 @@ static char **child_env(const char *const *extra) {
     return env;
 }
 
-/* Whether argv[0] names a program execvp would run (so that a missing one
- * is an error here, not an exit status of 127 later). */
-static int program_exists(const char *name) {
+/* (so that a missing program is an error of spawn, not an exit status of
+ * 127 later) */
+int32_t cart_proc_exists(const char *name) {
+    if (!name || !*name) return 0;
     if (strchr(name, '/')) return access(name, X_OK) == 0;
     const char *path = getenv("PATH");
     if (!path) path = "/usr/bin:/bin";
@@ -98,7 +99,7 @@ int cart_proc_spawn(int64_t *pid, const char *const *argv, const cart_proc_optio
     if (!pid || !argv || !argv[0])
         return cart_fail(CART_E_ARG, "cart_proc_spawn: %s is NULL", !pid ? "pid" : "the program");
     *pid = 0;
-    if (!program_exists(argv[0]))
+    if (!cart_proc_exists(argv[0]))
         return cart_fail(CART_E_NOT_FOUND, "cart_proc_spawn: no program '%s' on PATH (or it is not executable)",
                          argv[0]);
     const cart_proc_options none = {0};

@@ -41,6 +41,10 @@ int cart_proc_wait(int64_t pid, double timeout, int32_t *status);
 int cart_proc_terminate(int64_t pid);
 int cart_proc_kill(int64_t pid);
 
+/* 1 when `program` would run: with a slash, an executable file; without,
+ * one on PATH (as execvp searches it). Else 0. */
+int32_t cart_proc_exists(const char *program);
+
 /* 1 while a process of that id exists (a zombie child included), else 0. */
 int32_t cart_proc_alive(int64_t pid);
 

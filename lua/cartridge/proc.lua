@@ -13,7 +13,6 @@
 -- the child).
 
 local core = require("cartridge.core")
-local fs = require("cartridge.fs")
 local ffi = core.ffi
 local C = core.C
 
@@ -91,12 +90,6 @@ function proc.kill(pid) core.check(C.cart_proc_kill(pid), "proc.kill") end
 function proc.alive(pid) return C.cart_proc_alive(pid) ~= 0 end
 
 -- Whether a program is on PATH (or, with a slash, that file is executable).
-function proc.exists(program)
-    if program:find("/", 1, true) then return fs.kind(program) == "file" end
-    for dir in (os.getenv("PATH") or "/usr/bin:/bin"):gmatch("[^:]+") do
-        if fs.kind(dir .. "/" .. program) == "file" then return true end
-    end
-    return false
-end
+function proc.exists(program) return C.cart_proc_exists(program) ~= 0 end
 
 return proc
