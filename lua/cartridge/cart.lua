@@ -202,23 +202,17 @@ function Cart:save(path, m, opts)
     local o = ffi.new("cart_cartridge_save_options")
     local training = json.encode(opts.training or json.object())
     o.training_json = training
-    local keep = {}
     if opts.draft_reference and #opts.draft_reference > 0 then
-        local src, n = ids_mod.view(opts.draft_reference)
-        local copy = ffi.new("int32_t[?]", n)
-        ffi.copy(copy, src, 4 * n)
-        o.draft_reference, o.n_draft, keep[#keep + 1] = copy, n, copy
+        o.draft_reference, o.n_draft = ids_mod.view(opts.draft_reference) -- valid until the next view
     end
     local keys, values = {}, {}
     for k, v in pairs(opts.extra_meta or {}) do
         keys[#keys + 1], values[#values + 1] = k, tostring(v)
     end
-    if #keys > 0 then
-        local ck, cv = ffi.new("const char *[?]", #keys), ffi.new("const char *[?]", #keys)
-        for i = 1, #keys do ck[i - 1], cv[i - 1] = keys[i], values[i] end
-        o.meta_keys, o.meta_values, o.n_meta = ck, cv, #keys
-        keep[#keep + 1], keep[#keep + 2] = ck, cv
-    end
+    -- (ck, cv, keys and values stay referenced until the call: o holds bare pointers)
+    local ck, cv = ffi.new("const char *[?]", #keys + 1), ffi.new("const char *[?]", #keys + 1)
+    for i = 1, #keys do ck[i - 1], cv[i - 1] = keys[i], values[i] end
+    o.meta_keys, o.meta_values, o.n_meta = ck, cv, #keys
     require("cartridge.fs").sweep_temps(path)
     core.check(C.cart_cartridge_save(self.handle, m.handle, path, o), "cartridge save")
     return path
