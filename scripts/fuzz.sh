@@ -19,7 +19,8 @@
 # vocabulary files) is reported as skipped and does not fail the run.
 #
 # Environment: FUZZ_FRESH=1 starts from the seeds only (drops the working
-# corpus); JOBS sets the build's parallelism (default: nproc).
+# corpus); JOBS sets the build's parallelism (default: nproc); FUZZ_JOBS how
+# many targets run at once (default: nproc, one core each).
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -133,10 +134,33 @@ esac
 
 # shellcheck disable=SC2086 # one argument per target
 build $list
+# FUZZ_JOBS targets at a time (default: nproc; libFuzzer uses one core per
+# target), each summary printed in the order of the list once its batch ends
+jobs=${FUZZ_JOBS:-$(nproc)}
+case $jobs in '' | *[!0-9]* | 0) echo "fuzz.sh: FUZZ_JOBS must be a positive integer, not '$jobs'" >&2; exit 2 ;; esac
 failed=""
+batch=""
+flush() {
+    wait
+    for b in $batch; do
+        cat "$BUILD/fuzz/$b/summary"
+        if [ -s "$BUILD/fuzz/$b/findings" ]; then
+            cat "$BUILD/fuzz/$b/findings" >&2
+            failed="$failed $b"
+        fi
+    done
+    batch=""
+}
+n=0
 for t in $list; do
-    run_one "$t" "$@" || failed="$failed $t"
+    mkdir -p "$BUILD/fuzz/$t"
+    (run_one "$t" "$@" >"$BUILD/fuzz/$t/summary" 2>"$BUILD/fuzz/$t/findings" ||
+        echo "$t: findings (see above)" >>"$BUILD/fuzz/$t/findings") &
+    batch="$batch $t"
+    n=$((n + 1))
+    if [ $((n % jobs)) -eq 0 ]; then flush; fi
 done
+flush
 if [ -n "$failed" ]; then
     echo "fuzz.sh: findings in:$failed" >&2
     exit 1

@@ -34,7 +34,12 @@
  */
 #include <string.h>
 
+/* A level may define QK_INLINE itself before including this file (scalar.c
+ * does: forcing every step inline there unrolls 64-lane arrays into a
+ * megabyte of code and minutes of compile time). */
+#ifndef QK_INLINE
 #define QK_INLINE static inline __attribute__((always_inline))
+#endif
 
 QK_INLINE int qk_bs(const int type) {
     switch (type) {

@@ -191,6 +191,9 @@ static inline void qf_store(float *p, qf v, int n) { memcpy(p, v.v, (size_t)n * 
 
 #define QK_T 4
 #define QK_FN qk_groups_scalar
+/* inlined where the compiler sees fit, not forced: forced, the 64-lane
+ * arrays unroll into a megabyte of code and 2.5 minutes of compile time */
+#define QK_INLINE static inline
 #include "qgeneric.h"
 
 #include "generic.h"
