@@ -20,7 +20,8 @@
 #
 # Environment: FUZZ_FRESH=1 starts from the seeds only (drops the working
 # corpus); JOBS sets the build's parallelism (default: nproc); FUZZ_JOBS how
-# many targets run at once (default: nproc, one core each).
+# many targets run at once (default: nproc, one core each); CART_ISA the
+# kernels' level (default: scalar, the only one the fuzz build instruments).
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -80,7 +81,7 @@ run_one() {
     echo "fuzz.sh: $*" >"$log"
     started=$(date +%s)
     rc=0
-    UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} "$@" >>"$log" 2>&1 || rc=$?
+    CART_ISA=${CART_ISA:-scalar} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} "$@" >>"$log" 2>&1 || rc=$?
     elapsed=$(( $(date +%s) - started ))
     if grep -q "^$t: SKIP" "$log"; then
         echo "$t: skipped ($(grep "^$t: SKIP" "$log" | sed "s/^$t: SKIP: //"))"
