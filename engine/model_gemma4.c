@@ -146,6 +146,153 @@ static int check_neutral_keys(model_loader *ld) {
     return CART_OK;
 }
 
+/* The two layer kinds' shapes: head size, rotated dims and RoPE base of the
+ * full and the sliding layers, and the window. */
+typedef struct gemma4_kinds {
+    int32_t hd_full, hd_swa, n_rot_full, n_rot_swa, n_swa;
+    float theta, theta_swa;
+} gemma4_kinds;
+
+static int read_kinds(model_loader *ld, const cart_model_config *c, int32_t n_head0, gemma4_kinds *k) {
+    int32_t v_full, v_swa;
+    int rc;
+    k->hd_full = c->n_embd / n_head0;
+    if ((rc = model_get_dim_opt(ld, "attention.key_length", &k->hd_full))) return rc;
+    v_full = k->hd_full;
+    if ((rc = model_get_dim_opt(ld, "attention.value_length", &v_full)) ||
+        (rc = model_get_dim(ld, "attention.key_length_swa", &k->hd_swa, 1)) ||
+        (rc = model_get_dim(ld, "attention.value_length_swa", &v_swa, 1)))
+        return rc;
+    if (k->hd_full < 1)
+        return cart_fail(CART_E_FORMAT, "%s: the full layers' head size is %d (n_embd %d over %d heads, and no "
+                         "attention.key_length)", ld->path, k->hd_full, c->n_embd, n_head0);
+    if (v_full != k->hd_full || v_swa != k->hd_swa)
+        return cart_fail(CART_E_FORMAT, "%s: gemma4 needs value_length = key_length on both layer kinds "
+                         "(full %d vs %d, sliding %d vs %d)", ld->path, v_full, k->hd_full, v_swa, k->hd_swa);
+    k->n_rot_full = k->hd_full;
+    if ((rc = model_get_dim_opt(ld, "rope.dimension_count", &k->n_rot_full))) return rc;
+    k->n_rot_swa = k->n_rot_full;
+    if ((rc = model_get_dim_opt(ld, "rope.dimension_count_swa", &k->n_rot_swa)) ||
+        (rc = model_get_dim(ld, "attention.sliding_window", &k->n_swa, 1)))
+        return rc;
+    k->theta = 10000.0f, k->theta_swa = 10000.0f;
+    if ((rc = get_float_opt(ld, "rope.freq_base", &k->theta)) ||
+        (rc = get_float_opt(ld, "rope.freq_base_swa", &k->theta_swa)))
+        return rc;
+    if (!(k->theta > 1.0f && k->theta_swa > 1.0f && isfinite(k->theta) && isfinite(k->theta_swa)))
+        return cart_fail(CART_E_FORMAT, "%s: rope.freq_base %g / freq_base_swa %g are out of range", ld->path,
+                         k->theta, k->theta_swa);
+    return CART_OK;
+}
+
+/* The per-layer input width, the final logit softcap and the experts. */
+static int read_extras(model_loader *ld, cart_model_config *c) {
+    int rc;
+    if ((rc = model_get_dim(ld, "embedding_length_per_layer_input", &c->n_embd_per_layer, 0))) return rc;
+    if (c->n_embd_per_layer > c->n_embd)
+        return cart_fail(CART_E_UNSUPPORTED, "%s: embedding_length_per_layer_input %d is wider than the model "
+                         "(%d), which this engine does not support", ld->path, c->n_embd_per_layer, c->n_embd);
+    float softcap = 0.0f;
+    if ((rc = get_float_opt(ld, "final_logit_softcapping", &softcap))) return rc;
+    if (!(softcap >= 0.0f && isfinite(softcap)))
+        return cart_fail(CART_E_FORMAT, "%s: final_logit_softcapping %g is out of range", ld->path, softcap);
+    c->final_softcap = softcap;
+    if ((rc = model_get_dim_opt0(ld, "expert_count", &c->n_expert)) ||
+        (rc = model_get_dim_opt0(ld, "expert_used_count", &c->n_expert_used)))
+        return rc;
+    if (c->n_expert <= 0) {
+        if (c->n_expert_used != 0)
+            return cart_fail(CART_E_FORMAT, "%s: expert_used_count %d without expert_count", ld->path,
+                             c->n_expert_used);
+        return CART_OK;
+    }
+    int32_t *ffe = cart_calloc((size_t)c->n_layer, sizeof(int32_t), "gemma4 expert sizes");
+    if (!ffe) return CART_E_NOMEM;
+    rc = get_per_layer(ld, "expert_feed_forward_length", c->n_layer, -1, 1, ffe);
+    for (int32_t l = 1; !rc && l < c->n_layer; l++)
+        if (ffe[l] != ffe[0])
+            rc = cart_fail(CART_E_UNSUPPORTED, "%s: expert_feed_forward_length differs between "
+                           "layers (%d at layer 0, %d at layer %d), which this engine does "
+                           "not implement", ld->path, ffe[0], ffe[l], l);
+    if (!rc) c->n_ff_exp = ffe[0];
+    free(ffe);
+    if (!rc && (c->n_expert_used < 1 || c->n_expert_used > c->n_expert || c->n_expert > 1024))
+        rc = cart_fail(CART_E_FORMAT, "%s: expert_used_count %d must lie in 1..expert_count (%d, "
+                       "at most 1024)", ld->path, c->n_expert_used, c->n_expert);
+    return rc;
+}
+
+/* Each layer's config from the per-layer tables and its kind; the model's
+ * own config from its first full layer. */
+static int fill_layers(model_loader *ld, cart_model *m, const int32_t *n_ff, const int32_t *n_head,
+                       const int32_t *n_head_kv, const int32_t *swa, const gemma4_kinds *k) {
+    cart_model_config *c = &m->cfg;
+    m->layers = cart_calloc((size_t)c->n_layer, sizeof *m->layers, "model layers");
+    if (!m->layers) return CART_E_NOMEM;
+    int32_t first_full = -1;
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        layer_weights *L = &m->layers[l];
+        cart_layer_config *g = &L->g;
+        g->n_head = n_head[l];
+        g->n_head_kv = n_head_kv[l];
+        g->head_dim = swa[l] ? k->hd_swa : k->hd_full;
+        g->n_rot = swa[l] ? k->n_rot_swa : k->n_rot_full;
+        g->n_ff = n_ff[l];
+        g->window = swa[l] ? k->n_swa : 0;
+        g->rope_theta = swa[l] ? k->theta_swa : k->theta;
+        g->attn_scale = 1.0f; /* gemma4 scales nothing (its q/k norms do) */
+        L->rope_table = swa[l] ? 1 : 0;
+        L->out_scale = 1.0f;
+        if (!swa[l] && first_full < 0) first_full = l;
+        if (g->n_head % g->n_head_kv != 0 || g->n_head / g->n_head_kv > 16 || g->head_dim > 512 ||
+            g->n_rot > g->head_dim || g->n_rot % 2)
+            return cart_fail(CART_E_UNSUPPORTED, "%s: layer %d has %d query heads over %d KV heads, "
+                             "head_dim %d and %d rotated dims: this engine needs a whole number of "
+                             "at most 16 query heads per KV head, head_dim <= 512, and an even "
+                             "rotation no wider than the head", ld->path, l, g->n_head, g->n_head_kv,
+                             g->head_dim, g->n_rot);
+    }
+    const layer_weights *R = &m->layers[first_full >= 0 ? first_full : 0];
+    c->n_head = R->g.n_head;
+    c->n_head_kv = R->g.n_head_kv;
+    c->head_dim = k->hd_full;
+    c->n_rot = k->n_rot_full;
+    c->n_ff = R->g.n_ff;
+    c->rope_theta = k->theta;
+    c->rope_neox = 1;
+    c->qk_norm = 1;
+    c->n_swa = k->n_swa;
+    c->embd_scale = sqrtf((float)c->n_embd);
+    m->rope_n_rot[0] = k->n_rot_full, m->rope_base[0] = k->theta;
+    m->rope_n_rot[1] = k->n_rot_swa, m->rope_base[1] = k->theta_swa;
+    return CART_OK;
+}
+
+/* The per-layer tables (feed-forward width, heads, KV heads, sliding or
+ * not), then the kinds, the extras and the layers. */
+static int read_layers(model_loader *ld, cart_model *m) {
+    const int32_t n_layer = m->cfg.n_layer;
+    int32_t *tmp = cart_calloc((size_t)n_layer * 4, sizeof(int32_t), "gemma4 layer table");
+    if (!tmp) return CART_E_NOMEM;
+    int32_t *n_ff = tmp, *n_head = tmp + n_layer, *n_head_kv = tmp + 2 * n_layer, *swa = tmp + 3 * n_layer;
+    int rc;
+    if ((rc = get_per_layer(ld, "feed_forward_length", n_layer, -1, 1, n_ff)) ||
+        (rc = get_per_layer(ld, "attention.head_count", n_layer, -1, 1, n_head)) ||
+        (rc = get_pattern(ld, n_layer, swa)))
+        goto done;
+    /* KV heads default to the query heads, layer by layer */
+    if (cart_gguf_find(ld->g, model_key(ld, "attention.head_count_kv")))
+        rc = get_per_layer(ld, "attention.head_count_kv", n_layer, -1, 1, n_head_kv);
+    else memcpy(n_head_kv, n_head, sizeof(int32_t) * (size_t)n_layer);
+    gemma4_kinds k;
+    if (!rc) rc = read_kinds(ld, &m->cfg, n_head[0], &k);
+    if (!rc) rc = read_extras(ld, &m->cfg);
+    if (!rc) rc = fill_layers(ld, m, n_ff, n_head, n_head_kv, swa, &k);
+done:
+    free(tmp);
+    return rc;
+}
+
 int gemma4_read_config(model_loader *ld, cart_model *m) {
     cart_model_config *c = &m->cfg;
     int rc;
@@ -153,11 +300,10 @@ int gemma4_read_config(model_loader *ld, cart_model *m) {
     if ((rc = model_get_dim(ld, "block_count", &c->n_layer, 1))) return rc;
     if ((rc = model_get_dim(ld, "embedding_length", &c->n_embd, 1))) return rc;
     if ((rc = model_get_dim(ld, "context_length", &c->n_ctx_train, 1))) return rc;
-    const int32_t n_layer = c->n_layer;
-    if (n_layer > 4096)
+    if (c->n_layer > 4096)
         return cart_fail(CART_E_FORMAT, "%s: %d layers is beyond this engine's limit (4096)", ld->path,
-                         n_layer);
-    if ((rc = check_layer_count(ld, n_layer))) return rc;
+                         c->n_layer);
+    if ((rc = check_layer_count(ld, c->n_layer))) return rc;
     if ((rc = model_get_eps(ld, &c->rms_eps))) return rc;
 
     uint32_t shared = 0;
@@ -168,125 +314,7 @@ int gemma4_read_config(model_loader *ld, cart_model *m) {
                          "%s: '%s' = %u: the last %u layers reuse earlier layers' K/V (gemma4 "
                          "E2B/E4B), which this engine does not implement; use a gemma4 model "
                          "without KV-shared layers (26B-A4B, 31B)", ld->path, ld->key, shared, shared);
-
-    /* per-layer shapes */
-    int32_t *tmp = cart_calloc((size_t)n_layer * 4, sizeof(int32_t), "gemma4 layer table");
-    if (!tmp) return CART_E_NOMEM;
-    int32_t *n_ff = tmp, *n_head = tmp + n_layer, *n_head_kv = tmp + 2 * n_layer, *swa = tmp + 3 * n_layer;
-    if ((rc = get_per_layer(ld, "feed_forward_length", n_layer, -1, 1, n_ff)) ||
-        (rc = get_per_layer(ld, "attention.head_count", n_layer, -1, 1, n_head)) ||
-        (rc = get_pattern(ld, n_layer, swa))) {
-        free(tmp);
-        return rc;
-    }
-    /* KV heads default to the query heads, layer by layer */
-    const cart_gguf_value *kvv = cart_gguf_find(ld->g, model_key(ld, "attention.head_count_kv"));
-    if (kvv) rc = get_per_layer(ld, "attention.head_count_kv", n_layer, -1, 1, n_head_kv);
-    else memcpy(n_head_kv, n_head, sizeof(int32_t) * (size_t)n_layer);
-    int32_t hd_full = c->n_embd / n_head[0], hd_swa, v_full, v_swa, n_rot_full, n_rot_swa, n_swa = 0;
-    if (!rc) rc = model_get_dim_opt(ld, "attention.key_length", &hd_full);
-    v_full = hd_full;
-    if (!rc) rc = model_get_dim_opt(ld, "attention.value_length", &v_full);
-    if (!rc) rc = model_get_dim(ld, "attention.key_length_swa", &hd_swa, 1);
-    if (!rc) rc = model_get_dim(ld, "attention.value_length_swa", &v_swa, 1);
-    if (!rc && hd_full < 1)
-        rc = cart_fail(CART_E_FORMAT, "%s: the full layers' head size is %d (n_embd %d over %d heads, and no "
-                       "attention.key_length)", ld->path, hd_full, c->n_embd, n_head[0]);
-    if (!rc && (v_full != hd_full || v_swa != hd_swa))
-        rc = cart_fail(CART_E_FORMAT, "%s: gemma4 needs value_length = key_length on both layer kinds "
-                       "(full %d vs %d, sliding %d vs %d)", ld->path, v_full, hd_full, v_swa, hd_swa);
-    n_rot_full = hd_full;
-    if (!rc) rc = model_get_dim_opt(ld, "rope.dimension_count", &n_rot_full);
-    n_rot_swa = n_rot_full;
-    if (!rc) rc = model_get_dim_opt(ld, "rope.dimension_count_swa", &n_rot_swa);
-    if (!rc) rc = model_get_dim(ld, "attention.sliding_window", &n_swa, 1);
-    float theta = 10000.0f, theta_swa = 10000.0f;
-    if (!rc) rc = get_float_opt(ld, "rope.freq_base", &theta);
-    if (!rc) rc = get_float_opt(ld, "rope.freq_base_swa", &theta_swa);
-    if (!rc && !(theta > 1.0f && theta_swa > 1.0f && isfinite(theta) && isfinite(theta_swa)))
-        rc = cart_fail(CART_E_FORMAT, "%s: rope.freq_base %g / freq_base_swa %g are out of range", ld->path,
-                       theta, theta_swa);
-    if (!rc) rc = model_get_dim(ld, "embedding_length_per_layer_input", &c->n_embd_per_layer, 0);
-    if (!rc && c->n_embd_per_layer > c->n_embd)
-        rc = cart_fail(CART_E_UNSUPPORTED, "%s: embedding_length_per_layer_input %d is wider than the model "
-                       "(%d), which this engine does not support", ld->path, c->n_embd_per_layer, c->n_embd);
-    float softcap = 0.0f;
-    if (!rc) rc = get_float_opt(ld, "final_logit_softcapping", &softcap);
-    if (!rc && !(softcap >= 0.0f && isfinite(softcap)))
-        rc = cart_fail(CART_E_FORMAT, "%s: final_logit_softcapping %g is out of range", ld->path, softcap);
-    c->final_softcap = softcap;
-    if (!rc) rc = model_get_dim_opt0(ld, "expert_count", &c->n_expert);
-    if (!rc) rc = model_get_dim_opt0(ld, "expert_used_count", &c->n_expert_used);
-    if (!rc && c->n_expert > 0) {
-        int32_t *ffe = cart_calloc((size_t)n_layer, sizeof(int32_t), "gemma4 expert sizes");
-        if (!ffe) rc = CART_E_NOMEM;
-        else {
-            rc = get_per_layer(ld, "expert_feed_forward_length", n_layer, -1, 1, ffe);
-            for (int32_t l = 1; !rc && l < n_layer; l++)
-                if (ffe[l] != ffe[0])
-                    rc = cart_fail(CART_E_UNSUPPORTED, "%s: expert_feed_forward_length differs between "
-                                   "layers (%d at layer 0, %d at layer %d), which this engine does "
-                                   "not implement", ld->path, ffe[0], ffe[l], l);
-            if (!rc) c->n_ff_exp = ffe[0];
-            free(ffe);
-        }
-        if (!rc && (c->n_expert_used < 1 || c->n_expert_used > c->n_expert || c->n_expert > 1024))
-            rc = cart_fail(CART_E_FORMAT, "%s: expert_used_count %d must lie in 1..expert_count (%d, "
-                           "at most 1024)", ld->path, c->n_expert_used, c->n_expert);
-    } else if (!rc && c->n_expert_used != 0) {
-        rc = cart_fail(CART_E_FORMAT, "%s: expert_used_count %d without expert_count", ld->path,
-                       c->n_expert_used);
-    }
-    if (rc) {
-        free(tmp);
-        return rc;
-    }
-
-    m->layers = cart_calloc((size_t)n_layer, sizeof *m->layers, "model layers");
-    if (!m->layers) {
-        free(tmp);
-        return CART_E_NOMEM;
-    }
-    int32_t first_full = -1;
-    for (int32_t l = 0; l < n_layer; l++) {
-        layer_weights *L = &m->layers[l];
-        cart_layer_config *g = &L->g;
-        g->n_head = n_head[l];
-        g->n_head_kv = n_head_kv[l];
-        g->head_dim = swa[l] ? hd_swa : hd_full;
-        g->n_rot = swa[l] ? n_rot_swa : n_rot_full;
-        g->n_ff = n_ff[l];
-        g->window = swa[l] ? n_swa : 0;
-        g->rope_theta = swa[l] ? theta_swa : theta;
-        g->attn_scale = 1.0f; /* gemma4 scales nothing (its q/k norms do) */
-        L->rope_table = swa[l] ? 1 : 0;
-        L->out_scale = 1.0f;
-        if (!swa[l] && first_full < 0) first_full = l;
-        if (g->n_head % g->n_head_kv != 0 || g->n_head / g->n_head_kv > 16 || g->head_dim > 512 ||
-            g->n_rot > g->head_dim || g->n_rot % 2) {
-            free(tmp);
-            return cart_fail(CART_E_UNSUPPORTED, "%s: layer %d has %d query heads over %d KV heads, "
-                             "head_dim %d and %d rotated dims: this engine needs a whole number of "
-                             "at most 16 query heads per KV head, head_dim <= 512, and an even "
-                             "rotation no wider than the head", ld->path, l, g->n_head, g->n_head_kv,
-                             g->head_dim, g->n_rot);
-        }
-    }
-    free(tmp);
-    const layer_weights *R = &m->layers[first_full >= 0 ? first_full : 0];
-    c->n_head = R->g.n_head;
-    c->n_head_kv = R->g.n_head_kv;
-    c->head_dim = hd_full;
-    c->n_rot = n_rot_full;
-    c->n_ff = R->g.n_ff;
-    c->rope_theta = theta;
-    c->rope_neox = 1;
-    c->qk_norm = 1;
-    c->n_swa = n_swa;
-    c->embd_scale = sqrtf((float)c->n_embd);
-    m->rope_n_rot[0] = n_rot_full, m->rope_base[0] = theta;
-    m->rope_n_rot[1] = n_rot_swa, m->rope_base[1] = theta_swa;
-    return CART_OK;
+    return read_layers(ld, m);
 }
 
 /* A [n_expert, rows, cols] tensor (GGML dims {cols, rows, n_expert}) as
