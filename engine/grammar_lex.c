@@ -4,13 +4,11 @@
  * counted by code points.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "grammar_internal.h"
 #include "internal.h"
-#include "utf8.h"
 
 /* ---- numbers ------------------------------------------------------------ */
 

@@ -31,14 +31,11 @@
  * depends only on its character count; per-count masks of plain tokens
  * answer for those, and only the other tokens (a second, much smaller
  */
-#include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "grammar_internal.h"
 #include "internal.h"
-#include "utf8.h"
 
 /* ---- the matcher --------------------------------------------------------- */
 

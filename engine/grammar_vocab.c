@@ -2,14 +2,11 @@
  * grammar_vocab.c - the vocabulary's byte tries and the per-length masks of plain
  * tokens that answer inside a free string (grammar_internal.h).
  */
-#include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "grammar_internal.h"
 #include "internal.h"
-#include "utf8.h"
 
 /* ---- the vocabulary ------------------------------------------------------ */
 

@@ -156,7 +156,7 @@ n=0
 for t in $list; do
     mkdir -p "$BUILD/fuzz/$t"
     (run_one "$t" "$@" >"$BUILD/fuzz/$t/summary" 2>"$BUILD/fuzz/$t/findings" ||
-        echo "$t: findings (see above)" >>"$BUILD/fuzz/$t/findings") &
+        echo "$t: the run ended with findings or a non-zero status" >>"$BUILD/fuzz/$t/findings") &
     batch="$batch $t"
     n=$((n + 1))
     if [ $((n % jobs)) -eq 0 ]; then flush; fi
