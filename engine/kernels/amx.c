@@ -17,10 +17,11 @@
  * qk_dots give; everything after them is qgeneric.h's own code
  * (qk_unit_scale_256, qk_block_end_256, qk_block_end_32), so this level
  * gives the same bits as every other. Tokens past the last whole tile of 16
- * go to the vpdpbusd kernel, and so do q6_K, q3_K and q2_K below 64 tokens
- * (measured slower on tiles there). q4_K and q5_K from 32 tokens on fold
- * their sub-block scales into the weights (amx_fold), which leaves no
- * integer multiply per unit and token after the products.
+ * go to the vpdpbusd kernel, and so do q3_K and q2_K below 64 tokens and
+ * q6_K below 32 (measured slower on tiles there). q4_K, q5_K and q6_K from
+ * 32 tokens on fold their sub-block scales into the weights (amx_fold,
+ * amx_fold6), which leaves no integer multiply per unit and token after
+ * the products.
  */
 #include "kernels.h"
 
@@ -243,51 +244,114 @@ QK_INLINE void amx_fold(const int type, const uint8_t *q, const uint8_t *s, uint
     }
 }
 
+/* q6_K from 32 tokens on: its sub-block scales go into the weights too, in
+ * four pieces. A scale s (int8) is s0 + 4 s1 + 16 s2 + 64 s3, with s0..s2
+ * its 2-bit fields and s3 = s >> 6 (in [-2, 1]), and the centred field
+ * u - 32 (in [-32, 31]) times a piece stays a signed byte (at most 96 in
+ * magnitude). Four products over the block's 256 elements, P_k = sum x
+ * ((u - 32) s_k), give A = P0 + 4 P1 + 16 P2 + 64 P3, the same integer as
+ * qgeneric.h's sum over sub-blocks of s times (d - 32 x-sum), exact in
+ * int32 (|64 P3| <= 64 x 256 x 127 x 64). wk[k][64 quad vectors]: piece
+ * k, in the order of the block's 4 steps of depth 64. */
+QK_INLINE void amx_fold6(const uint8_t *q, const uint8_t *s, uint8_t (*wk)[64][64]) {
+    const __m512i c32 = _mm512_set1_epi8(32), low = _mm512_set1_epi16(0x00ff);
+    for (int j = 0; j < 8; j++) {
+        qb u[8];
+        qk_unit(CART_Q6_K, q, 8, j, u);
+        for (int h = 0; h < 2; h++) { /* sub-block 2j + h: quads 4h .. 4h + 3 */
+            const __m512i sc = qi_load_i8(s + 32 + 32 * j + 16 * h);
+            for (int k = 0; k < 4; k++) {
+                const __m512i part = k < 3 ? _mm512_and_si512(_mm512_srai_epi32(sc, 2 * k), _mm512_set1_epi32(3))
+                                           : _mm512_srai_epi32(sc, 6);
+                const __m512i m =
+                    _mm512_or_si512(_mm512_and_si512(part, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(part, 16));
+                for (int g = 4 * h; g < 4 * h + 4; g++) {
+                    const __m512i v = _mm512_sub_epi8(u[g], c32);
+                    const __m512i lo = _mm512_mullo_epi16(_mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8), m);
+                    const __m512i hi = _mm512_mullo_epi16(_mm512_srai_epi16(v, 8), m);
+                    _mm512_store_si512((void *)wk[k][8 * j + g],
+                                       _mm512_or_si512(_mm512_and_si512(lo, low), _mm512_slli_epi16(hi, 8)));
+                }
+            }
+        }
+    }
+}
+
+/* The tile products of step c (depth 64) of a folded block, the
+ * activations x loaded once into A tile ta: q4_K q5_K (six = 0) into C
+ * tiles c_lo and c_hi (the fields times lo, times hi); q6_K into C tiles
+ * 0-3 (its four pieces). Tile numbers are literals. */
+#define AMX_FOLD_STEP(six, ta, c_lo, c_hi, x, cols, wk, c)                                                   \
+    do {                                                                                                     \
+        _tile_loadd(ta, (x) + 64 * (c), (cols));                                                             \
+        _tile_loadd(6, wk[0][16 * (c)], 64);                                                                 \
+        if (six) _tile_dpbssd(0, ta, 6);                                                                     \
+        else _tile_dpbsud(c_lo, ta, 6);                                                                      \
+        _tile_loadd(7, wk[1][16 * (c)], 64);                                                                 \
+        if (six) _tile_dpbssd(1, ta, 7);                                                                     \
+        else _tile_dpbsud(c_hi, ta, 7);                                                                      \
+        if (six) {                                                                                           \
+            _tile_loadd(6, wk[2][16 * (c)], 64);                                                             \
+            _tile_dpbssd(2, ta, 6);                                                                          \
+            _tile_loadd(7, wk[3][16 * (c)], 64);                                                             \
+            _tile_dpbssd(3, ta, 7);                                                                          \
+        }                                                                                                    \
+    } while (0)
+
+/* Token i's A (row i of the four C tiles in cb) of a folded block: q4_K
+ * q5_K: (C0 + C2) + 8 (C1 + C3), lo and hi over steps 0 and 2, 1 and 3;
+ * q6_K: C0 + 4 C1 + 16 C2 + 64 C3. */
+QK_INLINE qi amx_folded_sum(const int six, int32_t (*cb)[AMX_TOK][16], int i) {
+    const qi c0 = _mm512_load_si512((const void *)cb[0][i]), c1 = _mm512_load_si512((const void *)cb[1][i]);
+    const qi c2 = _mm512_load_si512((const void *)cb[2][i]), c3 = _mm512_load_si512((const void *)cb[3][i]);
+    if (six)
+        return qi_add(qi_add(c0, _mm512_slli_epi32(c1, 2)), qi_add(_mm512_slli_epi32(c2, 4), _mm512_slli_epi32(c3, 6)));
+    return qi_add(qi_add(c0, c2), _mm512_slli_epi32(qi_add(c1, c3), 3));
+}
+
 /* acc[t] for tokens [t0, t0 + nt) (a multiple of 16, at most AMX_SPAN) of
- * one group of q4_K or q5_K with the scales folded (amx_fold); tiles of
- * depth 64 (amx_config(64)). */
+ * one group of q4_K, q5_K or q6_K with the scales folded (amx_fold,
+ * amx_fold6); tiles of depth 64 (amx_config(64)). */
 QK_INLINE void amx_group_folded(const int type, const qk_src *w, const qk_act *a, const uint8_t *grp, int64_t t0,
                                 int64_t nt, float (*acc)[16]) {
     const int64_t nb = w->nb, cols = a->cols;
+    const int six = type == CART_Q6_K;
     const uint8_t *sc = grp + nb * w->qbytes;
-    _Alignas(64) uint8_t wk[2][64][64];
+    _Alignas(64) uint8_t wk[4][64][64];
     _Alignas(64) int32_t cb[4][AMX_TOK][16];
-    int32_t(*out[4])[16] = {cb[0], cb[1], cb[2], cb[3]};
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
         QK_PREFETCH(q + w->group_bytes, w->qbytes);
         QK_PREFETCH(s + w->group_bytes, w->sbytes);
-        amx_fold(type, q, s, wk);
         __m512i mp[4];
-        for (int p = 0; p < 4; p++)
-            mp[p] = _mm512_or_si512(qi_load_u8(s + 192 + 32 * p), _mm512_slli_epi32(qi_load_u8(s + 192 + 32 * p + 16), 16));
+        if (six) amx_fold6(q, s, wk);
+        else {
+            amx_fold(type, q, s, wk);
+            for (int p = 0; p < 4; p++)
+                mp[p] = _mm512_or_si512(qi_load_u8(s + 192 + 32 * p),
+                                        _mm512_slli_epi32(qi_load_u8(s + 192 + 32 * p + 16), 16));
+        }
         for (int64_t tt = 0; tt < nt; tt += AMX_TOK) {
             const int8_t *x = a->q + (t0 + tt) * cols + 256 * b;
             _tile_zero(0);
             _tile_zero(1);
             _tile_zero(2);
             _tile_zero(3);
-            for (int c = 0; c < 4; c += 2) { /* C0, C2: lo over steps 0-1, 2-3; C1, C3: hi */
-                AMX_STEP(0, 4, 6, 0, x + 64 * c, cols, wk[0][16 * c]);
-                AMX_STEP(1, 5, 7, 0, x + 64 * c, cols, wk[1][16 * c]);
-                AMX_STEP(2, 4, 6, 0, x + 64 * (c + 1), cols, wk[0][16 * (c + 1)]);
-                AMX_STEP(3, 5, 7, 0, x + 64 * (c + 1), cols, wk[1][16 * (c + 1)]);
-            }
-            _tile_stored(0, out[0], 64);
-            _tile_stored(1, out[1], 64);
-            _tile_stored(2, out[2], 64);
-            _tile_stored(3, out[3], 64);
+            AMX_FOLD_STEP(six, 4, 0, 1, x, cols, wk, 0);
+            AMX_FOLD_STEP(six, 5, 2, 3, x, cols, wk, 1);
+            AMX_FOLD_STEP(six, 4, 0, 1, x, cols, wk, 2);
+            AMX_FOLD_STEP(six, 5, 2, 3, x, cols, wk, 3);
+            _tile_stored(0, cb[0], 64);
+            _tile_stored(1, cb[1], 64);
+            _tile_stored(2, cb[2], 64);
+            _tile_stored(3, cb[3], 64);
             for (int tc = 0; tc < AMX_TOK; tc += 4) {
                 const int64_t t = t0 + tt + tc;
                 qi A[4], B[4];
                 qf f[4];
                 for (int i = 0; i < 4; i++) {
-                    const qi lo = qi_add(_mm512_load_si512((const void *)cb[0][tc + i]),
-                                         _mm512_load_si512((const void *)cb[2][tc + i]));
-                    const qi hi = qi_add(_mm512_load_si512((const void *)cb[1][tc + i]),
-                                         _mm512_load_si512((const void *)cb[3][tc + i]));
-                    A[i] = qi_add(lo, _mm512_slli_epi32(hi, 3));
-                    B[i] = amx_mins(mp, a->s + (t + i) * (cols / 16) + 16 * b);
+                    A[i] = amx_folded_sum(six, cb, tc + i);
+                    B[i] = six ? qi_zero() : amx_mins(mp, a->s + (t + i) * (cols / 16) + 16 * b);
                     f[i] = _mm512_load_ps(acc[tt + tc + i]);
                 }
                 qk_block_end_256(type, 4, s, a, t, b, A, B, f);
@@ -343,9 +407,9 @@ QK_INLINE void amx_group_32(const int type, const qk_src *w, const qk_act *a, co
 QK_INLINE void amx_type(const int type, const qk_src *w, const qk_act *a, int64_t t0, int64_t t1, int64_t g0,
                         int64_t g1, float *y, int64_t ldy) {
     _Alignas(64) float acc[AMX_SPAN][16];
-    /* from 32 tokens on, q4_K and q5_K fold their scales (amx_fold: once
-     * per block, worth it only over several tiles; measured) */
-    const int folded = (type == CART_Q4_K || type == CART_Q5_K) && t1 - t0 >= 32;
+    /* from 32 tokens on, q4_K, q5_K and q6_K fold their scales (amx_fold,
+     * amx_fold6: once per block, worth it only over several tiles; measured) */
+    const int folded = (type == CART_Q4_K || type == CART_Q5_K || type == CART_Q6_K) && t1 - t0 >= 32;
     amx_config(folded ? 64 : amx_halves(type) ? 16 : 32);
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *grp = w->data + (uint64_t)g * w->group_bytes;
@@ -366,10 +430,11 @@ QK_INLINE void amx_type(const int type, const qk_src *w, const qk_act *a, int64_
 static void qk_groups_amx(const qk_src *w, const qk_act *a, int64_t t0, int64_t t1, int64_t g0, int64_t g1,
                           float *y, int64_t ldy) {
     int64_t full = t0 + (t1 - t0) / AMX_TOK * AMX_TOK;
-    /* q6_K, q3_K and q2_K take two tile products per unit and 16 integer
+    /* q3_K and q2_K take two tile products per unit and 16 integer
      * multiplies per token and block after them: below 64 tokens that
-     * measured slower than vpdpbusd */
-    if (amx_halves(w->dtype) && t1 - t0 < 64) full = t0;
+     * measured slower than vpdpbusd; q6_K folds its scales from 32 tokens
+     * on (amx_type), and below that vpdpbusd measured faster */
+    if (amx_halves(w->dtype) && t1 - t0 < (w->dtype == CART_Q6_K ? 32 : 64)) full = t0;
     if (full > t0) QK_DISPATCH(w->dtype, amx_type, w, a, t0, full, g0, g1, y, ldy);
     if (full < t1) qk_groups_vnni(w, a, full, t1, g0, g1, y, ldy);
 }
