@@ -258,24 +258,45 @@ static void tile_values(float *acc, const float *p, const float *vt, int64_t nt,
     rows_values(acc, p, vt, head_dim, nt, head_dim);
 }
 
-/* The online softmax of one query over a tile whose scaled scores are in
- * score[0 .. nt): attention_head_forward's steps between the scores and the
- * values, leaving the weights in score. */
-static void softmax_tile(float *score, int64_t nt, float scale, float *run_max, float *run_sum, float *out,
-                         int32_t head_dim) {
+/* The online softmax of one query over a tile whose scores are in score[0
+ * .. nt), up to the sum: scales the scores, rescales out and the running
+ * sum to the new running maximum, and leaves e^(score - max) in score. The
+ * tile's maximum is taken in lanes of 4 and then across them: a maximum
+ * is the same whatever the order (a NaN score is never taken; the sign of
+ * a zero maximum changes no difference and no exponential). */
+static void softmax_exp(float *score, int64_t nt, float scale, float *run_max, float *run_sum, float *out,
+                        int32_t head_dim) {
+    float lane[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t j = 0;
+    for (; j + 4 <= nt; j += 4)
+        for (int32_t l = 0; l < 4; l++) {
+            const float s = score[j + l] * scale;
+            score[j + l] = s;
+            lane[l] = s > lane[l] ? s : lane[l];
+        }
     float tile_max = -INFINITY;
-    for (int64_t j = 0; j < nt; j++) {
+    for (; j < nt; j++) {
         score[j] *= scale;
         if (score[j] > tile_max) tile_max = score[j];
     }
+    for (int32_t l = 0; l < 4; l++)
+        if (lane[l] > tile_max) tile_max = lane[l];
     float new_max = tile_max > *run_max ? tile_max : *run_max;
     float correction = cart_expf_ref(*run_max - new_max);
     *run_sum *= correction;
     for (int32_t d = 0; d < head_dim; d++) out[d] *= correction;
-    for (int64_t j = 0; j < nt; j++) score[j] -= new_max;
+    for (j = 0; j < nt; j++) score[j] -= new_max;
     cart_kern()->expf_n(score, score, nt);
-    for (int64_t j = 0; j < nt; j++) *run_sum += score[j];
     *run_max = new_max;
+}
+
+/* attention_head_forward's steps between the scores and the values for one
+ * query: softmax_exp, then the weights added to the running sum in order,
+ * leaving them in score. */
+static void softmax_tile(float *score, int64_t nt, float scale, float *run_max, float *run_sum, float *out,
+                         int32_t head_dim) {
+    softmax_exp(score, nt, scale, run_max, run_sum, out, head_dim);
+    for (int64_t j = 0; j < nt; j++) *run_sum += score[j];
 }
 
 /* A run of query heads over the same rows [lo, lo + nt) of a tile: scores,
@@ -297,9 +318,17 @@ static void head_run_flush(head_run *hr, const float *k, const float *v, int64_t
     float score[MAX_MQ * TILE];
     k += hr->lo * stride, v += hr->lo * stride;
     kern->scores_mq(score, TILE, hr->q, hr->m, k, stride, head_dim, hr->nt);
-    for (int32_t i = 0; i < hr->m; i++)
-        softmax_tile(score + i * TILE, hr->nt, scale, run_max + hr->slot[i], run_sum + hr->slot[i], hr->acc[i],
-                     head_dim);
+    float sum[MAX_MQ];
+    for (int32_t i = 0; i < hr->m; i++) {
+        softmax_exp(score + i * TILE, hr->nt, scale, run_max + hr->slot[i], run_sum + hr->slot[i], hr->acc[i],
+                    head_dim);
+        sum[i] = run_sum[hr->slot[i]];
+    }
+    /* each head's sum in its own order (softmax_tile's), the heads side by
+     * side so that their chains of adds overlap */
+    for (int64_t j = 0; j < hr->nt; j++)
+        for (int32_t i = 0; i < hr->m; i++) sum[i] += score[i * TILE + j];
+    for (int32_t i = 0; i < hr->m; i++) run_sum[hr->slot[i]] = sum[i];
     kern->values_mq(hr->acc, score, TILE, hr->m, v, stride, hr->nt, head_dim);
     hr->m = 0;
 }
