@@ -469,8 +469,9 @@ static cart_str arena_copy(char **cursor, const char *s) {
     return (cart_str){p, n};
 }
 
-/* Validates the header of f->bytes and fills the tensors, metadata and arena. */
-static int parse_file(cart_st_file *f, const char *path) {
+/* The header's length from the first 8 bytes of f->bytes, checked against
+ * the file. */
+static int header_length(const cart_st_file *f, const char *path, uint64_t *len) {
     if (f->size < 8)
         return cart_fail(CART_E_FORMAT,
                          "%s: file is %llu bytes, shorter than the 8-byte header length", path,
@@ -489,100 +490,99 @@ static int parse_file(cart_st_file *f, const char *path) {
                          "%s: header length %llu runs past the end of the file (%llu bytes; is "
                          "it truncated?)",
                          path, (unsigned long long)n, (unsigned long long)f->size);
-    f->header_size = n;
-    const uint8_t *hdr = f->bytes + 8;
-    const uint8_t *blob = hdr + n;
-    uint64_t blob_size = f->size - 8 - n;
+    *len = n;
+    return CART_OK;
+}
 
+/* The header's n bytes as a JSON object: *text holds a NUL-terminated copy
+ * (so cJSON never reads past the header) and *root its tree; the caller
+ * frees both, also on failure. */
+static int parse_json_header(const uint8_t *hdr, uint64_t n, const char *path, char **text,
+                             cJSON **root) {
     int rc = lex_header(hdr, n, path);
     if (rc) return rc;
     if (hdr[0] != '{')
         return cart_fail(CART_E_FORMAT,
                          "%s: header must be a JSON object beginning with '{', found '%c'", path,
                          hdr[0] >= 0x20 && hdr[0] < 0x7f ? hdr[0] : '?');
-
-    /* A NUL-terminated copy: cJSON then never reads past the header. */
-    char *text = cart_malloc((size_t)n + 1, "safetensors header");
-    if (!text) return CART_E_NOMEM;
-    memcpy(text, hdr, (size_t)n);
-    text[n] = '\0';
+    char *t = *text = cart_malloc((size_t)n + 1, "safetensors header");
+    if (!t) return CART_E_NOMEM;
+    memcpy(t, hdr, (size_t)n);
+    t[n] = '\0';
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, (size_t)n, &end, 0);
-    entry *es = NULL;
-    if (!root) {
-        size_t at = end && end >= text && end <= text + n ? (size_t)(end - text) : 0;
-        rc = cart_fail(CART_E_FORMAT, "%s: header is not valid JSON (error near header byte %zu)",
-                       path, at);
-        goto done;
+    *root = cJSON_ParseWithLengthOpts(t, (size_t)n, &end, 0);
+    if (!*root) {
+        size_t at = end && end >= t && end <= t + n ? (size_t)(end - t) : 0;
+        return cart_fail(CART_E_FORMAT, "%s: header is not valid JSON (error near header byte %zu)",
+                         path, at);
     }
-    for (const char *p = end; p < text + n; p++)
-        if (!is_json_space((uint8_t)*p)) {
-            rc = cart_fail(CART_E_FORMAT,
-                           "%s: header byte %zu: unexpected '%c' after the JSON object (only "
-                           "space padding may follow)",
-                           path, (size_t)(p - text), *p >= 0x20 && *p < 0x7f ? *p : '?');
-            goto done;
-        }
-    if (!cJSON_IsObject(root)) {
-        rc = cart_fail(CART_E_FORMAT, "%s: header is %s, expected a JSON object", path,
-                       json_kind(root));
-        goto done;
-    }
+    for (const char *p = end; p < t + n; p++)
+        if (!is_json_space((uint8_t)*p))
+            return cart_fail(CART_E_FORMAT,
+                             "%s: header byte %zu: unexpected '%c' after the JSON object (only "
+                             "space padding may follow)",
+                             path, (size_t)(p - t), *p >= 0x20 && *p < 0x7f ? *p : '?');
+    if (!cJSON_IsObject(*root))
+        return cart_fail(CART_E_FORMAT, "%s: header is %s, expected a JSON object", path,
+                         json_kind(*root));
+    return CART_OK;
+}
 
-    /* Count, measure the strings, check the metadata. */
-    int64_t count = 0, n_meta = 0;
-    size_t chars = strlen(path) + 1;
-    const cJSON *meta = NULL;
+/* What the header holds: its tensors and metadata keys counted, the bytes
+ * their strings take (with the path's), the metadata checked. */
+typedef struct header_counts {
+    const cJSON *meta;
+    int64_t tensors, meta_keys;
+    size_t chars;
+} header_counts;
+
+static int count_header(const cJSON *root, const char *path, header_counts *hc) {
+    *hc = (header_counts){NULL, 0, 0, strlen(path) + 1};
     for (const cJSON *c = root->child; c; c = c->next) {
-        if (strcmp(c->string, "__metadata__") == 0) {
-            if (meta) {
-                rc = cart_fail(CART_E_FORMAT, "%s: duplicate __metadata__ object", path);
-                goto done;
-            }
-            meta = c;
-            rc = parse_metadata(meta, path);
-            if (rc) goto done;
-            for (const cJSON *m = meta->child; m; m = m->next, n_meta++)
-                chars += strlen(m->string) + strlen(m->valuestring) + 2;
-        } else {
-            count++;
-            chars += strlen(c->string) + 1;
+        if (strcmp(c->string, "__metadata__") != 0) {
+            hc->tensors++;
+            hc->chars += strlen(c->string) + 1;
+            continue;
         }
+        if (hc->meta) return cart_fail(CART_E_FORMAT, "%s: duplicate __metadata__ object", path);
+        hc->meta = c;
+        int rc = parse_metadata(c, path);
+        if (rc) return rc;
+        for (const cJSON *m = c->child; m; m = m->next, hc->meta_keys++)
+            hc->chars += strlen(m->string) + strlen(m->valuestring) + 2;
     }
+    return CART_OK;
+}
 
-    es = cart_calloc((size_t)count, sizeof *es, "safetensors entries");
-    f->tensors = cart_calloc((size_t)count, sizeof *f->tensors, "safetensors tensors");
-    f->by_name = cart_calloc((size_t)count, sizeof *f->by_name, "safetensors name index");
-    f->meta = cart_calloc((size_t)n_meta, sizeof *f->meta, "safetensors metadata");
-    f->arena = cart_malloc(chars, "safetensors strings");
-    if (!es || !f->tensors || !f->by_name || !f->meta || !f->arena) {
-        rc = CART_E_NOMEM;
-        goto done;
-    }
+/* The entries, parsed from the root's tensor members, with no name twice
+ * and tiling the blob; left sorted by blob offset. */
+static int parse_entries(entry *es, const cJSON *root, const header_counts *hc, const char *path,
+                         uint64_t blob_size) {
     int64_t i = 0;
     for (const cJSON *c = root->child; c; c = c->next) {
-        if (c == meta) continue;
+        if (c == hc->meta) continue;
         es[i].name = c->string;
         es[i].order = i;
-        rc = parse_entry(&es[i], c, path, blob_size);
-        if (rc) goto done;
+        int rc = parse_entry(&es[i], c, path, blob_size);
+        if (rc) return rc;
         i++;
     }
-
     /* Duplicates sit side by side once sorted by name. */
-    qsort(es, (size_t)count, sizeof *es, cmp_entry_name);
-    for (i = 1; i < count; i++)
-        if (strcmp(es[i].name, es[i - 1].name) == 0) {
-            rc = cart_fail(CART_E_FORMAT, "%s: duplicate tensor name '%s'", path, es[i].name);
-            goto done;
-        }
-    qsort(es, (size_t)count, sizeof *es, cmp_blob_order);
-    rc = check_tiling(es, count, blob_size, path);
-    if (rc) goto done;
+    qsort(es, (size_t)hc->tensors, sizeof *es, cmp_entry_name);
+    for (i = 1; i < hc->tensors; i++)
+        if (strcmp(es[i].name, es[i - 1].name) == 0)
+            return cart_fail(CART_E_FORMAT, "%s: duplicate tensor name '%s'", path, es[i].name);
+    qsort(es, (size_t)hc->tensors, sizeof *es, cmp_blob_order);
+    return check_tiling(es, hc->tensors, blob_size, path);
+}
 
+/* f's tensors, name index and metadata from the checked entries, their
+ * strings copied into f->arena. */
+static void fill_file(cart_st_file *f, const entry *es, const header_counts *hc,
+                      const uint8_t *blob, const char *path) {
     char *cursor = f->arena;
     f->path = (char *)arena_copy(&cursor, path).data;
-    for (i = 0; i < count; i++) {
+    for (int64_t i = 0; i < hc->tensors; i++) {
         cart_st_tensor *t = &f->tensors[i];
         t->name = arena_copy(&cursor, es[i].name);
         t->dtype = es[i].dtype;
@@ -593,18 +593,41 @@ static int parse_file(cart_st_file *f, const char *path) {
         t->data = blob + es[i].begin;
         f->by_name[i] = t;
     }
-    qsort(f->by_name, (size_t)count, sizeof *f->by_name, cmp_by_name);
-    f->n_tensors = count;
-    if (meta) {
-        i = 0;
-        for (const cJSON *m = meta->child; m; m = m->next, i++) {
+    qsort(f->by_name, (size_t)hc->tensors, sizeof *f->by_name, cmp_by_name);
+    f->n_tensors = hc->tensors;
+    int64_t i = 0;
+    if (hc->meta)
+        for (const cJSON *m = hc->meta->child; m; m = m->next, i++) {
             f->meta[i].key = arena_copy(&cursor, m->string);
             f->meta[i].value = arena_copy(&cursor, m->valuestring);
         }
-    }
-    f->n_meta = n_meta;
+    f->n_meta = hc->meta_keys;
+}
 
-done:
+/* Validates the header of f->bytes and fills the tensors, metadata and arena. */
+static int parse_file(cart_st_file *f, const char *path) {
+    uint64_t n = 0;
+    int rc = header_length(f, path, &n);
+    if (rc) return rc;
+    f->header_size = n;
+    const uint8_t *hdr = f->bytes + 8, *blob = hdr + n;
+    const uint64_t blob_size = f->size - 8 - n;
+    char *text = NULL;
+    cJSON *root = NULL;
+    entry *es = NULL;
+    header_counts hc;
+    rc = parse_json_header(hdr, n, path, &text, &root);
+    if (!rc) rc = count_header(root, path, &hc);
+    if (!rc) {
+        es = cart_calloc((size_t)hc.tensors, sizeof *es, "safetensors entries");
+        f->tensors = cart_calloc((size_t)hc.tensors, sizeof *f->tensors, "safetensors tensors");
+        f->by_name = cart_calloc((size_t)hc.tensors, sizeof *f->by_name, "safetensors name index");
+        f->meta = cart_calloc((size_t)hc.meta_keys, sizeof *f->meta, "safetensors metadata");
+        f->arena = cart_malloc(hc.chars, "safetensors strings");
+        if (!es || !f->tensors || !f->by_name || !f->meta || !f->arena) rc = CART_E_NOMEM;
+    }
+    if (!rc) rc = parse_entries(es, root, &hc, path, blob_size);
+    if (!rc) fill_file(f, es, &hc, blob, path);
     free(es);
     cJSON_Delete(root);
     free(text);

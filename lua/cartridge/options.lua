@@ -318,74 +318,71 @@ local function copy_list(t)
     return out
 end
 
---- Parses argv against spec without raising or exiting.
--- Returns opts on success; nil, message on a bad command line (message starts
--- with the script name and ends with "(see --help)"); nil, nil, help_text when
--- argv asks for --help or -h.
-function M.try_parse(argv, spec)
-    argv = argv or {}
-    local c = compile_spec(spec)
-    local name = script_name(argv, spec)
-    local function fail(msg)
-        return nil, name .. ": " .. msg .. " (see --help)"
+-- The flag that the word "--NAME[=VALUE]" names (a boolean's "--no-NAME"
+-- too), whether it was negated, NAME as written and VALUE (nil without =);
+-- nil flag when the spec has none.
+local function find_flag(c, a)
+    local fname, value = a:match("^%-%-([^=]+)=(.*)$")
+    fname = fname or a:sub(3)
+    local canonical = fname:gsub("_", "-")
+    local flag = c.by_name[canonical]
+    if not flag then
+        local base = canonical:match("^no%-(.+)$")
+        local f = base and c.by_name[base]
+        if f and f.type == "boolean" and value == nil then return f, true, fname, value end
     end
+    return flag, false, fname, value
+end
 
-    local opts, seen = {}, {}
-    local words = {}
+-- The value of flag at argv[i] (its =VALUE, else the next word for a
+-- non-boolean); returns v, the index of the last word used, or nil, message.
+local function flag_value(flag, negated, value, argv, i)
+    local what = "--" .. flag.name
+    if flag.type == "boolean" then
+        if negated then return false, i end
+        if value == nil then return true, i end
+        local v, err = convert(what, "boolean", value)
+        if err then return nil, err end
+        return v, i
+    end
+    if value == nil then
+        local nxt = argv[i + 1]
+        if nxt == nil or (type(nxt) == "string" and nxt:match("^%-%-")) then
+            return nil, string.format("missing value for %s (expects %s %s)", what,
+                flag.type == "int" and "an" or "a", flag.type == "int" and "integer" or flag.type)
+        end
+        value, i = nxt, i + 1
+    end
+    local v, err = convert(what, flag.type, value, flag.choices)
+    if err then return nil, err end
+    return v, i
+end
+
+-- argv's words: the positional words in order and the flags' values by key
+-- (a list each); nil, message on a bad word; nil, nil, true on --help.
+local function scan_argv(argv, c)
+    local seen, words = {}, {}
     local flags_done = false
     local i, n = 1, #argv
     while i <= n do
         local a = argv[i]
         if type(a) ~= "string" then
-            error(string.format("options: argument #%d is a %s, not a string", i, type(a)), 2)
+            error(string.format("options: argument #%d is a %s, not a string", i, type(a)), 3)
         end
         if flags_done or a == "-" or not a:match("^%-") or tonumber(a) then
             words[#words + 1] = a
         elseif a == "--" then
             flags_done = true
         elseif a == "--help" or a == "-h" then
-            return nil, nil, help_text(spec, c, name)
+            return nil, nil, true
         elseif a:match("^%-%-.") then
-            local fname, value = a:match("^%-%-([^=]+)=(.*)$")
-            fname = fname or a:sub(3)
-            local canonical = fname:gsub("_", "-")
-            local flag = c.by_name[canonical]
-            local negated = false
+            local flag, negated, fname, value = find_flag(c, a)
             if not flag then
-                local base = canonical:match("^no%-(.+)$")
-                local f = base and c.by_name[base]
-                if f and f.type == "boolean" and value == nil then
-                    flag, negated = f, true
-                end
+                return nil, string.format("unknown flag --%s; valid flags: %s", fname, valid_flags(c))
             end
-            if not flag then
-                return fail(string.format("unknown flag --%s; valid flags: %s", fname, valid_flags(c)))
-            end
-            local what = "--" .. flag.name
-            local v, err
-            if flag.type == "boolean" then
-                if negated then
-                    v = false
-                elseif value == nil then
-                    v = true
-                else
-                    v, err = convert(what, "boolean", value)
-                end
-            else
-                if value == nil then
-                    local nxt = argv[i + 1]
-                    if nxt == nil or (type(nxt) == "string" and nxt:match("^%-%-")) then
-                        return fail(string.format("missing value for %s (expects %s %s)",
-                            what, flag.type == "int" and "an" or "a", flag.type == "int" and "integer" or flag.type))
-                    end
-                    value = nxt
-                    i = i + 1
-                end
-                v, err = convert(what, flag.type, value, flag.choices)
-            end
-            if err then
-                return fail(err)
-            end
+            local v, last = flag_value(flag, negated, value, argv, i)
+            if v == nil then return nil, last end
+            i = last
             if flag.repeatable then
                 seen[flag.key] = seen[flag.key] or {}
                 local list = seen[flag.key]
@@ -394,12 +391,15 @@ function M.try_parse(argv, spec)
                 seen[flag.key] = { v }
             end
         else
-            return fail(string.format("unknown flag %s; valid flags: %s", a, valid_flags(c)))
+            return nil, string.format("unknown flag %s; valid flags: %s", a, valid_flags(c))
         end
         i = i + 1
     end
+    return words, seen
+end
 
-    -- Flags: given values, else defaults.
+-- opts' flags: the given values, else the defaults.
+local function set_flags(opts, c, seen)
     local given_keys = {}
     for key in pairs(seen) do given_keys[key] = true end
     GIVEN[opts] = given_keys
@@ -423,42 +423,57 @@ function M.try_parse(argv, spec)
             opts[f.key] = f.default
         end
     end
+end
 
-    -- Positionals, in order.
+-- opts' positionals from the words, in order; nil, message when one is
+-- missing, bad or left over.
+local function set_positionals(opts, c, words)
     local w = 1
     for _, p in ipairs(c.positional) do
         if p.repeatable then
             local list = {}
             while w <= #words do
                 local v, err = convert(p.metavar, p.type, words[w])
-                if err then
-                    return fail(err)
-                end
+                if err then return nil, err end
                 list[#list + 1] = v
                 w = w + 1
             end
-            if p.required and #list == 0 then
-                return fail(missing(p))
-            end
+            if p.required and #list == 0 then return nil, missing(p) end
             opts[p.key] = list
         elseif words[w] ~= nil then
             local v, err = convert(p.metavar, p.type, words[w])
-            if err then
-                return fail(err)
-            end
+            if err then return nil, err end
             opts[p.key] = v
             w = w + 1
         elseif p.required then
-            return fail(missing(p))
+            return nil, missing(p)
         else
             opts[p.key] = p.default
         end
     end
     if w <= #words then
         local takes = positional_synopsis(c)
-        return fail(string.format("unexpected argument '%s' (%s)", words[w],
-            takes == "" and "this script takes no positional arguments" or ("arguments: " .. takes)))
+        return nil, string.format("unexpected argument '%s' (%s)", words[w],
+            takes == "" and "this script takes no positional arguments" or ("arguments: " .. takes))
     end
+    return opts
+end
+
+--- Parses argv against spec without raising or exiting.
+-- Returns opts on success; nil, message on a bad command line (message starts
+-- with the script name and ends with "(see --help)"); nil, nil, help_text when
+-- argv asks for --help or -h.
+function M.try_parse(argv, spec)
+    argv = argv or {}
+    local c = compile_spec(spec)
+    local name = script_name(argv, spec)
+    local words, seen, help = scan_argv(argv, c)
+    if help then return nil, nil, help_text(spec, c, name) end
+    if not words then return nil, name .. ": " .. seen .. " (see --help)" end
+    local opts = {}
+    set_flags(opts, c, seen)
+    local ok, err = set_positionals(opts, c, words)
+    if not ok then return nil, name .. ": " .. err .. " (see --help)" end
     return opts
 end
 

@@ -485,6 +485,28 @@ end
 -- nested "function" object; the template is shown chat's shape either way.
 -- extra: per tool, { where = how errors name its schema, strict } for
 -- tools converted from another shape (Anthropic's, by anthropic_tools).
+-- The tools a forced call may name: all of them for tool_choice
+-- "required", the one it names for a function, nil for "auto" (or none).
+local function forced_tools(body, flat, names, functions)
+    local choice = body.tool_choice
+    local function bad()
+        reject(400, ('tool_choice must be "none", "auto", "required" or %s; got %s'):format(flat and
+            '{"type": "function", "name"}' or '{"type": "function", "function": {"name"}}',
+            shown(choice, body, "tool_choice")), "tool_choice")
+    end
+    if choice == "required" then return functions end
+    if json.kind(choice) == "object" then
+        local f = choice.type == "function" and (flat and choice or choice["function"])
+        if json.kind(f) ~= "object" or type(f.name) ~= "string" then bad() end
+        if not names[f.name] then
+            reject(400, ("tool_choice names %s, which is not among the tools"):format(shown(f.name)), "tool_choice")
+        end
+        return { names[f.name] }
+    end
+    if choice ~= nil and choice ~= json.null and choice ~= "auto" then bad() end
+    return nil
+end
+
 function Server:chat_tools(body, flat, extra)
     local tools, choice = body.tools, body.tool_choice
     boolean_field(body, "parallel_tool_calls") -- checked with or without tools
@@ -539,25 +561,7 @@ function Server:chat_tools(body, flat, extra)
         reject(400, "tool_choice needs tools; tools is empty", "tool_choice")
     end
     if #list == 0 or choice == "none" then return nil end
-    local forced = nil -- the tools a forced call may name
-    if choice == "required" then
-        forced = functions
-    elseif json.kind(choice) == "object" then
-        local f = choice.type == "function" and (flat and choice or choice["function"])
-        if json.kind(f) ~= "object" or type(f.name) ~= "string" then
-            reject(400, ('tool_choice must be "none", "auto", "required" or %s; got %s'):format(flat and
-                '{"type": "function", "name"}' or '{"type": "function", "function": {"name"}}',
-                shown(choice, body, "tool_choice")), "tool_choice")
-        end
-        if not names[f.name] then
-            reject(400, ("tool_choice names %s, which is not among the tools"):format(shown(f.name)), "tool_choice")
-        end
-        forced = { names[f.name] }
-    elseif choice ~= nil and choice ~= json.null and choice ~= "auto" then
-        reject(400, ('tool_choice must be "none", "auto", "required" or %s; got %s'):format(flat and
-            '{"type": "function", "name"}' or '{"type": "function", "function": {"name"}}',
-            shown(choice, body, "tool_choice")), "tool_choice")
-    end
+    local forced = forced_tools(body, flat, names, functions)
     if not self.template.tools_system then
         reject(400, ("this model's chat template (%s) has no tool-call format; tools need a Qwen-style chatml template")
             :format(self.template.name or "custom"), "tools")
