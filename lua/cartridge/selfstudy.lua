@@ -422,46 +422,33 @@ end
 
 local function now() return C.cart_now_seconds() end
 
--- Makes the conversations of one lockstep group: keys is a list of {
--- step, index }, and conversation (step, index) draws from a generator
--- seeded by (seed, step, index) alone (rng.h cart_rng_seed_item), so it is
--- the same conversation whichever process makes it, in whatever group. A
--- number n stands for the keys (0, 1) .. (0, n). Returns a list of
--- conversations in key order: { step, index, question, seed_name,
--- chunk_start, chunk_len, path, sys_ids, prefix, answer, student
--- (cartridge.ids sequences), first_answer, answer_len, stopped, empty
--- (bot A wrote no usable question), targets (a trainer.targets list held in
--- C: entries { position in student, token, logprob }), spans (the
--- supervised runs of student, { first, length } per turn), turns (per turn:
--- question, seed_name, answer, stopped, empty, sentence for focus) }.
--- question, prefix, answer and stopped are the first turn's; answer_len
--- counts every turn's supervised tokens.
---
--- With --turns K > 1 bot A writes K messages about the same chunk, each
--- from its own seed instruction and sampling seed, and bot B answers them in
--- order in one conversation: turn t's answer sees the chunk and turns 1..t-1.
--- The student is the whole exchange, every answer supervised.
-function Interviews:group(keys)
-    local o, tok, m, T = self.o, self.tok, self.m, self.template
+-- The group's conversations, drawn (all draws before any generation), each
+-- with its chunk's system block and bot A's turns.
+function Interviews:draw_group(keys)
     if type(keys) == "number" then
         local n = keys
         keys = {}
         for i = 1, n do keys[i] = { 0, i } end
     end
-    local K = self.turns
     local convos = {}
     local g = rng_mod.new(0)
-    for i, key in ipairs(keys) do -- all draws before any generation
-        convos[i] = self:draw(g:seed_item(o.seed, key[1], key[2]))
+    for i, key in ipairs(keys) do
+        convos[i] = self:draw(g:seed_item(self.o.seed, key[1], key[2]))
         convos[i].step, convos[i].index = key[1], key[2]
     end
-    local streams_a = {}
     for _, conv in ipairs(convos) do
         conv.path = self.corpus:file_of(conv.chunk_start)
         conv.sys_ids = self:chunk_block(conv)
         for _, tt in ipairs(conv.turns) do tt.a_ids, tt.seed_name, tt.seed_text = self:a_turn(conv, tt) end
         conv.seed_name = conv.turns[1].seed_name
     end
+    return convos
+end
+
+-- Bot A's streams, one per turn, each with its cache and sampler.
+function Interviews:a_streams(convos)
+    local o, m, K = self.o, self.m, self.turns
+    local streams_a = {}
     if K == 1 then
         for i, conv in ipairs(convos) do
             local a_turn = conv.turns[1].a_ids
@@ -493,12 +480,17 @@ function Interviews:group(keys)
         -- sorting all of it per token would cost more than the forward)
         st.sampler = sampler_mod.new({ temperature = 0.6, top_k = 256, seed = st.turn.a_seed })
     end
-    -- bot A: the questions
+    return streams_a
+end
+
+-- Bot A writes the questions; returns when it began (after its caches).
+function Interviews:ask(convos)
+    local streams_a = self:a_streams(convos)
     local t0 = now()
     self:generate(streams_a, self.stats.work and self.stats.work.a)
     for _, st in ipairs(streams_a) do
         local tt = st.turn
-        tt.question = selfstudy.clean(decode(tok, st.out))
+        tt.question = selfstudy.clean(decode(self.tok, st.out))
         st.sampler:free()
         if st.own_kv then st.kv:free() end
         if tt.question == "" then
@@ -511,84 +503,123 @@ function Interviews:group(keys)
         end
     end
     for _, conv in ipairs(convos) do conv.question, conv.empty = conv.turns[1].question, conv.turns[1].empty end
+    return t0
+end
+
+-- Bot B's stream for turn t of conv: what goes into the cache now (the last
+-- answer and its close, whose rows are dropped after each turn and fed
+-- again here, then this turn's user message and the assistant's opener),
+-- each scored row appending its teacher entries to the conversation's
+-- C-side target list at its place in the student sequence.
+function Interviews:b_stream(conv, t)
+    local o, m, T, K = self.o, self.m, self.template, self.turns
+    local tt = conv.turns[t]
+    local feed = ids_mod.new()
+    local text = T.user_open .. tt.question .. T.close .. T.opener(false)
+    if t > 1 then
+        local last = conv.turns[t - 1]
+        feed:extend(last.answer)
+        if last.stopped then feed:push(self.stop_id) end
+        text = (last.stopped and self.after_stop or T.close) .. text
+    end
+    self.tok:encode_ids(text, { special = true }, feed)
+    if t == 1 then conv.prefix = feed end
+    local base = #conv.student + #feed -- the student position of the answer's first token
+    local targets = conv.targets
+    local st = { kv = conv.kv, ids = feed, max = o.max_a, rows = 0, last_start = 0, base = base,
+        on_row = function(st, l)
+            st.last_start = targets:count()
+            targets:append_topk(st.base + st.rows, l, m.n_vocab, o.top_k, 0.99)
+            st.rows = st.rows + 1
+        end }
+    local need = #conv.sys_ids + #conv.student + #feed + o.max_a + 1
+    if need > conv.kv:capacity() then
+        local kv = m:new_kv(need + (K - t) * (o.max_q + 128 + o.max_a), "f16")
+        kv:copy_from(conv.kv, conv.kv:len())
+        conv.kv:free()
+        conv.kv = kv
+        st.kv = kv
+    end
+    return st
+end
+
+-- Bot B's streams decoded: speculatively (each drafting from its own
+-- prompt, where the chunk is) or plainly.
+function Interviews:b_decode(convos, streams_b)
+    if not self.o.spec_b then
+        self:generate(streams_b, self.stats.work and self.stats.work.b)
+        return
+    end
+    local speculative = require("cartridge.speculative")
+    for i, conv in ipairs(convos) do
+        streams_b[i].drafter = speculative.new(concat(conv.sys_ids, conv.student):extend(streams_b[i].ids))
+    end
+    speculative.decode_batch(self.m, streams_b)
+    for _, st in ipairs(streams_b) do
+        self.stats.spec_drafted = (self.stats.spec_drafted or 0) + st.drafter.stats.drafted
+        self.stats.spec_accepted = (self.stats.spec_accepted or 0) + st.drafter.stats.accepted
+        st.drafter:free()
+    end
+end
+
+-- Turn t's answers into each conversation's student sequence and spans.
+function Interviews:b_collect(convos, streams_b, t)
+    for i, conv in ipairs(convos) do
+        local s, tt = streams_b[i], conv.turns[t]
+        tt.answer = s.out
+        tt.stopped = s.stopped and self.stop_id ~= nil
+        conv.student:extend(s.ids)
+        -- the stop token is supervised too, so the cartridge learns when to end
+        local len = #s.out + (tt.stopped and 1 or 0)
+        conv.spans[t] = { #conv.student, len }
+        conv.answer_len = conv.answer_len + len
+        -- an end-of-generation row the template names no stop token for is
+        -- scored but not supervised
+        if s.rows > len then conv.targets:truncate(s.last_start) end
+        if tt.stopped then self.stats.stopped = self.stats.stopped + 1 end
+        if t < self.turns then
+            conv.kv:truncate(#conv.sys_ids + #conv.student)
+        else
+            conv.student:extend(s.out)
+            if tt.stopped then conv.student:push(self.stop_id) end
+        end
+    end
+end
+
+-- Makes the conversations of one lockstep group: keys is a list of {
+-- step, index }, and conversation (step, index) draws from a generator
+-- seeded by (seed, step, index) alone (rng.h cart_rng_seed_item), so it is
+-- the same conversation whichever process makes it, in whatever group. A
+-- number n stands for the keys (0, 1) .. (0, n). Returns a list of
+-- conversations in key order: { step, index, question, seed_name,
+-- chunk_start, chunk_len, path, sys_ids, prefix, answer, student
+-- (cartridge.ids sequences), first_answer, answer_len, stopped, empty
+-- (bot A wrote no usable question), targets (a trainer.targets list held in
+-- C: entries { position in student, token, logprob }), spans (the
+-- supervised runs of student, { first, length } per turn), turns (per turn:
+-- question, seed_name, answer, stopped, empty, sentence for focus) }.
+-- question, prefix, answer and stopped are the first turn's; answer_len
+-- counts every turn's supervised tokens.
+--
+-- With --turns K > 1 bot A writes K messages about the same chunk, each
+-- from its own seed instruction and sampling seed, and bot B answers them in
+-- order in one conversation: turn t's answer sees the chunk and turns 1..t-1.
+-- The student is the whole exchange, every answer supervised.
+function Interviews:group(keys)
+    local convos = self:draw_group(keys)
+    local t0 = self:ask(convos)
     local t1 = now()
-    -- bot B: the answers, behind the same system block rows, turn by turn;
-    -- each scored row appends its teacher entries to the conversation's
-    -- C-side target list at its place in the student sequence
+    -- bot B: the answers, behind the same system block rows, turn by turn
     for _, conv in ipairs(convos) do
         conv.kv:truncate(#conv.sys_ids)
         conv.targets = trainer_mod.targets()
         conv.student, conv.spans, conv.answer_len = ids_mod.new(), {}, 0
     end
-    for t = 1, K do
+    for t = 1, self.turns do
         local streams_b = {}
-        for i, conv in ipairs(convos) do
-            local tt = conv.turns[t]
-            -- what goes into the cache now: the last answer and its close
-            -- (its rows are dropped after each turn and fed again here), then
-            -- this turn's user message and the assistant's opener
-            local feed = ids_mod.new()
-            local text = T.user_open .. tt.question .. T.close .. T.opener(false)
-            if t > 1 then
-                local last = conv.turns[t - 1]
-                feed:extend(last.answer)
-                if last.stopped then feed:push(self.stop_id) end
-                text = (last.stopped and self.after_stop or T.close) .. text
-            end
-            tok:encode_ids(text, { special = true }, feed)
-            if t == 1 then conv.prefix = feed end
-            local base = #conv.student + #feed -- the student position of the answer's first token
-            local targets = conv.targets
-            streams_b[i] = { kv = conv.kv, ids = feed, max = o.max_a, rows = 0, last_start = 0, base = base,
-                on_row = function(st, l)
-                    st.last_start = targets:count()
-                    targets:append_topk(st.base + st.rows, l, m.n_vocab, o.top_k, 0.99)
-                    st.rows = st.rows + 1
-                end }
-            local need = #conv.sys_ids + #conv.student + #feed + o.max_a + 1
-            if need > conv.kv:capacity() then
-                local kv = m:new_kv(need + (K - t) * (o.max_q + 128 + o.max_a), "f16")
-                kv:copy_from(conv.kv, conv.kv:len())
-                conv.kv:free()
-                conv.kv = kv
-                streams_b[i].kv = kv
-            end
-        end
-        if o.spec_b then
-            -- each stream drafts from its own prompt, where the chunk is
-            local speculative = require("cartridge.speculative")
-            for i, conv in ipairs(convos) do
-                streams_b[i].drafter = speculative.new(concat(conv.sys_ids, conv.student):extend(streams_b[i].ids))
-            end
-            speculative.decode_batch(m, streams_b)
-            for _, st in ipairs(streams_b) do
-                self.stats.spec_drafted = (self.stats.spec_drafted or 0) + st.drafter.stats.drafted
-                self.stats.spec_accepted = (self.stats.spec_accepted or 0) + st.drafter.stats.accepted
-                st.drafter:free()
-            end
-        else
-            self:generate(streams_b, self.stats.work and self.stats.work.b)
-        end
-        for i, conv in ipairs(convos) do
-            local s, tt = streams_b[i], conv.turns[t]
-            tt.answer = s.out
-            tt.stopped = s.stopped and self.stop_id ~= nil
-            conv.student:extend(s.ids)
-            -- the stop token is supervised too, so the cartridge learns when to end
-            local len = #s.out + (tt.stopped and 1 or 0)
-            conv.spans[t] = { #conv.student, len }
-            conv.answer_len = conv.answer_len + len
-            -- an end-of-generation row the template names no stop token for is
-            -- scored but not supervised
-            if s.rows > len then conv.targets:truncate(s.last_start) end
-            if tt.stopped then self.stats.stopped = self.stats.stopped + 1 end
-            if t < K then
-                conv.kv:truncate(#conv.sys_ids + #conv.student)
-            else
-                conv.student:extend(s.out)
-                if tt.stopped then conv.student:push(self.stop_id) end
-            end
-        end
+        for i, conv in ipairs(convos) do streams_b[i] = self:b_stream(conv, t) end
+        self:b_decode(convos, streams_b)
+        self:b_collect(convos, streams_b, t)
     end
     local t2 = now()
     for _, conv in ipairs(convos) do
@@ -597,7 +628,7 @@ function Interviews:group(keys)
         conv.kv:free()
         conv.kv = nil
     end
-    if o.teacher_pass then self:teacher_pass(convos) end
+    if self.o.teacher_pass then self:teacher_pass(convos) end
     self.stats.time.a = self.stats.time.a + (t1 - t0)
     self.stats.time.b = self.stats.time.b + (t2 - t1)
     self.stats.conversations = self.stats.conversations + #convos
