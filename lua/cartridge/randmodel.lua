@@ -37,21 +37,9 @@ randmodel.PRESETS = {
 
 local PRESETS = randmodel.PRESETS
 
-function randmodel.write(opts)
-    if not opts.out then error("make_model: out is required", 0) end
-    local randgemma = require("cartridge.randgemma")
-    if opts.arch == "gemma4" or randgemma.PRESETS[opts.preset or ""] then
-        if opts.arch and opts.arch ~= "gemma4" then
-            error(("make_model: preset '%s' is a gemma4 shape, not %s"):format(opts.preset, opts.arch), 0)
-        end
-        local g = {}
-        for k, v in pairs(opts) do g[k] = v end
-        if g.preset == nil or g.preset == "default" then g.preset = "tiny-dense" end
-        return randgemma.write(g)
-    end
-    if opts.tokenizer_model then
-        error("make_model: --tokenizer-model applies to --arch gemma4 only (qwen3 and llama take --tokenizer-from)", 0)
-    end
+-- opts' defaults filled in; the model's shape (the preset's, with opts'
+-- overrides), RoPE base and weight dtype id.
+local function resolve(opts)
     opts.eps = opts.eps or 1e-6
     opts.dtype = opts.dtype or "f16"
     if opts.tied == nil then opts.tied = true end
@@ -70,107 +58,100 @@ function randmodel.write(opts)
         error(("make_model: %d heads are not a multiple of %d kv heads"):format(shape.heads, shape.kv_heads), 0)
     end
     local theta = opts.rope_theta or (shape.arch == "qwen3" and 1e6 or 1e4)
-    local dtype = dtype_mod.id(opts.dtype)
+    return shape, theta, dtype_mod.id(opts.dtype)
+end
 
-    -- ---------------------------------------------------------------------------
-    -- Tokenizer metadata
+local CHATML_TEMPLATE = table.concat({
+    "{%- for message in messages %}",
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}",
+    "{%- endfor %}",
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}{%- endif %}",
+})
 
-    local CHATML_TEMPLATE = table.concat({
-        "{%- for message in messages %}",
-        "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}",
-        "{%- endfor %}",
-        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}{%- endif %}",
-    })
+local CHATML_SPECIALS = {
+    { "<|endoftext|>", 3 }, { "<|im_start|>", 3 }, { "<|im_end|>", 3 }, { "<think>", 4 }, { "</think>", 4 },
+}
 
-    local function builtin_tokenizer(w)
-        local tokens, types = require("cartridge.bpe").byte_symbols(), {}
-        for i = 1, 256 do types[i] = 1 end -- NORMAL
-        local specials = {
-            { "<|endoftext|>", 3 }, { "<|im_start|>", 3 }, { "<|im_end|>", 3 }, { "<think>", 4 }, { "</think>", 4 },
-        }
-        for _, s in ipairs(specials) do
-            tokens[#tokens + 1] = s[1]
-            types[#types + 1] = s[2]
-        end
-        local n = #tokens
-        w:set("tokenizer.ggml.model", "gpt2")
-        w:set("tokenizer.ggml.pre", "qwen2")
-        w:set("tokenizer.ggml.bos_token_id", 256, "uint32")    -- <|endoftext|>
-        w:set("tokenizer.ggml.eos_token_id", 258, "uint32")    -- <|im_end|>
-        w:set("tokenizer.ggml.padding_token_id", 256, "uint32")
-        w:set("tokenizer.ggml.add_bos_token", false)
-        w:set("tokenizer.chat_template", CHATML_TEMPLATE)
-        return tokens, types, n
+-- The ChatML specials after tokens[1 .. first] and the keys that name them.
+local function chatml_keys(w, tokens, types, first)
+    for _, sp in ipairs(CHATML_SPECIALS) do
+        tokens[#tokens + 1], types[#types + 1] = sp[1], sp[2]
     end
+    w:set("tokenizer.ggml.model", "gpt2")
+    w:set("tokenizer.ggml.pre", "qwen2")
+    w:set("tokenizer.ggml.bos_token_id", first, "uint32")     -- <|endoftext|>
+    w:set("tokenizer.ggml.eos_token_id", first + 2, "uint32") -- <|im_end|>
+    w:set("tokenizer.ggml.padding_token_id", first, "uint32")
+    w:set("tokenizer.ggml.add_bos_token", false)
+    w:set("tokenizer.chat_template", CHATML_TEMPLATE)
+end
 
-    -- a learned vocabulary: opts.tokenizer = { tokens (byte symbols and
-    -- merged tokens, cartridge.bpe), merges }; the ChatML specials follow
-    local function learned_tokenizer(w, v)
-        local tokens, types = {}, {}
-        for i, t in ipairs(v.tokens) do tokens[i], types[i] = t, 1 end
-        local first = #tokens
-        for _, sp in ipairs({ { "<|endoftext|>", 3 }, { "<|im_start|>", 3 }, { "<|im_end|>", 3 }, { "<think>", 4 },
-            { "</think>", 4 } }) do
-            tokens[#tokens + 1], types[#types + 1] = sp[1], sp[2]
-        end
-        w:set("tokenizer.ggml.model", "gpt2")
-        w:set("tokenizer.ggml.pre", "qwen2")
-        w:set("tokenizer.ggml.bos_token_id", first, "uint32")     -- <|endoftext|>
-        w:set("tokenizer.ggml.eos_token_id", first + 2, "uint32") -- <|im_end|>
-        w:set("tokenizer.ggml.padding_token_id", first, "uint32")
-        w:set("tokenizer.ggml.add_bos_token", false)
-        w:set("tokenizer.chat_template", CHATML_TEMPLATE)
-        w:set("tokenizer.ggml.merges", v.merges, "array", "string")
-        return tokens, types, #tokens
+-- the built-in byte-level vocabulary: 256 byte tokens, the ChatML specials
+local function builtin_tokenizer(w)
+    local tokens, types = require("cartridge.bpe").byte_symbols(), {}
+    for i = 1, 256 do types[i] = 1 end -- NORMAL
+    chatml_keys(w, tokens, types, 256)
+    return tokens, types, #tokens
+end
+
+-- a learned vocabulary: v = { tokens (byte symbols and merged tokens,
+-- cartridge.bpe), merges }; the ChatML specials follow
+local function learned_tokenizer(w, v)
+    local tokens, types = {}, {}
+    for i, t in ipairs(v.tokens) do tokens[i], types[i] = t, 1 end
+    chatml_keys(w, tokens, types, #tokens)
+    w:set("tokenizer.ggml.merges", v.merges, "array", "string")
+    return tokens, types, #tokens
+end
+
+local function pad_vocab(tokens, types, vocab)
+    for id = #tokens, vocab - 1 do
+        tokens[id + 1] = ("[PAD%d]"):format(id)
+        types[id + 1] = 5 -- UNUSED
     end
+end
 
-    local function pad_vocab(tokens, types, vocab)
-        for id = #tokens, vocab - 1 do
-            tokens[id + 1] = ("[PAD%d]"):format(id)
-            types[id + 1] = 5 -- UNUSED
-        end
-    end
-
-    -- ---------------------------------------------------------------------------
-    -- Writing
-
-    local w = gguf.writer()
-    local tokens, types, n_tok
+-- The tokenizer's keys: copied from opts.tokenizer_from, or the learned or
+-- built-in vocabulary; fills shape.vocab when opts leave it open.
+local function write_tokenizer(w, opts, shape)
     if opts.tokenizer_from then
         local src = gguf.open(opts.tokenizer_from)
         for _, kv in ipairs(src:metadata(true)) do
             if kv.key:match("^tokenizer%.") then w:set(kv.key, kv.raw) end
         end
-        n_tok = #src:get("tokenizer.ggml.tokens")
+        local n_tok = #src:get("tokenizer.ggml.tokens")
         shape.vocab = shape.vocab or n_tok
         if shape.vocab < n_tok then
             error(("make_model: --vocab %d is smaller than the tokenizer's %d tokens"):format(shape.vocab, n_tok), 0)
         end
         if shape.vocab > n_tok then
-            tokens = src:get("tokenizer.ggml.tokens")
-            types = src:get("tokenizer.ggml.token_type")
+            local tokens, types = src:get("tokenizer.ggml.tokens"), src:get("tokenizer.ggml.token_type")
             pad_vocab(tokens, types, shape.vocab)
             w:set("tokenizer.ggml.tokens", tokens, "array", "string")
             w:set("tokenizer.ggml.token_type", types, "array", "int32")
         end
         src:close()
-    else
-        if opts.tokenizer then tokens, types, n_tok = learned_tokenizer(w, opts.tokenizer)
-        else tokens, types, n_tok = builtin_tokenizer(w) end
-        shape.vocab = shape.vocab or n_tok
-        if shape.vocab < n_tok then
-            error(("make_model: --vocab %d is smaller than the built-in tokenizer's %d tokens"):format(shape.vocab, n_tok), 0)
-        end
-        pad_vocab(tokens, types, shape.vocab)
-        w:set("tokenizer.ggml.tokens", tokens, "array", "string")
-        w:set("tokenizer.ggml.token_type", types, "array", "int32")
-        if not opts.tokenizer then w:set("tokenizer.ggml.merges", {}, "array", "string") end
+        return
     end
+    local tokens, types, n_tok
+    if opts.tokenizer then tokens, types, n_tok = learned_tokenizer(w, opts.tokenizer)
+    else tokens, types, n_tok = builtin_tokenizer(w) end
+    shape.vocab = shape.vocab or n_tok
+    if shape.vocab < n_tok then
+        error(("make_model: --vocab %d is smaller than the built-in tokenizer's %d tokens"):format(shape.vocab, n_tok), 0)
+    end
+    pad_vocab(tokens, types, shape.vocab)
+    w:set("tokenizer.ggml.tokens", tokens, "array", "string")
+    w:set("tokenizer.ggml.token_type", types, "array", "int32")
+    if not opts.tokenizer then w:set("tokenizer.ggml.merges", {}, "array", "string") end
+end
 
-    local arch = shape.arch
-    local FILE_TYPE = { f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q8_0 = 7, q5_0 = 8, q5_1 = 9, q2_K = 10,
-        q3_K = 12, q4_K = 15, q5_K = 17, q6_K = 18, bf16 = 32 }
-    local dtype_name = dtype_mod.name(dtype)
+local FILE_TYPE = { f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q8_0 = 7, q5_0 = 8, q5_1 = 9, q2_K = 10,
+    q3_K = 12, q4_K = 15, q5_K = 17, q6_K = 18, bf16 = 32 }
+
+-- The model's own keys (general.*, the architecture's hyperparameters).
+local function write_config(w, opts, shape, theta, dtype)
+    local arch, dtype_name = shape.arch, dtype_mod.name(dtype)
     if not FILE_TYPE[dtype_name] then
         error("make_model: --dtype " .. opts.dtype .. " is not one of " ..
             "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K q3_K q4_K q5_K q6_K", 0)
@@ -192,8 +173,11 @@ function randmodel.write(opts)
     w:set(arch .. ".rope.dimension_count", shape.head_dim, "uint32")
     w:set(arch .. ".rope.freq_base", theta, "float32")
     w:set(arch .. ".attention.layer_norm_rms_epsilon", opts.eps, "float32")
+end
 
-    -- Tensor list: name, shape (row-major), kind. Matrices take --dtype, vectors f32.
+-- The tensors: { name, shape (row-major), kind }. Matrices take the
+-- weight dtype, vectors f32.
+local function tensor_list(shape, tied)
     local E, F, D = shape.embd, shape.ff, shape.head_dim
     local HD, KD = shape.heads * D, shape.kv_heads * D
     local list = { { "token_embd.weight", { shape.vocab, E }, "embed" } }
@@ -204,7 +188,7 @@ function randmodel.write(opts)
         list[#list + 1] = { p .. "attn_k.weight", { KD, E }, "matrix" }
         list[#list + 1] = { p .. "attn_v.weight", { KD, E }, "matrix" }
         list[#list + 1] = { p .. "attn_output.weight", { E, HD }, "matrix" }
-        if arch == "qwen3" then
+        if shape.arch == "qwen3" then
             list[#list + 1] = { p .. "attn_q_norm.weight", { D }, "norm" }
             list[#list + 1] = { p .. "attn_k_norm.weight", { D }, "norm" }
         end
@@ -214,9 +198,13 @@ function randmodel.write(opts)
         list[#list + 1] = { p .. "ffn_down.weight", { E, F }, "matrix" }
     end
     list[#list + 1] = { "output_norm.weight", { E }, "out_norm" }
-    if not opts.tied then list[#list + 1] = { "output.weight", { shape.vocab, E }, "matrix" } end
+    if not tied then list[#list + 1] = { "output.weight", { shape.vocab, E }, "matrix" } end
+    return list
+end
 
-    local info = dtype_mod.info(dtype)
+-- The tensors' entries, each matrix's rows a whole number of dtype's blocks.
+local function add_tensors(w, list, dtype)
+    local info, dtype_name = dtype_mod.info(dtype), dtype_mod.name(dtype)
     for _, t in ipairs(list) do
         local cols = t[2][#t[2]]
         local tdtype = #t[2] == 2 and dtype or 0
@@ -227,16 +215,12 @@ function randmodel.write(opts)
         end
         w:add_tensor(t[1], tdtype, t[2], nil)
     end
+end
 
-    local total_params = 0
-    for _, t in ipairs(list) do total_params = total_params + t[2][1] * (t[2][2] or 1) end
-    if not opts.quiet then io.stderr:write(("make_model: %s %dL hidden %d, %s parameters, %s -> %s\n"):format(arch, shape.layers, E,
-        fmt.int(total_params), dtype_name, opts.out)) end
-
-    require("cartridge.fs").mkdirs(require("cartridge.fs").parent(opts.out))
-    w:begin(opts.out)
+-- Each tensor's values from its own seed: norms 1 + N(0, 0.1) (the final
+-- one times out_scale), the rest N(0, std_scale / sqrt(fan_in)).
+local function write_weights(w, list, opts, dtype)
     local rng = ffi.new("cart_rng")
-    local started = C.cart_now_seconds()
     for index, t in ipairs(list) do
         local rows, cols = t[2][1], t[2][2] or 1
         local n = rows * cols
@@ -253,13 +237,45 @@ function randmodel.write(opts)
             local std = opts.std_scale / math.sqrt(cols) -- embeddings too: they double as the tied head
             C.cart_rng_fill_normal(rng, buf, n, 0.0, std)
             if #t[2] == 2 and dtype ~= 0 then
-                local out = dtype_mod.from_f32(dtype, buf, n)
-                w:write_tensor(t[1], out)
+                w:write_tensor(t[1], dtype_mod.from_f32(dtype, buf, n))
             else
                 w:write_tensor(t[1], buf)
             end
         end
     end
+end
+
+function randmodel.write(opts)
+    if not opts.out then error("make_model: out is required", 0) end
+    local randgemma = require("cartridge.randgemma")
+    if opts.arch == "gemma4" or randgemma.PRESETS[opts.preset or ""] then
+        if opts.arch and opts.arch ~= "gemma4" then
+            error(("make_model: preset '%s' is a gemma4 shape, not %s"):format(opts.preset, opts.arch), 0)
+        end
+        local g = {}
+        for k, v in pairs(opts) do g[k] = v end
+        if g.preset == nil or g.preset == "default" then g.preset = "tiny-dense" end
+        return randgemma.write(g)
+    end
+    if opts.tokenizer_model then
+        error("make_model: --tokenizer-model applies to --arch gemma4 only (qwen3 and llama take --tokenizer-from)", 0)
+    end
+    local shape, theta, dtype = resolve(opts)
+    local w = gguf.writer()
+    write_tokenizer(w, opts, shape)
+    write_config(w, opts, shape, theta, dtype)
+    local list = tensor_list(shape, opts.tied)
+    add_tensors(w, list, dtype)
+    local total_params = 0
+    for _, t in ipairs(list) do total_params = total_params + t[2][1] * (t[2][2] or 1) end
+    if not opts.quiet then
+        io.stderr:write(("make_model: %s %dL hidden %d, %s parameters, %s -> %s\n"):format(shape.arch, shape.layers,
+            shape.embd, fmt.int(total_params), dtype_mod.name(dtype), opts.out))
+    end
+    require("cartridge.fs").mkdirs(require("cartridge.fs").parent(opts.out))
+    w:begin(opts.out)
+    local started = C.cart_now_seconds()
+    write_weights(w, list, opts, dtype)
     return randmodel.finish(w, opts, started)
 end
 
