@@ -325,11 +325,52 @@ function randgemma.tokenizer(w, tokens, scores, types, merges)
 end
 
 -- The tensors, declared then streamed; returns the path.
-function randgemma.tensors(w, opts, shape, pattern, kv, dtype, dtype_name, seed)
-    local E, L = shape.embd, shape.layers
+-- The tensors of layer l (0-based), added with add(name, shape, kind).
+local function layer_tensors(add, shape, l, D, KD)
+    local E, Ep, p = shape.embd, shape.per_layer, "blk." .. l .. "."
+    local HD = shape.heads * D
+    add(p .. "attn_norm.weight", { E }, "norm")
+    add(p .. "attn_q.weight", { HD, E }, "matrix")
+    add(p .. "attn_k.weight", { KD, E }, "matrix")
+    add(p .. "attn_v.weight", { KD, E }, "matrix")
+    add(p .. "attn_output.weight", { E, HD }, "matrix")
+    add(p .. "attn_q_norm.weight", { D }, "norm")
+    add(p .. "attn_k_norm.weight", { D }, "norm")
+    add(p .. "post_attention_norm.weight", { E }, "norm")
+    add(p .. "ffn_norm.weight", { E }, "norm")
+    add(p .. "ffn_gate.weight", { shape.ff, E }, "matrix")
+    add(p .. "ffn_up.weight", { shape.ff, E }, "matrix")
+    add(p .. "ffn_down.weight", { E, shape.ff }, "matrix")
+    add(p .. "post_ffw_norm.weight", { E }, "norm")
+    if shape.out_scales then add(p .. "layer_output_scale.weight", { 1 }, "out_scale") end
+    if shape.experts then
+        local NE, FE = shape.experts, shape.ff_exp
+        add(p .. "ffn_gate_inp.weight", { NE, E }, "router")
+        add(p .. "ffn_gate_inp.scale", { E }, "norm")
+        add(p .. "pre_ffw_norm_2.weight", { E }, "norm")
+        add(p .. "post_ffw_norm_1.weight", { E }, "norm")
+        add(p .. "post_ffw_norm_2.weight", { E }, "norm")
+        if shape.merged_experts then -- as the converters write gemma4: gate rows, then up rows
+            add(p .. "ffn_gate_up_exps.weight", { NE, 2 * FE, E }, "matrix")
+        else
+            add(p .. "ffn_gate_exps.weight", { NE, FE, E }, "matrix")
+            add(p .. "ffn_up_exps.weight", { NE, FE, E }, "matrix")
+        end
+        add(p .. "ffn_down_exps.weight", { NE, E, FE }, "matrix")
+        add(p .. "ffn_down_exps.scale", { NE }, "norm")
+    end
+    if Ep > 0 then
+        add(p .. "inp_gate.weight", { Ep, E }, "matrix")
+        add(p .. "proj.weight", { E, Ep }, "matrix")
+        add(p .. "post_norm.weight", { E }, "norm")
+    end
+end
+
+-- The model's tensors: { name, shape (row-major), kind }.
+local function tensor_list(shape, pattern, kv)
+    local E, L, Ep, V = shape.embd, shape.layers, shape.per_layer, shape.vocab
     local list = {}
     local function add(name, shp, kind) list[#list + 1] = { name, shp, kind } end
-    local Ep, V = shape.per_layer, shape.vocab
     add("token_embd.weight", { V, E }, "embed")
     local any_full = false
     for l = 1, L do any_full = any_full or not pattern[l] end
@@ -340,50 +381,19 @@ function randgemma.tensors(w, opts, shape, pattern, kv, dtype, dtype_name, seed)
         add("per_layer_proj_norm.weight", { Ep }, "norm")
     end
     for l = 0, L - 1 do
-        local p = "blk." .. l .. "."
         local D = pattern[l + 1] and shape.hd_swa or shape.hd_full
-        local HD, KD = shape.heads * D, kv[l + 1] * D
-        add(p .. "attn_norm.weight", { E }, "norm")
-        add(p .. "attn_q.weight", { HD, E }, "matrix")
-        add(p .. "attn_k.weight", { KD, E }, "matrix")
-        add(p .. "attn_v.weight", { KD, E }, "matrix")
-        add(p .. "attn_output.weight", { E, HD }, "matrix")
-        add(p .. "attn_q_norm.weight", { D }, "norm")
-        add(p .. "attn_k_norm.weight", { D }, "norm")
-        add(p .. "post_attention_norm.weight", { E }, "norm")
-        add(p .. "ffn_norm.weight", { E }, "norm")
-        add(p .. "ffn_gate.weight", { shape.ff, E }, "matrix")
-        add(p .. "ffn_up.weight", { shape.ff, E }, "matrix")
-        add(p .. "ffn_down.weight", { E, shape.ff }, "matrix")
-        add(p .. "post_ffw_norm.weight", { E }, "norm")
-        if shape.out_scales then add(p .. "layer_output_scale.weight", { 1 }, "out_scale") end
-        if shape.experts then
-            local NE, FE = shape.experts, shape.ff_exp
-            add(p .. "ffn_gate_inp.weight", { NE, E }, "router")
-            add(p .. "ffn_gate_inp.scale", { E }, "norm")
-            add(p .. "pre_ffw_norm_2.weight", { E }, "norm")
-            add(p .. "post_ffw_norm_1.weight", { E }, "norm")
-            add(p .. "post_ffw_norm_2.weight", { E }, "norm")
-            if shape.merged_experts then -- as the converters write gemma4: gate rows, then up rows
-                add(p .. "ffn_gate_up_exps.weight", { NE, 2 * FE, E }, "matrix")
-            else
-                add(p .. "ffn_gate_exps.weight", { NE, FE, E }, "matrix")
-                add(p .. "ffn_up_exps.weight", { NE, FE, E }, "matrix")
-            end
-            add(p .. "ffn_down_exps.weight", { NE, E, FE }, "matrix")
-            add(p .. "ffn_down_exps.scale", { NE }, "norm")
-        end
-        if Ep > 0 then
-            add(p .. "inp_gate.weight", { Ep, E }, "matrix")
-            add(p .. "proj.weight", { E, Ep }, "matrix")
-            add(p .. "post_norm.weight", { E }, "norm")
-        end
+        layer_tensors(add, shape, l, D, kv[l + 1] * D)
     end
     add("output_norm.weight", { E }, "out_norm")
+    return list
+end
 
-    -- a matrix whose rows are no whole number of the dtype's blocks takes
-    -- llama-quantize's fallback (the 26b-a4b experts' rows of 704 under q4_K)
-    local FALLBACK = { q2_K = "q4_0", q3_K = "q4_0", q4_K = "q5_0", q5_K = "q5_1", q6_K = "q8_0" }
+-- a matrix whose rows are no whole number of the dtype's blocks takes
+-- llama-quantize's fallback (the 26b-a4b experts' rows of 704 under q4_K)
+local FALLBACK = { q2_K = "q4_0", q3_K = "q4_0", q4_K = "q5_0", q5_K = "q5_1", q6_K = "q8_0" }
+
+-- Each tensor's dtype (t[4]) and entry; returns how many fell back.
+local function add_tensors(w, list, dtype, dtype_name)
     local fell_back = 0
     local function dtype_of(t)
         if not (t[3] == "matrix" or t[3] == "embed" or t[3] == "embed_pl") or dtype == 0 then return 0 end
@@ -398,6 +408,54 @@ function randgemma.tensors(w, opts, shape, pattern, kv, dtype, dtype_name, seed)
         t[4] = dtype_of(t)
         w:add_tensor(t[1], t[4], t[2], nil)
     end
+    return fell_back
+end
+
+-- m values of a tensor of this kind into buf, from rng.
+local function fill(rng, buf, m, kind, cols, shape)
+    if kind == "norm" or kind == "out_norm" then
+        C.cart_rng_fill_normal(rng, buf, m, 1.0, 0.1)
+        if kind == "out_norm" then
+            for i = 0, m - 1 do buf[i] = buf[i] * 4.0 end
+        end
+    elseif kind == "out_scale" then
+        C.cart_rng_fill_normal(rng, buf, m, 0.8, 0.1)
+    elseif kind == "rope_freqs" then
+        for i = 0, m - 1 do buf[i] = i < shape.rot_full_pairs and 1.0 or 1e30 end
+    else
+        -- router logits of a few units, so that the top-k choice is clear
+        local std = kind == "router" and 3.0 or 1.0 / math.sqrt(cols)
+        C.cart_rng_fill_normal(rng, buf, m, 0.0, std)
+    end
+end
+
+-- Each tensor's values from its own seed, a block of rows at a time (the
+-- 26b-a4b embeddings are 738M values).
+local function write_weights(w, list, shape, seed)
+    local rng = ffi.new("cart_rng")
+    for index, t in ipairs(list) do
+        local shp, tdtype = t[2], t[4]
+        local cols = shp[#shp]
+        local n = 1
+        for _, d in ipairs(shp) do n = n * d end
+        local whole = ffi.new("uint8_t[?]", dtype_mod.nbytes(tdtype, n))
+        local rows = n / cols
+        local chunk = math.max(1, math.floor(4194304 / cols))
+        local buf = ffi.new("float[?]", math.min(rows, chunk) * cols)
+        local row_bytes = dtype_mod.nbytes(tdtype, cols)
+        C.cart_rng_seed(rng, seed * 1000003 + index)
+        for r0 = 0, rows - 1, chunk do
+            local m = math.min(chunk, rows - r0) * cols
+            fill(rng, buf, m, t[3], cols, shape)
+            core.check(C.cart_from_f32(whole + r0 * row_bytes, tdtype, buf, m), "make_model: " .. t[1])
+        end
+        w:write_tensor(t[1], whole)
+    end
+end
+
+function randgemma.tensors(w, opts, shape, pattern, kv, dtype, dtype_name, seed)
+    local list = tensor_list(shape, pattern, kv)
+    local fell_back = add_tensors(w, list, dtype, dtype_name)
     local total = 0
     for _, t in ipairs(list) do
         local n = 1
@@ -406,49 +464,14 @@ function randgemma.tensors(w, opts, shape, pattern, kv, dtype, dtype_name, seed)
     end
     if not opts.quiet then
         io.stderr:write(("make_model: gemma4 %s %dL hidden %d, %s parameters, %s -> %s%s\n"):format(
-            opts.preset or "tiny-dense", L, E, fmt.int(total), dtype_name, opts.out,
+            opts.preset or "tiny-dense", shape.layers, shape.embd, fmt.int(total), dtype_name, opts.out,
             fell_back > 0 and (" (%d matrices with rows no whole number of %s blocks fall back as llama-quantize's do)")
                 :format(fell_back, dtype_name) or ""))
     end
-
     require("cartridge.fs").mkdirs(require("cartridge.fs").parent(opts.out))
     w:begin(opts.out)
-    local rng = ffi.new("cart_rng")
     local started = C.cart_now_seconds()
-    for index, t in ipairs(list) do
-        local shp, kind = t[2], t[3]
-        local cols = shp[#shp]
-        local n = 1
-        for _, d in ipairs(shp) do n = n * d end
-        local tdtype = t[4]
-        local whole = ffi.new("uint8_t[?]", dtype_mod.nbytes(tdtype, n))
-        -- generated a block of rows at a time (the 26b-a4b embeddings are 738M values)
-        local rows = n / cols
-        local chunk = math.max(1, math.floor(4194304 / cols))
-        local buf = ffi.new("float[?]", math.min(rows, chunk) * cols)
-        local row_bytes = dtype_mod.nbytes(tdtype, cols)
-        C.cart_rng_seed(rng, seed * 1000003 + index)
-        for r0 = 0, rows - 1, chunk do
-            local nr = math.min(chunk, rows - r0)
-            local m = nr * cols
-            if kind == "norm" or kind == "out_norm" then
-                C.cart_rng_fill_normal(rng, buf, m, 1.0, 0.1)
-                if kind == "out_norm" then
-                    for i = 0, m - 1 do buf[i] = buf[i] * 4.0 end
-                end
-            elseif kind == "out_scale" then
-                C.cart_rng_fill_normal(rng, buf, m, 0.8, 0.1)
-            elseif kind == "rope_freqs" then
-                for i = 0, m - 1 do buf[i] = i < shape.rot_full_pairs and 1.0 or 1e30 end
-            else
-                -- router logits of a few units, so that the top-k choice is clear
-                local std = kind == "router" and 3.0 or 1.0 / math.sqrt(cols)
-                C.cart_rng_fill_normal(rng, buf, m, 0.0, std)
-            end
-            core.check(C.cart_from_f32(whole + r0 * row_bytes, tdtype, buf, m), "make_model: " .. t[1])
-        end
-        w:write_tensor(t[1], whole)
-    end
+    write_weights(w, list, shape, seed)
     return require("cartridge.randmodel").finish(w, opts, started)
 end
 
