@@ -299,131 +299,128 @@ local function shorten(s)
     return "..." .. s:sub(-(MAX_LABEL - 3))
 end
 
--- metrics: { text_w = function(s, size) -> px, text_h = function(size) -> px, unit = s }
-local function layout(spec, m)
-    local W, H = check_spec(spec)
-    local s = m.unit
-    local log_y = spec.log_y and true or false
-    local ops = {}
-    local function add(op) ops[#ops + 1] = op end
-
-    -- Data ranges, over the drawable points and held-out values.
-    local series = {}
-    local xmin, xmax, ymin, ymax = math.huge, -math.huge, math.huge, -math.huge
-    local integer_x = true
-    local has_markers = false
+-- The runs and reference lines to draw, and the data's ranges over the
+-- drawable points, held-out values and lines: d = { series, hlines, xmin,
+-- xmax, ymin, ymax, integer_x, has_markers }.
+local function data_ranges(spec, log_y)
+    local d = { series = {}, hlines = {}, xmin = math.huge, xmax = -math.huge, ymin = math.huge,
+                ymax = -math.huge, integer_x = true, has_markers = false }
     for i, run in ipairs(spec.runs) do
         local pts, before, after = drawable(run, i, log_y)
         for _, p in ipairs(pts) do
-            xmin, xmax = min(xmin, p[1]), max(xmax, p[1])
-            ymin, ymax = min(ymin, p[2]), max(ymax, p[2])
-            if p[1] ~= floor(p[1]) then integer_x = false end
+            d.xmin, d.xmax = min(d.xmin, p[1]), max(d.xmax, p[1])
+            d.ymin, d.ymax = min(d.ymin, p[2]), max(d.ymax, p[2])
+            if p[1] ~= floor(p[1]) then d.integer_x = false end
         end
         for _, v in ipairs({ before or false, after or false }) do
-            if v then ymin, ymax = min(ymin, v), max(ymax, v) end
+            if v then d.ymin, d.ymax = min(d.ymin, v), max(d.ymax, v) end
         end
-        has_markers = has_markers or before ~= nil or after ~= nil
-        series[i] = { pts = pts, before = before, after = after,
-                      label = shorten(run.label or ("run " .. i)), color = PALETTE[(i - 1) % #PALETTE + 1] }
+        d.has_markers = d.has_markers or before ~= nil or after ~= nil
+        d.series[i] = { pts = pts, before = before, after = after,
+                        label = shorten(run.label or ("run " .. i)), color = PALETTE[(i - 1) % #PALETTE + 1] }
     end
     -- reference lines across the plot (QA: ICL and bare)
-    local hlines = {}
     for k, hl in ipairs(spec.hlines or {}) do
         if type(hl.y) == "number" and hl.y == hl.y and (not log_y or hl.y > 0) then
-            ymin, ymax = min(ymin, hl.y), max(ymax, hl.y)
-            hlines[#hlines + 1] = { y = hl.y, label = shorten(hl.label or ("line " .. k)),
+            d.ymin, d.ymax = min(d.ymin, hl.y), max(d.ymax, hl.y)
+            d.hlines[#d.hlines + 1] = { y = hl.y, label = shorten(hl.label or ("line " .. k)),
                 color = hl.color or REF_COLORS[(k - 1) % #REF_COLORS + 1] }
         end
     end
-    if #hlines > 0 and not log_y and ymax > ymin then
+    if #d.hlines > 0 and not log_y and d.ymax > d.ymin then
         -- room above and below, so that a line at the data's edge is not the frame
-        local span = ymax - ymin
-        ymin, ymax = ymin - 0.04 * span, ymax + 0.04 * span
+        local span = d.ymax - d.ymin
+        d.ymin, d.ymax = d.ymin - 0.04 * span, d.ymax + 0.04 * span
     end
+    return d
+end
 
-    local hn, ht = m.text_h("normal"), m.text_h("title")
-    local pad, tick, gap = 8 * s, 4 * s, 3 * s
-    local top = spec.title and (ht + 2 * pad) or 2 * pad
+-- The plot area and its scales: g = { x0, y0, x1, y1 (the area's corners),
+-- px, py (data to pixels), xticks, xlabels, yticks, ylabels, hn, ht, pad,
+-- tick, gap }. The y ticks come first: their labels set the left margin.
+local function axes(spec, m, d, W, H, log_y)
+    local s = m.unit
+    local g = { hn = m.text_h("normal"), ht = m.text_h("title"), pad = 8 * s, tick = 4 * s, gap = 3 * s }
+    local hn, pad, tick, gap = g.hn, g.pad, g.tick, g.gap
+    local top = spec.title and (g.ht + 2 * pad) or 2 * pad
     local bottom = tick + gap + hn + 3 * gap + hn + pad
     local plot_h = H - top - bottom
-
-    -- Y ticks first: their labels set the left margin.
-    local yticks, ylabels, ylo, yhi
+    local ylo, yhi
     local ytarget = max(2, floor(plot_h / (hn * 4)))
     if log_y then
-        yticks, ylabels, ylo, yhi = log_ticks(ymin, ymax, ytarget)
+        g.yticks, g.ylabels, ylo, yhi = log_ticks(d.ymin, d.ymax, ytarget)
     else
         local step
-        yticks, step, ylo, yhi = plot.nice_ticks(ymin, ymax, ytarget)
-        ylabels = tick_labels(yticks, step)
+        g.yticks, step, ylo, yhi = plot.nice_ticks(d.ymin, d.ymax, ytarget)
+        g.ylabels = tick_labels(g.yticks, step)
     end
     local label_w = 0
-    for _, l in ipairs(ylabels) do label_w = max(label_w, m.text_w(l, "normal")) end
+    for _, l in ipairs(g.ylabels) do label_w = max(label_w, m.text_w(l, "normal")) end
     local left = pad + (spec.y_label and (hn + 3 * gap) or 0) + label_w + gap + tick
     local right = pad + m.text_w("0000", "normal")
     local plot_w = W - left - right
     if plot_w < 40 * s or plot_h < 30 * s then
         error(("plot: image size %dx%d leaves no room for the plot"):format(W, H), 0)
     end
-
     local xtarget = max(2, floor(plot_w / m.text_w("0000000000", "normal")))
-    local xticks, xstep, xlo, xhi = plot.nice_ticks(xmin, xmax, xtarget, integer_x)
-    local xlabels = tick_labels(xticks, xstep)
-
-    local x0, y0 = floor(left), floor(top)         -- plot area, top-left
-    local x1, y1 = floor(left + plot_w), floor(top + plot_h) -- bottom-right
-    local function px(x) return x0 + (x - xlo) / (xhi - xlo) * (x1 - x0) end
-    local py
+    local xstep, xlo, xhi
+    g.xticks, xstep, xlo, xhi = plot.nice_ticks(d.xmin, d.xmax, xtarget, d.integer_x)
+    g.xlabels = tick_labels(g.xticks, xstep)
+    g.x0, g.y0 = floor(left), floor(top)                     -- plot area, top-left
+    g.x1, g.y1 = floor(left + plot_w), floor(top + plot_h)   -- bottom-right
+    local x0, y0, x1, y1 = g.x0, g.y0, g.x1, g.y1
+    g.px = function(x) return x0 + (x - xlo) / (xhi - xlo) * (x1 - x0) end
     if log_y then
         local llo, lhi = log10(ylo), log10(yhi)
-        py = function(y) return y1 - (log10(y) - llo) / (lhi - llo) * (y1 - y0) end
+        g.py = function(y) return y1 - (log10(y) - llo) / (lhi - llo) * (y1 - y0) end
     else
-        py = function(y) return y1 - (y - ylo) / (yhi - ylo) * (y1 - y0) end
+        g.py = function(y) return y1 - (y - ylo) / (yhi - ylo) * (y1 - y0) end
     end
+    return g
+end
 
-    add({ op = "rect", x = 0, y = 0, w = W, h = H, fill = PAPER })
-
-    -- Grid, ticks and tick labels.
-    for i, v in ipairs(yticks) do
-        local y = floor(py(v) + 0.5)
+-- Grid, ticks and tick labels, the frame over the grid, the axis labels
+-- and the title.
+local function draw_frame(add, spec, g)
+    local x0, y0, x1, y1, tick, gap, hn = g.x0, g.y0, g.x1, g.y1, g.tick, g.gap, g.hn
+    for i, v in ipairs(g.yticks) do
+        local y = floor(g.py(v) + 0.5)
         if y >= y0 and y <= y1 then
             add({ op = "rule", x1 = x0, y1 = y, x2 = x1, y2 = y, width = 1, color = GRID })
             add({ op = "rule", x1 = x0 - tick, y1 = y, x2 = x0, y2 = y, width = 1, color = AXIS })
-            add({ op = "text", text = ylabels[i], x = x0 - tick - gap, y = y, anchor = "end",
+            add({ op = "text", text = g.ylabels[i], x = x0 - tick - gap, y = y, anchor = "end",
                   size = "normal", color = INK })
         end
     end
-    for i, v in ipairs(xticks) do
-        local x = floor(px(v) + 0.5)
+    for i, v in ipairs(g.xticks) do
+        local x = floor(g.px(v) + 0.5)
         add({ op = "rule", x1 = x, y1 = y0, x2 = x, y2 = y1, width = 1, color = GRID })
         add({ op = "rule", x1 = x, y1 = y1, x2 = x, y2 = y1 + tick, width = 1, color = AXIS })
-        add({ op = "text", text = xlabels[i], x = x, y = y1 + tick + gap + hn / 2,
+        add({ op = "text", text = g.xlabels[i], x = x, y = y1 + tick + gap + hn / 2,
               anchor = "middle", size = "normal", color = INK })
     end
-    -- The frame, over the grid.
     add({ op = "rule", x1 = x0, y1 = y0, x2 = x0, y2 = y1, width = 1, color = AXIS })
     add({ op = "rule", x1 = x0, y1 = y1, x2 = x1, y2 = y1, width = 1, color = AXIS })
     add({ op = "rule", x1 = x0, y1 = y0, x2 = x1, y2 = y0, width = 1, color = AXIS })
     add({ op = "rule", x1 = x1, y1 = y0, x2 = x1, y2 = y1, width = 1, color = AXIS })
-
-    -- Axis labels and title.
     if spec.x_label then
         add({ op = "text", text = tostring(spec.x_label), x = (x0 + x1) / 2,
               y = y1 + tick + gap + hn + 3 * gap + hn / 2, anchor = "middle", size = "normal", color = INK })
     end
     if spec.y_label then
-        add({ op = "text", text = tostring(spec.y_label), x = pad + hn / 2, y = (y0 + y1) / 2,
+        add({ op = "text", text = tostring(spec.y_label), x = g.pad + hn / 2, y = (y0 + y1) / 2,
               anchor = "middle", size = "normal", rotate = true, color = INK })
     end
     if spec.title then
-        add({ op = "text", text = tostring(spec.title), x = (x0 + x1) / 2, y = pad + ht / 2,
+        add({ op = "text", text = tostring(spec.title), x = (x0 + x1) / 2, y = g.pad + g.ht / 2,
               anchor = "middle", size = "title", color = INK })
     end
+end
 
-    -- Curves, then held-out markers on top.
-    local line_w = 1.5 * s
-    local ring_r = 3 * s + 1
-    for i, sr in ipairs(series) do
+-- Curves, then held-out markers on top, then the reference lines.
+local function draw_data(add, d, g, s, line_w, ring_r)
+    local px, py = g.px, g.py
+    for i, sr in ipairs(d.series) do
         local pts = {}
         for _, p in ipairs(sr.pts) do
             pts[#pts + 1] = px(p[1])
@@ -442,44 +439,61 @@ local function layout(spec, m)
                   fill = sr.color })
         end
     end
-
-    for _, hl in ipairs(hlines) do
+    for _, hl in ipairs(d.hlines) do
         local y = floor(py(hl.y) + 0.5)
-        add({ op = "rule", x1 = x0, y1 = y, x2 = x1, y2 = y, width = s, color = hl.color })
+        add({ op = "rule", x1 = g.x0, y1 = y, x2 = g.x1, y2 = y, width = s, color = hl.color })
     end
+end
 
-    -- Legend: top-right inside the plot, where falling loss curves rarely are.
+-- The legend: top-right inside the plot, where falling loss curves rarely are.
+local function draw_legend(add, m, d, g, s, line_w, ring_r)
+    local gap = g.gap
     local rows = {}
-    for _, sr in ipairs(series) do rows[#rows + 1] = { kind = "line", text = sr.label, color = sr.color } end
-    for _, hl in ipairs(hlines) do rows[#rows + 1] = { kind = "line", text = hl.label, color = hl.color } end
-    if has_markers then
+    for _, sr in ipairs(d.series) do rows[#rows + 1] = { kind = "line", text = sr.label, color = sr.color } end
+    for _, hl in ipairs(d.hlines) do rows[#rows + 1] = { kind = "line", text = hl.label, color = hl.color } end
+    if d.has_markers then
         rows[#rows + 1] = { kind = "ring", text = "held-out before", color = AXIS }
         rows[#rows + 1] = { kind = "dot", text = "held-out after", color = AXIS }
     end
-    local swatch, row_h = 10 * s, hn + 2 * gap
+    local swatch, row_h = 10 * s, g.hn + 2 * gap
     local text_w = 0
     for _, r in ipairs(rows) do text_w = max(text_w, m.text_w(r.text, "normal")) end
     local lw = gap * 2 + swatch + gap * 2 + text_w + gap * 2
     local lh = #rows * row_h + gap * 2
-    local lx, ly = x1 - pad - lw, y0 + pad
-    if lx > x0 then
-        add({ op = "rect", x = lx, y = ly, w = lw, h = lh, fill = PAPER, stroke = GRID })
-        for i, r in ipairs(rows) do
-            local cy = ly + gap + (i - 0.5) * row_h
-            local sx = lx + gap * 2
-            if r.kind == "line" then
-                add({ op = "polyline", points = { sx, cy, sx + swatch, cy }, width = line_w * 1.5,
-                      color = r.color, legend = true })
-            elseif r.kind == "ring" then
-                add({ op = "circle", cx = sx + swatch / 2, cy = cy, r = ring_r, fill = PAPER,
-                      stroke = r.color, stroke_width = s })
-            else
-                add({ op = "circle", cx = sx + swatch / 2, cy = cy, r = ring_r, fill = r.color })
-            end
-            add({ op = "text", text = r.text, x = sx + swatch + gap * 2, y = cy, anchor = "start",
-                  size = "normal", color = INK })
+    local lx, ly = g.x1 - g.pad - lw, g.y0 + g.pad
+    if lx <= g.x0 then return end
+    add({ op = "rect", x = lx, y = ly, w = lw, h = lh, fill = PAPER, stroke = GRID })
+    for i, r in ipairs(rows) do
+        local cy = ly + gap + (i - 0.5) * row_h
+        local sx = lx + gap * 2
+        if r.kind == "line" then
+            add({ op = "polyline", points = { sx, cy, sx + swatch, cy }, width = line_w * 1.5,
+                  color = r.color, legend = true })
+        elseif r.kind == "ring" then
+            add({ op = "circle", cx = sx + swatch / 2, cy = cy, r = ring_r, fill = PAPER,
+                  stroke = r.color, stroke_width = s })
+        else
+            add({ op = "circle", cx = sx + swatch / 2, cy = cy, r = ring_r, fill = r.color })
         end
+        add({ op = "text", text = r.text, x = sx + swatch + gap * 2, y = cy, anchor = "start",
+              size = "normal", color = INK })
     end
+end
+
+-- metrics: { text_w = function(s, size) -> px, text_h = function(size) -> px, unit = s }
+local function layout(spec, m)
+    local W, H = check_spec(spec)
+    local s = m.unit
+    local log_y = spec.log_y and true or false
+    local ops = {}
+    local function add(op) ops[#ops + 1] = op end
+    local d = data_ranges(spec, log_y)
+    local g = axes(spec, m, d, W, H, log_y)
+    add({ op = "rect", x = 0, y = 0, w = W, h = H, fill = PAPER })
+    draw_frame(add, spec, g)
+    local line_w, ring_r = 1.5 * s, 3 * s + 1
+    draw_data(add, d, g, s, line_w, ring_r)
+    draw_legend(add, m, d, g, s, line_w, ring_r)
     return ops, W, H
 end
 
