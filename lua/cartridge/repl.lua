@@ -521,6 +521,30 @@ end
 
 --- Runs the REPL until input ends; see the top of this file for opts.
 -- Returns the environment table.
+-- The line reader: opts.read_line, else libedit's on a terminal (with
+-- history), else plain reads. Returns read_line, finish, libedit or nil.
+local function open_reader(opts, terminal)
+    if opts.read_line then return opts.read_line, function() end, nil end
+    local lib = terminal and find_libedit()
+    if not lib then return plain_reader(terminal), function() end, nil end
+    local path = opts.history
+    if path == nil then path = history_path() end
+    local read_line, finish = readline_reader(lib, path or nil)
+    return read_line, finish, lib
+end
+
+-- The environment chunks run in (opts.env, else a new one with the engine
+-- loaded, or a warning when it does not load) and the engine in it.
+local function open_env(opts, write_error)
+    if opts.env then return opts.env, rawget(opts.env, "cartridge") end
+    local ok, loaded = pcall(opts.load_engine or default_load_engine)
+    if not ok then
+        write_error("warning: the engine did not load, `cartridge` is nil: " .. first_line(loaded) .. "\n")
+        return M.new_env(nil), nil
+    end
+    return M.new_env(loaded), loaded
+end
+
 function M.run(opts)
     opts = opts or {}
     local terminal = not opts.read_line and stdin_is_terminal()
@@ -531,35 +555,8 @@ function M.run(opts)
         io.stdout:flush() -- what the code printed before it failed comes first
         io.stderr:write(s)
     end
-
-    local read_line, finish = opts.read_line, function() end
-    local lib
-    if not read_line then
-        lib = terminal and find_libedit()
-        if lib then
-            local path = opts.history
-            if path == nil then
-                path = history_path()
-            end
-            read_line, finish = readline_reader(lib, path or nil)
-        else
-            read_line = plain_reader(terminal)
-        end
-    end
-
-    local env = opts.env
-    local engine
-    if not env then
-        local ok, loaded = pcall(opts.load_engine or default_load_engine)
-        if ok then
-            engine = loaded
-        else
-            write_error("warning: the engine did not load, `cartridge` is nil: " .. first_line(loaded) .. "\n")
-        end
-        env = M.new_env(engine)
-    else
-        engine = rawget(env, "cartridge")
-    end
+    local read_line, finish, lib = open_reader(opts, terminal)
+    local env, engine = open_env(opts, write_error)
     if lib then install_completion(lib, env) end
 
     local banner = opts.banner
