@@ -355,40 +355,40 @@ static const char *luajit_version(void) {
 
 typedef enum mode { MODE_REPL, MODE_RUN, MODE_CHUNK, MODE_STDIN } mode;
 
-int main(int argc, char **argv) {
-    host_paths paths;
-    find_executable(&paths, argc > 0 ? argv[0] : "cartridge");
-    find_home(&paths);
+/* `cartridge --version`: the version, LuaJIT's, and the kernels. */
+static int print_version(void) {
+    if (cart_isa_init() != CART_OK) {
+        fprintf(stderr, "cartridge: %s\n", cart_last_error());
+        return EXIT_LUA_ERROR;
+    }
+    printf("cartridge %s (LuaJIT %s; kernels: %s, best here: %s; %s)\n", CART_VERSION_STRING,
+           luajit_version(), cart_isa_name(cart_isa_active()), cart_isa_name(cart_isa_best()),
+           cart_cpu_features());
+    return 0;
+}
 
-    mode m = MODE_REPL;
-    int script_index = -1; /* argv index of arg[0] */
+/* The command in argv[1]: sets *m and *script_index (the argv index of
+ * arg[0], -1 for the REPL) and returns -1 to go on, or the exit code of a
+ * command that is done (help, version) or wrong. */
+static int parse_command(int argc, char **argv, const host_paths *paths, mode *m, int *script_index) {
     const char *cmd = argc > 1 ? argv[1] : NULL;
+    *m = MODE_REPL;
+    *script_index = -1;
     if (!cmd || strcmp(cmd, "repl") == 0) {
         if (argc > 2) return usage_error("the REPL takes no arguments, got", argv[2]);
-        m = MODE_REPL;
     } else if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
-        print_usage(stdout, &paths);
+        print_usage(stdout, paths);
         return 0;
     } else if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "-v") == 0) {
-        if (cart_isa_init() != CART_OK) {
-            fprintf(stderr, "cartridge: %s\n", cart_last_error());
-            return EXIT_LUA_ERROR;
-        }
-        printf("cartridge %s (LuaJIT %s; kernels: %s, best here: %s; %s)\n", CART_VERSION_STRING,
-               luajit_version(), cart_isa_name(cart_isa_active()), cart_isa_name(cart_isa_best()),
-               cart_cpu_features());
-        return 0;
+        return print_version();
     } else if (strcmp(cmd, "run") == 0) {
         if (argc < 3) return usage_error("run needs a FILE (a script or a recipe name)", NULL);
-        m = MODE_RUN;
-        script_index = 2;
+        *m = MODE_RUN, *script_index = 2;
     } else if (strcmp(cmd, "-e") == 0) {
         if (argc < 3) return usage_error("-e needs a chunk of Lua code", NULL);
-        m = MODE_CHUNK;
-        script_index = 2;
+        *m = MODE_CHUNK, *script_index = 2;
     } else if (strcmp(cmd, "-") == 0) {
-        m = MODE_STDIN;
-        script_index = 1;
+        *m = MODE_STDIN, *script_index = 1;
     } else if (cmd[0] == '-') {
         return usage_error("unknown option", cmd);
     } else {
@@ -397,6 +397,45 @@ int main(int argc, char **argv) {
         fprintf(stderr, "Try 'cartridge --help' for usage.\n");
         return EXIT_USAGE;
     }
+    return -1;
+}
+
+/* Loads what mode m runs (the script, the chunk, stdin or the REPL) and
+ * runs it with the arguments after script_index; returns the exit code. */
+static int run_mode(lua_State *L, mode m, const char *script, char **argv, int argc, int script_index) {
+    int status = 0, nargs = 0;
+    switch (m) {
+    case MODE_RUN:
+        status = luaL_loadfile(L, script);
+        break;
+    case MODE_CHUNK:
+        status = luaL_loadbuffer(L, argv[2], strlen(argv[2]), "=(command line)");
+        break;
+    case MODE_STDIN:
+        status = luaL_loadfile(L, NULL);
+        break;
+    case MODE_REPL: {
+        static const char repl[] = "return require('cartridge.repl').run()";
+        status = luaL_loadbuffer(L, repl, sizeof repl - 1, "=repl");
+        break;
+    }
+    }
+    if (status == 0) {
+        if (m != MODE_REPL) nargs = push_args(L, argv, argc, script_index + 1);
+        status = docall(L, nargs);
+    }
+    return report(L, status);
+}
+
+int main(int argc, char **argv) {
+    host_paths paths;
+    find_executable(&paths, argc > 0 ? argv[0] : "cartridge");
+    find_home(&paths);
+
+    mode m;
+    int script_index;
+    int done = parse_command(argc, argv, &paths, &m, &script_index);
+    if (done >= 0) return done;
 
     /* a CART_ISA this machine cannot run stops here, before any work */
     if (cart_isa_init() != CART_OK) {
@@ -427,35 +466,12 @@ int main(int argc, char **argv) {
         setup.argc = argc > 0 ? 1 : 0;
         setup.script_index = 0;
     }
-    int status = lua_cpcall(L, setup_state, &setup);
-    int code = report(L, status);
+    int code = report(L, lua_cpcall(L, setup_state, &setup));
     if (code != 0) {
         lua_close(L);
         return code;
     }
-
-    int nargs = 0;
-    switch (m) {
-    case MODE_RUN:
-        status = luaL_loadfile(L, script);
-        break;
-    case MODE_CHUNK:
-        status = luaL_loadbuffer(L, argv[2], strlen(argv[2]), "=(command line)");
-        break;
-    case MODE_STDIN:
-        status = luaL_loadfile(L, NULL);
-        break;
-    case MODE_REPL: {
-        static const char repl[] = "return require('cartridge.repl').run()";
-        status = luaL_loadbuffer(L, repl, sizeof repl - 1, "=repl");
-        break;
-    }
-    }
-    if (status == 0) {
-        if (m != MODE_REPL) nargs = push_args(L, argv, argc, script_index + 1);
-        status = docall(L, nargs);
-    }
-    code = report(L, status);
+    code = run_mode(L, m, script, argv, argc, script_index);
     lua_close(L);
     /* leaves MPI when a recipe joined a job (every rank gets here) */
     if (cart_dist_finalize() != CART_OK && code == 0) {
