@@ -20,13 +20,14 @@
 -- name goes behind the cartridges retrieval picks for its conversation,
 -- composed; the response names them in an extra field, "documents".
 --
--- Endpoints: POST /v1/chat/completions, POST /v1/completions, POST
--- /v1/responses (OpenAI's Responses API), POST /v1/messages (Anthropic's
--- Messages API, its errors in Anthropic's shape),
+-- Endpoints: the API dialects of cartridge.api, each a module (POST
+-- /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages),
 -- GET /v1/models, GET /health, GET /metrics (Prometheus text format, behind
--- the API key); every /v1 route also without the prefix (/chat/completions),
--- as llama.cpp's server and clients with a bare base URL expect. Errors are OpenAI-shaped: {"error": {"message", "type",
--- "param", "code"}}.
+-- the API key), llama-server's utility routes (cartridge.server_utility)
+-- and the web page (cartridge.webui); every /v1 route also without the
+-- prefix (/chat/completions), as llama.cpp's server and clients with a bare
+-- base URL expect. Errors are in the shape of the route's API (OpenAI's:
+-- {"error": {"message", "type", "param", "code"}} outside the dialects).
 
 local core = require("cartridge.core")
 local json = require("cartridge.json")
@@ -41,6 +42,9 @@ local kvstore = require("cartridge.kvstore")
 local grammar = require("cartridge.grammar")
 local utility = require("cartridge.server_utility")
 local webui = require("cartridge.webui")
+local api = require("cartridge.api")
+local request = require("cartridge.api.request")
+local tools_mod = require("cartridge.api.tools")
 local C = core.C
 local ffi = core.ffi
 
@@ -48,101 +52,10 @@ local server = {}
 
 local function now() return C.cart_now_seconds() end
 
--- ---------------------------------------------------------------------------
--- Errors and small helpers
-
-local function error_body(message, type_, param, code)
-    return json.encode({ error = { message = message, type = type_ or "invalid_request_error",
-        param = param or json.null, code = code or json.null } })
-end
-
--- Anthropic's error types by HTTP status.
-local ANTHROPIC_ERROR = { [400] = "invalid_request_error", [401] = "authentication_error", [403] = "permission_error",
-    [404] = "not_found_error", [405] = "invalid_request_error", [413] = "request_too_large",
-    [429] = "rate_limit_error", [500] = "api_error", [503] = "overloaded_error", [529] = "overloaded_error" }
-
--- The error body a route answers with: Anthropic's shape on /v1/messages
--- ({"type": "error", "error": {"type", "message"}}), OpenAI's elsewhere.
-local function route_error(route, status, message, type_, param, code)
-    if route == "/v1/messages" or route == "/v1/messages/count_tokens" then
-        return json.encode({ type = "error", error = { type = ANTHROPIC_ERROR[status] or "api_error", message = message } })
-    end
-    return error_body(message, type_, param, code)
-end
-
--- A request error: raised inside request handling, answered with status.
-local RequestError = {}
-RequestError.__index = RequestError
-local function reject(status, message, param, code, type_)
-    error(setmetatable({ status = status, message = message, param = param, code = code, type = type_ }, RequestError), 0)
-end
-
-function server.is_request_error(e) return getmetatable(e) == RequestError end
-
--- How a value the client sent reads in an error message: numbers as sent
--- (1e309 stays 1e309), strings quoted and cut, other things by their kind.
-local function shown(v, container, key)
-    local text = container and json.number_text(container, key)
-    if text then return text end
-    local kind = json.kind(v)
-    if kind == "number" then
-        if v == math.floor(v) and math.abs(v) < 2 ^ 63 then return ("%.0f"):format(v) end
-        return ("%.17g"):format(v)
-    elseif kind == "string" then
-        if C.cart_utf8_invalid_offset(v, #v) >= 0 then
-            return ("a string of %d bytes that is not valid UTF-8"):format(#v)
-        end
-        if #v <= 48 then return json.encode(v) end
-        local cut = 48
-        while cut > 0 and v:byte(cut + 1) >= 0x80 and v:byte(cut + 1) < 0xC0 do cut = cut - 1 end
-        return json.encode(v:sub(1, cut)) .. ("... (%d bytes)"):format(#v)
-    elseif kind == "boolean" then
-        return tostring(v)
-    elseif kind == "null" then
-        return "null"
-    end
-    return "an " .. kind -- an array, an object
-end
+local reject, shown, check_utf8 = request.reject, request.shown, request.check_utf8
+local error_body = request.error_body
+server.is_request_error = request.is_request_error
 server.shown = shown
-
-local function int_text(v) return ("%.0f"):format(v) end
-
--- The limits of the C types request numbers are converted to.
-local INT32_MAX = 2 ^ 31 - 1
-local INT64_MIN, UINT64_END = -2 ^ 63, 2 ^ 64
-
--- body[name] as an integer in [lo, hi] (default when absent or null); with
--- open_hi, in [lo, hi) -- for a bound such as 2^64 whose predecessor a
--- double cannot hold. The range check comes before any conversion, so
--- nothing wraps.
-local function integer_field(body, name, lo, hi, default, why, open_hi)
-    local v = body[name]
-    if v == nil or v == json.null then return default end
-    if type(v) ~= "number" or not (v >= lo and (v < hi or not open_hi and v == hi)) or v ~= math.floor(v) then
-        reject(400, ("%s must be an integer in [%s, %s%s%s; got %s"):format(name, int_text(lo), int_text(hi),
-            open_hi and ")" or "]", why or "", shown(v, body, name)), name)
-    end
-    return v
-end
-
--- body[name] as a finite number in [lo, hi].
-local function number_field(body, name, lo, hi, default)
-    local v = body[name]
-    if v == nil or v == json.null then return default end
-    if type(v) ~= "number" or not (v >= lo and v <= hi) then
-        reject(400, ("%s must be a number in [%g, %g]; got %s"):format(name, lo, hi, shown(v, body, name)), name)
-    end
-    return v
-end
-
-local function boolean_field(body, name, where)
-    local v = body[name]
-    if v == nil or v == json.null then return false end
-    if type(v) ~= "boolean" then
-        reject(400, ("%s must be a boolean; got %s"):format(where or name, shown(v, body, name)), where or name)
-    end
-    return v
-end
 
 -- ---------------------------------------------------------------------------
 -- The server object
@@ -165,7 +78,7 @@ Server.__index = Server
 function server.sampling_defaults(given)
     given = given or {}
     local d = { temperature = 1, top_p = 1, top_k = 0, min_p = 0, repeat_penalty = 1, seed = 0 }
-    local ranges = { temperature = { 0, 2, "--temp" }, top_p = { 0, 1, "--top-p" }, top_k = { 0, INT32_MAX, "--top-k" },
+    local ranges = { temperature = { 0, 2, "--temp" }, top_p = { 0, 1, "--top-p" }, top_k = { 0, request.INT32_MAX, "--top-k" },
         min_p = { 0, 1, "--min-p" }, repeat_penalty = { 1e-6, 100, "--repeat-penalty" }, seed = { 0, 2 ^ 53, "--seed" } }
     for key, r in pairs(ranges) do
         local v = given[key]
@@ -302,90 +215,10 @@ local function parse_json(req)
     return body
 end
 
--- A message's content: a string, or an array of text parts. Only an
--- assistant message may have none (null).
-local function content_text(msg, i, role)
-    local content = msg.content
-    if type(content) == "string" then return content end
-    if role == "assistant" and (content == nil or content == json.null) then return "" end
-    if json.kind(content) == "array" then
-        local parts = {}
-        for j, part in ipairs(content) do
-            if json.kind(part) ~= "object" or part.type ~= "text" or type(part.text) ~= "string" then
-                reject(400, ("messages[%d].content[%d] must be a {\"type\": \"text\", \"text\": ...} part; got %s")
-                    :format(i - 1, j - 1, shown(part, content, j)), "messages")
-            end
-            parts[#parts + 1] = part.text
-        end
-        return table.concat(parts)
-    end
-    reject(400, ("messages[%d].content must be a string or an array of text parts; got %s")
-        :format(i - 1, shown(content, msg, "content")), "messages")
-end
-
-local function check_utf8(s, what)
-    if C.cart_utf8_invalid_offset(s, #s) >= 0 then reject(400, what .. " is not valid UTF-8") end
-end
 
 -- What cartridge.server_utility's handlers raise and show errors with.
 server.util = { reject = reject, shown = shown, check_utf8 = check_utf8, is_request_error = server.is_request_error }
 
--- Sampling and stopping options shared by both completion endpoints. Every
--- number is range-checked against the C type it becomes (engine/sampler.h:
--- float temperature/top_p/min_p, int32 top_k, uint64 seed).
-function Server:common_options(body)
-    local o = {}
-    local mt_name = "max_completion_tokens"
-    if body[mt_name] == nil or body[mt_name] == json.null then mt_name = "max_tokens" end
-    o.max_tokens = integer_field(body, mt_name, 1, self.max_tokens_limit, self.default_max_tokens,
-        " (this server's limit is " .. self.max_tokens_limit .. ")")
-    local d = self.sampling
-    o.temperature = number_field(body, "temperature", 0, 2, d.temperature)
-    o.top_p = number_field(body, "top_p", 0, 1, d.top_p)
-    if o.top_p == 0 then o.top_p = 1e-6 end
-    o.top_k = integer_field(body, "top_k", 0, INT32_MAX, d.top_k)
-    o.min_p = number_field(body, "min_p", 0, 1, d.min_p)
-    -- penalties: OpenAI's two (in [-2, 2]) and llama.cpp's repetition
-    -- penalty, all over the last repeat_last_n tokens of prompt and output
-    -- together, as llama.cpp's server counts them (-1: the whole context)
-    o.frequency_penalty = number_field(body, "frequency_penalty", -2, 2, 0)
-    o.presence_penalty = number_field(body, "presence_penalty", -2, 2, 0)
-    o.repeat_penalty = number_field(body, "repeat_penalty", 0, 100, d.repeat_penalty)
-    if o.repeat_penalty == 0 then reject(400, "repeat_penalty must be positive (1: off)", "repeat_penalty") end
-    o.repeat_last_n = integer_field(body, "repeat_last_n", -1, 1048576, 64)
-    if o.repeat_last_n == -1 then o.repeat_last_n = self.ctx end
-    -- a negative seed is taken as its two's complement, as a C cast would
-    o.seed = integer_field(body, "seed", INT64_MIN, UINT64_END, d.seed, nil, true)
-    local stop = body.stop
-    o.stop = {}
-    if type(stop) == "string" then
-        if stop == "" then reject(400, 'stop must be a non-empty string (or omitted); got ""', "stop") end
-        o.stop = { stop }
-    elseif json.kind(stop) == "array" then
-        if #stop > 4 then reject(400, ("at most 4 stop sequences; got %d"):format(#stop), "stop") end
-        for i, s in ipairs(stop) do
-            if type(s) ~= "string" or s == "" then
-                reject(400, ("stop[%d] must be a non-empty string; got %s"):format(i - 1, shown(s, stop, i)), "stop")
-            end
-            o.stop[#o.stop + 1] = s
-        end
-    elseif stop ~= nil and stop ~= json.null then
-        reject(400, ("stop must be a string or an array of strings; got %s"):format(shown(stop, body, "stop")), "stop")
-    end
-    for _, s in ipairs(o.stop) do check_utf8(s, "stop") end
-    o.stream = boolean_field(body, "stream")
-    local so = body.stream_options
-    if so ~= nil and so ~= json.null then
-        if json.kind(so) ~= "object" then
-            reject(400, ("stream_options must be an object; got %s"):format(shown(so, body, "stream_options")),
-                "stream_options")
-        end
-        o.include_usage = boolean_field(so, "include_usage", "stream_options.include_usage")
-    end
-    return o
-end
-
--- The cartridge (or nil: the bare model) a request's "model" names.
 -- What a model name serves: nil (the bare model, under its name or an
 -- alias), the fleet, or a cartridge; false when the name is none of them.
 function Server:named(name)
@@ -413,883 +246,9 @@ function Server:pick(body)
     return what, name
 end
 
--- body.messages, checked to be a non-empty array within the server's limit.
-function Server:message_list(body)
-    local msgs = body.messages
-    if json.kind(msgs) ~= "array" or #msgs == 0 then
-        reject(400, "messages must be a non-empty array; got " .. shown(msgs, body, "messages"), "messages")
-    end
-    if #msgs > self.max_messages then
-        reject(400, ("%d messages is above this server's limit of %d"):format(#msgs, self.max_messages), "messages")
-    end
-    return msgs
-end
-
-function Server:parse_chat(body)
-    local msgs = self:message_list(body)
-    local out = {}
-    for i, msg in ipairs(msgs) do
-        if json.kind(msg) ~= "object" then
-            reject(400, ("messages[%d] must be an object; got %s"):format(i - 1, shown(msg, msgs, i)), "messages")
-        end
-        local role = msg.role
-        if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "developer" and role ~= "tool" then
-            reject(400, ("messages[%d].role must be system, user, assistant, developer or tool; got %s")
-                :format(i - 1, shown(role, msg, "role")), "messages")
-        end
-        if role == "developer" then role = "system" end
-        local text = content_text(msg, i, role)
-        check_utf8(text, ("messages[%d].content"):format(i - 1))
-        out[i] = { role = role, content = text, tool_calls = role == "assistant" and self:history_calls(msg, i) or nil }
-    end
-    if out[#out].role == "assistant" then reject(400, "the last message must not be the assistant's", "messages") end
-    return out
-end
-
--- ---------------------------------------------------------------------------
--- Tools (chat completions)
-
-local TOOL_NAME = "^[%w_%-%.]+$"
-
--- The tool calls of an assistant message in the history:
--- { { name, arguments = JSON text } } or nil.
-function Server:history_calls(msg, i)
-    local calls = msg.tool_calls
-    if calls == nil or calls == json.null then return nil end
-    local where = ("messages[%d].tool_calls"):format(i - 1)
-    if json.kind(calls) ~= "array" then reject(400, where .. " must be an array; got " .. shown(calls, msg, "tool_calls"), "messages") end
-    local out = {}
-    for k, call in ipairs(calls) do
-        local f = json.kind(call) == "object" and call["function"]
-        if json.kind(f) ~= "object" or type(f.name) ~= "string" or not f.name:find(TOOL_NAME) then
-            reject(400, ("%s[%d] must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}; got %s")
-                :format(where, k - 1, shown(call, calls, k)), "messages")
-        end
-        local args = f.arguments
-        if type(args) ~= "string" then
-            reject(400, ("%s[%d].function.arguments must be a string of JSON; got %s"):format(where, k - 1,
-                shown(args, f, "arguments")), "messages")
-        end
-        check_utf8(args, where)
-        out[k] = { name = f.name, arguments = args }
-    end
-    return out
-end
-
--- A chat request's tools: nil when it has none (or tool_choice is "none"),
--- else { list = tool definitions as the template writes them, prefill =
--- what the reply is made to start with (tool_choice "required" or a named
--- function), parallel = whether more than one call is kept }.
--- flat: the Responses API's shape, {"type": "function", "name", ...} for a
--- tool and {"type": "function", "name"} for a choice, instead of chat's
--- nested "function" object; the template is shown chat's shape either way.
--- extra: per tool, { where = how errors name its schema, strict } for
--- tools converted from another shape (Anthropic's, by anthropic_tools).
--- The tools a forced call may name: all of them for tool_choice
--- "required", the one it names for a function, nil for "auto" (or none).
-local function forced_tools(body, flat, names, functions)
-    local choice = body.tool_choice
-    local function bad()
-        reject(400, ('tool_choice must be "none", "auto", "required" or %s; got %s'):format(flat and
-            '{"type": "function", "name"}' or '{"type": "function", "function": {"name"}}',
-            shown(choice, body, "tool_choice")), "tool_choice")
-    end
-    if choice == "required" then return functions end
-    if json.kind(choice) == "object" then
-        local f = choice.type == "function" and (flat and choice or choice["function"])
-        if json.kind(f) ~= "object" or type(f.name) ~= "string" then bad() end
-        if not names[f.name] then
-            reject(400, ("tool_choice names %s, which is not among the tools"):format(shown(f.name)), "tool_choice")
-        end
-        return { names[f.name] }
-    end
-    if choice ~= nil and choice ~= json.null and choice ~= "auto" then bad() end
-    return nil
-end
-
-function Server:chat_tools(body, flat, extra)
-    local tools, choice = body.tools, body.tool_choice
-    boolean_field(body, "parallel_tool_calls") -- checked with or without tools
-    local shape = flat and '{"type": "function", "name": ...}' or '{"type": "function", "function": {...}}'
-    if tools == nil or tools == json.null then
-        if choice ~= nil and choice ~= json.null and choice ~= "none" and choice ~= "auto" then
-            reject(400, "tool_choice needs tools", "tool_choice")
-        end
-        return nil
-    end
-    if json.kind(tools) ~= "array" then reject(400, "tools must be an array; got " .. shown(tools, body, "tools"), "tools") end
-    if #tools > 128 then reject(400, ("at most 128 tools; got %d"):format(#tools), "tools") end
-    local list, names, functions = {}, {}, {}
-    for k, tool in ipairs(tools) do
-        local f = json.kind(tool) == "object" and tool.type == "function" and (flat and tool or tool["function"])
-        if json.kind(f) ~= "object" then
-            reject(400, ("tools[%d] must be %s; got %s"):format(k - 1, shape, shown(tool, tools, k)), "tools")
-        end
-        local pre = ("tools[%d].%s"):format(k - 1, flat and "" or "function.")
-        if type(f.name) ~= "string" or #f.name > 64 or not f.name:find(TOOL_NAME) then
-            reject(400, ("%sname must be 1 to 64 letters, digits, _, - or .; got %s"):format(pre,
-                shown(f.name, f, "name")), "tools")
-        end
-        if f.parameters ~= nil and json.kind(f.parameters) ~= "object" then
-            reject(400, ("%sparameters must be a JSON Schema object; got %s"):format(pre,
-                shown(f.parameters, f, "parameters")), "tools")
-        end
-        if f.description ~= nil and type(f.description) ~= "string" then
-            reject(400, ("%sdescription must be a string"):format(pre), "tools")
-        end
-        if names[f.name] then
-            reject(400, ("%sname %s repeats tools[%d]'s: tool names must be unique"):format(pre, shown(f.name),
-                names[f.name].index), "tools")
-        end
-        names[f.name] = { f = f, index = k - 1, where = extra and extra[k].where or pre .. "parameters",
-            strict = extra and extra[k].strict or f.strict == true }
-        functions[#functions + 1] = names[f.name]
-        if flat then f.type = nil end -- chat's shape: the function's own fields, in the client's order
-        local strict = f.strict
-        if flat then f.strict = nil end -- chat's shape for the template: strict sits beside the function there
-        local ok, text = pcall(json.encode, flat and f or tool, { python = true })
-        if flat then f.strict = strict end
-        if ok and flat then text = '{"type": "function", "function": ' .. text .. "}" end
-        if not ok then
-            reject(400, ("tools[%d] cannot be written into the prompt: %s"):format(k - 1,
-                (tostring(text):gsub("^json%.encode: ", ""))), "tools")
-        end
-        check_utf8(text, ("tools[%d]"):format(k - 1))
-        list[k] = text
-    end
-    if #list == 0 and (choice == "required" or json.kind(choice) == "object") then
-        reject(400, "tool_choice needs tools; tools is empty", "tool_choice")
-    end
-    if #list == 0 or choice == "none" then return nil end
-    local forced = forced_tools(body, flat, names, functions)
-    if not self.template.tools_system then
-        reject(400, ("this model's chat template (%s) has no tool-call format; tools need a Qwen-style chatml template")
-            :format(self.template.name or "custom"), "tools")
-    end
-    local tools = { list = list, prefill = forced and "<tool_call>\n" or nil,
-        parallel = body.parallel_tool_calls ~= false }
-    -- The schemas compile in finish(), which make_job calls after the
-    -- request's length check: the tools are part of the prompt, so their
-    -- compile is then bounded by the context, never by the body's size.
-    function tools.finish()
-        -- a strict function's schema must be one the engine can enforce,
-        -- forced or not (the docs promise a 400 for an unsupported keyword)
-        if not forced then
-            for _, t in ipairs(functions) do
-                if t.strict and t.f.parameters ~= nil then
-                    local ok, g = pcall(grammar.schema, t.f.parameters, { lenient = false })
-                    if not ok then
-                        reject(400, ("tools[%d]: strict: true, and %s cannot be enforced: %s (without strict: true "
-                            .. "unsupported keywords are ignored)"):format(t.index, t.where,
-                            (tostring(g):gsub("^grammar%.schema: ", ""))), "tools")
-                    end
-                    g:free()
-                end
-            end
-        end
-        tools.grammar = forced and self:call_grammar(forced)
-    end
-    return tools
-end
-
--- A JSON Schema's $refs ("#/...") made to point into the schema placed at
--- `prefix` of a bigger one; enum, const, default and examples hold data,
--- not schemas, and are left as they are. Changes t in place.
-local DATA_KEYWORDS = { enum = true, const = true, default = true, examples = true }
-local function rebase_refs(t, prefix)
-    if type(t) ~= "table" or t == json.null then return end
-    for k, v in pairs(t) do
-        if k == "$ref" and type(v) == "string" and v:sub(1, 1) == "#" then
-            t[k] = prefix .. v:sub(2)
-        elseif not DATA_KEYWORDS[k] then
-            rebase_refs(v, prefix)
-        end
-    end
-end
-
--- The grammar of a forced tool call: the JSON object {"name": one of the
--- tools, "arguments": what its parameters schema accepts} (any object when
--- it has none). A strict function's schema must compile as it is; the others
--- are read leniently (unsupported keywords ignored). Errors are 400s naming
--- the tool.
-function Server:call_grammar(forced)
-    local alts = {}
-    for i, t in ipairs(forced) do
-        local f = t.f
-        local params = f.parameters
-        local strict = t.strict
-        if params ~= nil then
-            local ok, g = pcall(grammar.schema, params, { lenient = not strict })
-            if not ok then
-                reject(400, ("tools[%d]: %s cannot be enforced for a forced call: %s%s"):format(t.index, t.where,
-                    (tostring(g):gsub("^grammar%.schema: ", "")),
-                    strict and " (without strict: true unsupported keywords are ignored)" or ""), "tools")
-            end
-            g:free()
-            rebase_refs(params, #forced == 1 and "#/properties/arguments" or
-                ("#/anyOf/%d/properties/arguments"):format(i - 1))
-        end
-        local ok, text = pcall(json.encode, params or { type = "object" }, { ordered = true })
-        if not ok then reject(400, ("tools[%d]: %s cannot be written: %s"):format(t.index, t.where, text), "tools") end
-        alts[i] = '{"type":"object","properties":{"name":{"const":' .. json.encode(f.name) .. '},"arguments":' ..
-            text .. '},"required":["name","arguments"],"additionalProperties":false}'
-    end
-    local schema = #alts == 1 and alts[1] or '{"anyOf":[' .. table.concat(alts, ",") .. "]}"
-    local ok, g = pcall(grammar.schema, schema, { lenient = true })
-    if not ok then reject(400, "tools: the forced call cannot be enforced: " .. tostring(g), "tools") end
-    return g
-end
-
--- ---------------------------------------------------------------------------
--- Structured output: response_format (chat) and text.format (Responses)
-
-local FORMAT_NAME = "^[%w_%-]+$"
-
--- A response format object as { grammar, echo } (nil for text or absent).
--- where names it in messages ("response_format", "text.format"); flat: the
--- Responses shape, where name, schema and strict sit beside type instead
--- of in a json_schema object.
-function Server:response_format(f, where, param, flat)
-    if f == nil or f == json.null then return nil end
-    if json.kind(f) ~= "object" then
-        reject(400, ('%s must be an object such as {"type": "json_schema", ...}; got %s'):format(where, shown(f)), param)
-    end
-    local t = f.type
-    if t == "text" then return nil end
-    if t == "json_object" then
-        self.any_object = self.any_object or grammar.json_object()
-        return { grammar = self.any_object, echo = { type = "json_object" } }
-    end
-    if t ~= "json_schema" then
-        reject(400, ('%s.type must be "text", "json_object" or "json_schema"; got %s'):format(where,
-            shown(t, f, "type")), param)
-    end
-    local js, jwhere = f, where
-    if not flat then
-        js, jwhere = f.json_schema, where .. ".json_schema"
-        if json.kind(js) ~= "object" then
-            reject(400, ('%s must be an object {"name", "schema", "strict"}; got %s'):format(jwhere,
-                shown(js, f, "json_schema")), param)
-        end
-    end
-    if type(js.name) ~= "string" or #js.name > 64 or not js.name:find(FORMAT_NAME) then
-        reject(400, ("%s.name must be 1 to 64 letters, digits, _ or -; got %s"):format(jwhere,
-            shown(js.name, js, "name")), param)
-    end
-    local strict = js.strict
-    if strict ~= nil and strict ~= json.null and type(strict) ~= "boolean" then
-        reject(400, ("%s.strict must be a boolean; got %s"):format(jwhere, shown(strict, js, "strict")), param)
-    end
-    if js.description ~= nil and js.description ~= json.null and type(js.description) ~= "string" then
-        reject(400, ("%s.description must be a string; got %s"):format(jwhere, shown(js.description, js,
-            "description")), param)
-    end
-    if json.kind(js.schema) ~= "object" then
-        reject(400, ("%s.schema must be a JSON Schema object; got %s"):format(jwhere, shown(js.schema, js, "schema")),
-            param)
-    end
-    local ok, g = pcall(grammar.schema, js.schema, { lenient = strict ~= true })
-    if not ok then
-        reject(400, ("%s.schema: %s%s"):format(jwhere, (tostring(g):gsub("^grammar%.schema: schema: ", "")
-            :gsub("^grammar%.schema: ", "")), strict == true and
-            "; with strict: false unsupported keywords are ignored instead" or ""), param)
-    end
-    return { grammar = g, echo = { type = "json_schema", name = js.name, schema = js.schema,
-        strict = strict == true, description = js.description } }
-end
-
--- The calls in a finished job's text (chat, Responses, Messages), as
--- OpenAI's tool_calls, and the content before them; nil when it made none.
-function Server:job_calls(job)
-    if not job.tools then return nil end
-    if job.parsed then return job.parsed.calls, job.parsed.content end -- the text is final: parse it once
-    job.parsed = {}
-    local content, calls = toolcall.parse(job.text, self.template)
-    if not calls then return nil end
-    if job.kind == "messages" then
-        -- Anthropic's input is an object in the reply, not a string: a call
-        -- whose arguments no JSON text re-encodes (1e999) leaves the text content
-        for _, c in ipairs(calls) do
-            if not pcall(json.encode, json.decode(c.arguments)) then return nil end
-        end
-    end
-    if not job.tools.parallel then calls = { calls[1] } end
-    local out = {}
-    for k, c in ipairs(calls) do
-        out[k] = { index = k - 1, id = ("call_%s_%d"):format(job.completion_id:match("%d+$"), k - 1), type = "function",
-            ["function"] = { name = c.name, arguments = c.arguments } }
-    end
-    job.parsed = { calls = out, content = content }
-    return out, content
-end
-
--- ---------------------------------------------------------------------------
--- Anthropic Messages (POST /v1/messages)
-
--- Text of a content value: a string, or an array of parts whose type is
--- one of `types` (a set) and whose text is a string. Errors name `where`
--- and carry `param`; `wanted` says what parts are read.
-local function content_parts(content, where, param, types, wanted)
-    if type(content) == "string" then return content end
-    if json.kind(content) ~= "array" then
-        reject(400, ("%s must be a string or an array of content parts; got %s"):format(where, shown(content)), param)
-    end
-    local parts = {}
-    for j, part in ipairs(content) do
-        local t = json.kind(part) == "object" and part.type
-        if not (type(t) == "string" and types[t]) then
-            reject(400, ("%s[%d]: %s are not supported by this server (%s only)"):format(where, j - 1,
-                type(t) == "string" and ("parts of type " .. shown(t)) or ("parts like " .. shown(part, content, j)),
-                wanted), param)
-        end
-        if type(part.text) ~= "string" then
-            reject(400, ("%s[%d].text must be a string; got %s"):format(where, j - 1, shown(part.text, part, "text")),
-                param)
-        end
-        parts[#parts + 1] = part.text
-    end
-    return table.concat(parts)
-end
-
-local ANTHROPIC_TEXT = { text = true }
-local RESPONSES_TEXT = { input_text = true, output_text = true, text = true }
-
-local function blocks_text(content, where)
-    return content_parts(content, where, where:match("^[%a_]+"), ANTHROPIC_TEXT, "text blocks")
-end
-
-local ANTHROPIC_CHOICE = '{"type": "auto"}, {"type": "any"}, {"type": "tool", "name"} or {"type": "none"}'
-
--- A Messages request's tools, in Anthropic's shapes: tools as {"name",
--- "description", "input_schema"} (type "custom" or none; server tools are
--- refused), tool_choice {"type": "auto" | "any" | "tool" (with "name") |
--- "none", "disable_parallel_tool_use"}. They are turned into chat's shapes,
--- as llama-server converts them ({"type": "function", "function": {"name",
--- "description", "parameters"}}, any = required), and read by chat_tools:
--- the same template path, forced-call grammar and parsing as chat's.
-function Server:anthropic_tools(body)
-    local tools, choice = body.tools, body.tool_choice
-    local chat_body = {}
-    if choice ~= nil and choice ~= json.null then
-        local t = json.kind(choice) == "object" and choice.type
-        if t ~= "auto" and t ~= "any" and t ~= "tool" and t ~= "none" then
-            reject(400, ("tool_choice must be %s; got %s"):format(ANTHROPIC_CHOICE, shown(choice, body, "tool_choice")),
-                "tool_choice")
-        end
-        if t == "tool" and type(choice.name) ~= "string" then
-            reject(400, 'tool_choice {"type": "tool"} needs the name of one of the tools; got ' ..
-                shown(choice.name, choice, "name"), "tool_choice")
-        end
-        local disable = boolean_field(choice, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use")
-        chat_body.parallel_tool_calls = not disable
-        chat_body.tool_choice = t == "any" and "required" or t == "tool" and { type = "function",
-            ["function"] = { name = choice.name } } or t
-    end
-    if tools ~= nil and tools ~= json.null then
-        if json.kind(tools) ~= "array" then
-            reject(400, "tools must be an array; got " .. shown(tools, body, "tools"), "tools")
-        end
-        local converted, extra = json.array(), {}
-        for k, tool in ipairs(tools) do
-            local where = ("tools[%d]"):format(k - 1)
-            if json.kind(tool) ~= "object" then
-                reject(400, ('%s must be {"name", "description", "input_schema"}; got %s'):format(where,
-                    shown(tool, tools, k)), "tools")
-            end
-            if tool.type ~= nil and tool.type ~= json.null and tool.type ~= "custom" then
-                reject(400, ('%s: tools of type %s are not supported by this server (custom tools only: {"name", '
-                    .. '"description", "input_schema"})'):format(where, shown(tool.type, tool, "type")), "tools")
-            end
-            if type(tool.name) ~= "string" or #tool.name > 64 or not tool.name:find("^[%w_%-]+$") then
-                reject(400, ("%s.name must be 1 to 64 letters, digits, _ or -; got %s"):format(where,
-                    shown(tool.name, tool, "name")), "tools")
-            end
-            local d = tool.description
-            if d ~= nil and d ~= json.null and type(d) ~= "string" then
-                reject(400, ("%s.description must be a string; got %s"):format(where, shown(d, tool, "description")),
-                    "tools")
-            end
-            if json.kind(tool.input_schema) ~= "object" then
-                reject(400, ("%s.input_schema must be a JSON Schema object; got %s"):format(where,
-                    shown(tool.input_schema, tool, "input_schema")), "tools")
-            end
-            local strict = boolean_field(tool, "strict", where .. ".strict")
-            local ok, schema = pcall(json.encode, tool.input_schema, { ordered = true })
-            if not ok then
-                reject(400, ("%s.input_schema cannot be written into the prompt: %s"):format(where,
-                    (tostring(schema):gsub("^json%.encode: ", ""))), "tools")
-            end
-            -- decoded from text, so that the template sees the keys in this order
-            converted[k] = json.decode('{"type":"function","function":{"name":' .. json.encode(tool.name) ..
-                (type(d) == "string" and ',"description":' .. json.encode(d) or "") .. ',"parameters":' .. schema .. "}}")
-            extra[k] = { where = where .. ".input_schema", strict = strict }
-        end
-        chat_body.tools = converted
-        return self:chat_tools(chat_body, false, extra)
-    end
-    return self:chat_tools(chat_body)
-end
-
--- One Messages turn's content blocks: its text, its tool_use blocks as
--- calls (assistant turns) and its tool_result blocks as tool messages (user
--- turns; a result with is_error true is shown to the model prefixed with
--- "Error: "). Appends the turn's messages to list; `uses` holds the ids of
--- the tool_use blocks so far, which results must name.
-local function message_blocks(msg, where, list, uses)
-    local content = msg.content
-    if type(content) == "string" then
-        check_utf8(content, where .. ".content")
-        list[#list + 1] = { role = msg.role, content = content }
-        return
-    end
-    if json.kind(content) ~= "array" then
-        reject(400, ("%s.content must be a string or an array of content blocks; got %s"):format(where,
-            shown(content, msg, "content")), "messages")
-    end
-    local assistant = msg.role == "assistant"
-    local wanted = assistant and "text and tool_use blocks" or "text and tool_result blocks"
-    local text, calls, results = {}, nil, 0
-    for j, block in ipairs(content) do
-        local at = ("%s.content[%d]"):format(where, j - 1)
-        local t = json.kind(block) == "object" and block.type
-        if t == "text" then
-            if type(block.text) ~= "string" then
-                reject(400, ("%s.text must be a string; got %s"):format(at, shown(block.text, block, "text")), "messages")
-            end
-            text[#text + 1] = block.text
-        elseif t == "tool_use" and assistant then
-            if type(block.id) ~= "string" or block.id == "" then
-                reject(400, ("%s.id must be a non-empty string; got %s"):format(at, shown(block.id, block, "id")),
-                    "messages")
-            end
-            if type(block.name) ~= "string" or not block.name:find(TOOL_NAME) then
-                reject(400, ("%s.name must be a tool's name; got %s"):format(at, shown(block.name, block, "name")),
-                    "messages")
-            end
-            if json.kind(block.input) ~= "object" then
-                reject(400, ("%s.input must be an object; got %s"):format(at, shown(block.input, block, "input")),
-                    "messages")
-            end
-            local ok, args = pcall(json.encode, block.input, { ordered = true })
-            if not ok then reject(400, ("%s.input cannot be written: %s"):format(at, args), "messages") end
-            check_utf8(args, at .. ".input")
-            calls = calls or {}
-            calls[#calls + 1] = { name = block.name, arguments = args }
-            uses[block.id] = true
-        elseif t == "tool_result" and not assistant then
-            if type(block.tool_use_id) ~= "string" or not uses[block.tool_use_id] then
-                reject(400, ("%s.tool_use_id must name a tool_use block of an earlier assistant turn; got %s")
-                    :format(at, shown(block.tool_use_id, block, "tool_use_id")), "messages")
-            end
-            local result = ""
-            if block.content ~= nil and block.content ~= json.null then
-                result = content_parts(block.content, at .. ".content", "messages", ANTHROPIC_TEXT, "text blocks")
-            end
-            check_utf8(result, at .. ".content")
-            if boolean_field(block, "is_error", at .. ".is_error") then result = "Error: " .. result end
-            if #text > 0 then -- text before a result stays before it
-                list[#list + 1] = { role = "user", content = table.concat(text) }
-                text = {}
-            end
-            list[#list + 1] = { role = "tool", content = result }
-            results = results + 1
-        else
-            local what = type(t) == "string" and ("parts of type " .. shown(t)) or ("parts like " .. shown(block, content, j))
-            reject(400, ("%s: %s are not supported by this server in %s turns (%s only)"):format(at, what, msg.role,
-                wanted), "messages")
-        end
-    end
-    local joined = table.concat(text)
-    check_utf8(joined, where .. ".content")
-    if assistant then
-        list[#list + 1] = { role = "assistant", content = joined, tool_calls = calls }
-    elseif joined ~= "" or results == 0 then
-        list[#list + 1] = { role = "user", content = joined }
-    end
-end
-
--- The prompt text of a Messages request: system, the tools, then the turns
--- in the model's template. A last assistant turn is a prefill: the reply
--- continues it (and holds only what follows it), as Anthropic's API does.
--- Returns the text, the tools (chat_tools' table, or nil) and the messages.
-function Server:parse_messages(body)
-    local msgs = self:message_list(body)
-    local tools = self:anthropic_tools(body)
-    local list = {}
-    if body.system ~= nil and body.system ~= json.null then
-        local text = blocks_text(body.system, "system")
-        check_utf8(text, "system")
-        if text ~= "" then list[1] = { role = "system", content = text } end
-    end
-    local uses = {}
-    for i, msg in ipairs(msgs) do
-        local where = ("messages[%d]"):format(i - 1)
-        if json.kind(msg) ~= "object" then reject(400, where .. " must be an object; got " .. shown(msg, msgs, i), "messages") end
-        if msg.role ~= "user" and msg.role ~= "assistant" then
-            reject(400, ("%s.role must be user or assistant (the system prompt goes in the top-level system field); "
-                .. "got %s"):format(where, shown(msg.role, msg, "role")), "messages")
-        end
-        message_blocks(msg, where, list, uses)
-    end
-    local prefill = nil
-    if list[#list].role == "assistant" then
-        local last = table.remove(list)
-        if last.tool_calls then
-            reject(400, "messages: the final assistant turn is a prefill the reply continues; it can hold text only, "
-                .. "not tool_use blocks (send the tool's result in a user turn)", "messages")
-        end
-        if tools and tools.prefill then
-            reject(400, 'messages: a final assistant turn (a prefill) cannot go with tool_choice "any" or "tool", '
-                .. "which make the reply start with the call", "messages")
-        end
-        prefill = last.content
-        if prefill:find("%s$") then
-            reject(400, "messages: the final assistant content cannot end with trailing whitespace", "messages")
-        end
-    end
-    local ok, text, spans = pcall(chat.render, self.template, list, { tools = tools and tools.list, plain = true })
-    if not ok then reject(400, (tostring(text):gsub("^chat%.render: ", "")), "messages") end
-    if prefill and prefill ~= "" then
-        spans[#spans + 1], spans[#spans + 2] = #text, #text + #prefill
-    end
-    return text .. (prefill or "") .. (tools and tools.prefill or ""), tools, list, spans
-end
-
-function Server:messages_options(body)
-    local o = {}
-    if body.max_tokens == nil or body.max_tokens == json.null then
-        reject(400, "max_tokens: the field is required", "max_tokens")
-    end
-    o.max_tokens = integer_field(body, "max_tokens", 1, self.max_tokens_limit, nil,
-        " (this server's limit is " .. self.max_tokens_limit .. ")")
-    local d = self.sampling
-    o.temperature = number_field(body, "temperature", 0, 1, math.min(d.temperature, 1))
-    o.top_p = number_field(body, "top_p", 0, 1, d.top_p)
-    if o.top_p == 0 then o.top_p = 1e-6 end
-    o.top_k = integer_field(body, "top_k", 0, INT32_MAX, d.top_k)
-    o.min_p, o.seed = d.min_p, d.seed
-    o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.repeat_last_n = 0, 0, d.repeat_penalty, 64
-    o.stop = {}
-    local stop = body.stop_sequences
-    if json.kind(stop) == "array" then
-        if #stop > 16 then reject(400, ("stop_sequences: at most 16; got %d"):format(#stop), "stop_sequences") end
-        for i, v in ipairs(stop) do
-            if type(v) ~= "string" or v == "" then
-                reject(400, ("stop_sequences[%d] must be a non-empty string; got %s"):format(i - 1, shown(v, stop, i)),
-                    "stop_sequences")
-            end
-            check_utf8(v, "stop_sequences")
-            o.stop[#o.stop + 1] = v
-        end
-    elseif stop ~= nil and stop ~= json.null then
-        reject(400, "stop_sequences must be an array of strings; got " .. shown(stop, body, "stop_sequences"),
-            "stop_sequences")
-    end
-    o.stream = boolean_field(body, "stream")
-    return o
-end
-
--- ---------------------------------------------------------------------------
--- OpenAI Responses (POST /v1/responses)
-
--- The prompt text of a Responses request: instructions as the system
--- message, then the input (a string: one user turn; or message items).
-function Server:parse_responses(body)
-    local prev = body.previous_response_id
-    if prev ~= nil and prev ~= json.null then
-        reject(400, "previous_response_id is not supported: this server stores no responses; send the whole "
-            .. "conversation in input", "previous_response_id")
-    end
-    local list = {}
-    if body.instructions ~= nil and body.instructions ~= json.null then
-        if type(body.instructions) ~= "string" then
-            reject(400, "instructions must be a string; got " .. shown(body.instructions, body, "instructions"),
-                "instructions")
-        end
-        check_utf8(body.instructions, "instructions")
-        list[1] = { role = "system", content = body.instructions }
-    end
-    local input = body.input
-    if type(input) == "string" then
-        check_utf8(input, "input")
-        list[#list + 1] = { role = "user", content = input }
-    elseif json.kind(input) == "array" and #input > 0 then
-        if #input > self.max_messages then
-            reject(400, ("%d input items is above this server's limit of %d"):format(#input, self.max_messages), "input")
-        end
-        for i, item in ipairs(input) do
-            local where = ("input[%d]"):format(i - 1)
-            if json.kind(item) ~= "object" then reject(400, where .. " must be an object; got " .. shown(item, input, i), "input") end
-            if item.type == "function_call" then
-                if type(item.name) ~= "string" or not item.name:find(TOOL_NAME) or type(item.arguments) ~= "string" then
-                    reject(400, where .. ' must be {"type": "function_call", "call_id", "name", "arguments": a string of '
-                        .. "JSON}", "input")
-                end
-                check_utf8(item.arguments, where .. ".arguments")
-                local last = list[#list]
-                if not (last and last.role == "assistant" and last.tool_calls) then
-                    last = { role = "assistant", content = "", tool_calls = {} }
-                    list[#list + 1] = last
-                end
-                last.tool_calls[#last.tool_calls + 1] = { name = item.name, arguments = item.arguments }
-                goto next_item
-            elseif item.type == "function_call_output" then
-                if type(item.output) ~= "string" then
-                    reject(400, where .. ".output must be a string; got " .. shown(item.output, item, "output"), "input")
-                end
-                check_utf8(item.output, where .. ".output")
-                list[#list + 1] = { role = "tool", content = item.output }
-                goto next_item
-            elseif item.type ~= nil and item.type ~= "message" then
-                reject(400, ("%s: items of type %s are not supported by this server (messages, function_call and "
-                    .. "function_call_output only)"):format(where, shown(item.type, item, "type")), "input")
-            end
-            local role = item.role
-            if role ~= "user" and role ~= "assistant" and role ~= "system" and role ~= "developer" then
-                reject(400, ("%s.role must be user, assistant, system or developer; got %s")
-                    :format(where, shown(role, item, "role")), "input")
-            end
-            local text = content_parts(item.content, where .. ".content", "input", RESPONSES_TEXT, "input_text parts")
-            check_utf8(text, where .. ".content")
-            list[#list + 1] = { role = role == "developer" and "system" or role, content = text }
-            ::next_item::
-        end
-        if list[#list].role == "assistant" then reject(400, "the last input item must not be the assistant's", "input") end
-    else
-        reject(400, "input must be a string or a non-empty array of message items; got " .. shown(input, body, "input"),
-            "input")
-    end
-    local tools = self:chat_tools(body, true)
-    local ok, text, spans = pcall(chat.render, self.template, list, { tools = tools and tools.list, plain = true })
-    if not ok then reject(400, (tostring(text):gsub("^chat%.render: ", "")), "input") end
-    return text .. (tools and tools.prefill or ""), tools, list, spans
-end
-
--- A Responses request's metadata, as OpenAI's API takes it: an object of at
--- most 16 pairs, keys of at most 64 characters, string values of at most 512
--- (json.object() when absent or null). It is only echoed back.
-local function metadata_field(body)
-    local md = body.metadata
-    if md == nil or md == json.null then return json.object() end
-    if json.kind(md) ~= "object" then
-        reject(400, "metadata must be an object of string values; got " .. shown(md, body, "metadata"), "metadata")
-    end
-    local n = 0
-    for k, v in pairs(md) do
-        n = n + 1
-        if type(v) ~= "string" then
-            reject(400, ("metadata[%s] must be a string; got %s"):format(shown(k), shown(v, md, k)), "metadata")
-        end
-        local chars = C.cart_utf8_invalid_offset(k, #k) < 0 and select(2, k:gsub("[^\128-\191]", ""))
-        if not chars or chars > 64 then
-            reject(400, ("metadata key %s must be valid UTF-8 of at most 64 characters"):format(shown(k)), "metadata")
-        end
-        check_utf8(v, "metadata[" .. shown(k) .. "]")
-        if select(2, v:gsub("[^\128-\191]", "")) > 512 then
-            reject(400, ("metadata[%s] must be at most 512 characters; got %d bytes"):format(shown(k), #v), "metadata")
-        end
-    end
-    if n > 16 then reject(400, ("metadata holds at most 16 pairs; got %d"):format(n), "metadata") end
-    return md
-end
-
-function Server:responses_options(body)
-    local o = {}
-    o.max_tokens = integer_field(body, "max_output_tokens", 1, self.max_tokens_limit, self.default_max_tokens,
-        " (this server's limit is " .. self.max_tokens_limit .. ")")
-    local d = self.sampling
-    o.temperature = number_field(body, "temperature", 0, 2, d.temperature)
-    o.top_p = number_field(body, "top_p", 0, 1, d.top_p)
-    if o.top_p == 0 then o.top_p = 1e-6 end
-    o.top_k, o.min_p, o.seed = d.top_k, d.min_p, d.seed
-    o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.repeat_last_n = 0, 0, d.repeat_penalty, 64
-    o.stop = {}
-    o.stream = boolean_field(body, "stream")
-    o.echo_tool_choice = (type(body.tool_choice) == "string" or json.kind(body.tool_choice) == "object")
-        and body.tool_choice or "auto"
-    o.echo = { instructions = type(body.instructions) == "string" and body.instructions or json.null,
-        max_output_tokens = body.max_output_tokens ~= nil and o.max_tokens or json.null,
-        temperature = o.temperature, top_p = o.top_p, metadata = metadata_field(body) }
-    return o
-end
-
--- Adds the fleet's extra field to a response object: the documents whose
--- cartridges the answer went behind, in composition order.
-local function with_documents(job, obj)
-    if job.documents then obj.documents = json.array({ unpack(job.documents) }) end
-    return obj
-end
-
--- A Responses API response object in its current state.
-function Server:response_object(job, status)
-    local item = { type = "message", id = "msg_" .. job.completion_id:sub(6), status = status == "in_progress"
-        and "in_progress" or "completed", role = "assistant", content = json.array() }
-    local output = json.array()
-    local calls = nil
-    if status ~= "in_progress" then
-        local content
-        calls, content = self:job_calls(job)
-        local text = calls and (content or "") or job.text
-        item.content = json.array({ { type = "output_text", text = text, annotations = json.array(),
-            logprobs = job.opts.lp.on and logprobs.chat(self.tok, job.lps, 1, #job.lps) or json.array() } })
-        if not calls or content then output[1] = item end
-        for _, c in ipairs(calls or {}) do
-            output[#output + 1] = { type = "function_call", id = "fc_" .. c.id:sub(6), call_id = c.id, name = c["function"].name,
-                arguments = c["function"].arguments, status = "completed" }
-        end
-    end
-    local obj = { id = job.completion_id, object = "response", created_at = job.created, status = status,
-        model = job.name, output = output, parallel_tool_calls = false, tool_choice = "none", tools = json.array(),
-        error = json.null, incomplete_details = status == "incomplete" and { reason = "max_output_tokens" } or json.null,
-        usage = status == "in_progress" and json.null or { input_tokens = #job.prompt,
-            input_tokens_details = { cached_tokens = job.cached }, output_tokens = #job.out_ids,
-            output_tokens_details = { reasoning_tokens = 0 }, total_tokens = #job.prompt + #job.out_ids } }
-    for k, v in pairs(job.opts.echo) do obj[k] = v end
-    if job.tools then obj.tool_choice, obj.parallel_tool_calls = job.opts.echo_tool_choice, job.tools.parallel end
-    return with_documents(job, obj), item, calls and output or nil
-end
-
--- Opens a streamed response's message item (once), before its first text.
-function Server:open_item(job)
-    if job.item_open then return end
-    job.item_open = true
-    local _, item = self:response_object(job, "in_progress")
-    self:response_event(job, "response.output_item.added", { output_index = 0, item = item })
-    self:response_event(job, "response.content_part.added", { item_id = item.id, output_index = 0,
-        content_index = 0, part = { type = "output_text", text = "", annotations = json.array() } })
-end
-
--- One Responses stream event, numbered.
-function Server:response_event(job, name, obj)
-    obj.type = name
-    obj.sequence_number = job.sequence or 0
-    job.sequence = obj.sequence_number + 1
-    self:event(job, name, obj)
-end
-
-local STOP_REASON = { stop = "end_turn", length = "max_tokens", stop_sequence = "stop_sequence", tool_use = "tool_use" }
-
--- A Messages reply's tool_use blocks, one per call: {"type": "tool_use",
--- "id", "name", "input": the arguments object}.
-local function tool_use_blocks(calls)
-    local out = {}
-    for k, c in ipairs(calls) do
-        out[k] = { type = "tool_use", id = "toolu_" .. c.id:sub(6), name = c["function"].name,
-            input = json.decode(c["function"].arguments) }
-    end
-    return out
-end
-
--- A finished Messages job's content blocks: its text, or with tool calls
--- the text before them (when there is some) and a tool_use block per call.
-function Server:message_content(job)
-    local calls, content = self:job_calls(job)
-    if not calls then return json.array({ { type = "text", text = job.text } }) end
-    local blocks = json.array()
-    if content then blocks[1] = { type = "text", text = content } end
-    for _, b in ipairs(tool_use_blocks(calls)) do blocks[#blocks + 1] = b end
-    return blocks
-end
-
--- Opens a streamed Messages reply's text block (index 0), once.
-function Server:open_block(job)
-    if job.block_open then return end
-    job.block_open = true
-    self:event(job, "content_block_start", { type = "content_block_start", index = 0,
-        content_block = { type = "text", text = "" } })
-end
-
--- Streams a Messages reply's calls: the text block (when open) closes, then
--- each call is a tool_use block whose input comes as one input_json_delta.
-function Server:tool_use_events(job, calls)
-    local first = 0
-    if job.block_open then
-        self:event(job, "content_block_stop", { type = "content_block_stop", index = 0 })
-        first = 1
-    end
-    for k, b in ipairs(tool_use_blocks(calls)) do
-        local index = first + k - 1
-        local arguments = calls[k]["function"].arguments
-        b.input = json.object()
-        self:event(job, "content_block_start", { type = "content_block_start", index = index, content_block = b })
-        self:event(job, "content_block_delta", { type = "content_block_delta", index = index,
-            delta = { type = "input_json_delta", partial_json = arguments } })
-        self:event(job, "content_block_stop", { type = "content_block_stop", index = index })
-    end
-    job.calls_sent = true
-end
-
-local function anthropic_usage(job)
-    return { input_tokens = #job.prompt - job.cached, output_tokens = #job.out_ids,
-        cache_read_input_tokens = job.cached, cache_creation_input_tokens = 0 }
-end
-
-function Server:event(job, name, obj)
-    self.http:stream_write(job.id, "event: " .. name .. "\ndata: " .. json.encode(obj) .. "\n\n")
-end
 
 -- ---------------------------------------------------------------------------
 -- Jobs
-
--- Fields a client may send that this server does not honour yet: each
--- with the test of a value that asks for something (false, null, 0 and
--- empty ask for nothing and pass) and what to do instead. A request asking
--- for one gets a 400 naming it, never a reply that silently lacks it.
-local function asks(v) return v ~= nil and v ~= json.null and v ~= false and v ~= 0 end
-local UNHONOURED = {
-    ["/v1/completions"] = {
-        { "suffix", function(v) return type(v) == "string" and v ~= "" end },
-        { "best_of", function(v) return asks(v) and v ~= 1 end },
-    },
-    ["/v1/messages"] = {
-        { "thinking", function(v) return type(v) == "table" and v.type ~= nil and v.type ~= "disabled" end },
-    },
-}
-
--- The fields each route reads. Any other is refused by name: a field this
--- server does not know would otherwise be ignored without a word. "user"
--- (an end user's id) and Anthropic's "metadata" change no output, and
--- "store" is taken only when it asks for nothing.
-local function fields(list)
-    local t = {}
-    for name in list:gmatch("%S+") do t[name] = true end
-    return t
-end
-local SAMPLING = "model max_tokens temperature top_p top_k min_p seed stop stream stream_options n logprobs "
-    .. "logit_bias frequency_penalty presence_penalty repeat_penalty repeat_last_n response_format user "
-local KNOWN = {
-    ["/v1/chat/completions"] = fields(SAMPLING .. "messages max_completion_tokens top_logprobs tools tool_choice "
-        .. "parallel_tool_calls store"),
-    ["/v1/completions"] = fields(SAMPLING .. "prompt echo best_of suffix"),
-    ["/v1/responses"] = fields("model input instructions max_output_tokens temperature top_p stream metadata text "
-        .. "tools tool_choice parallel_tool_calls previous_response_id include top_logprobs user store"),
-    ["/v1/messages"] = fields("model messages system max_tokens temperature top_p top_k stop_sequences stream tools "
-        .. "tool_choice metadata thinking"),
-}
-
-local function refuse_unhonoured(route, body)
-    local known = KNOWN[route]
-    if known then
-        local unknown = {}
-        for k in pairs(body) do
-            if not known[k] then unknown[#unknown + 1] = tostring(k) end
-        end
-        table.sort(unknown)
-        if unknown[1] then
-            reject(400, ("%s: %s does not know this field, and would ignore it; leave it out"):format(unknown[1],
-                route), unknown[1])
-        end
-        if asks(body.store) then
-            reject(400, "store: this server stores no responses; leave it out or set it to false", "store")
-        end
-    end
-    for _, f in ipairs(UNHONOURED[route] or {}) do
-        if f[2](body[f[1]]) then
-            reject(400, ("%s: this server does not support it yet (its replies would silently lack it); leave "
-                .. "it out or set it to its off value; got %s"):format(f[1], shown(body[f[1]], body, f[1])), f[1])
-        end
-    end
-end
 
 -- Builds the jobs of a request: one, or (several choices) { group = the
 -- child jobs } answering it together (cartridge.choices). Raises a
@@ -1312,98 +271,60 @@ function Server:make_jobs(id, req)
     return { group = jobs }
 end
 
--- Builds a job from a request (body: its decoded JSON), or raises a
--- RequestError.
+
+-- The token ids of a job's prompt. The template's markers are special
+-- tokens; what the client wrote is text (its "<|im_start|>" cannot open a
+-- turn) unless --parse-special; a raw prompt (text completions) is text.
+function Server:prompt_ids(p, cart)
+    return p.ids or self.tok:encode(p.text, { special = not p.raw, add_special = cart == nil,
+        plain = not self.parse_special and p.plain or nil })
+end
+
+-- The fleet's cartridges for a conversation, retrieved over its user
+-- messages (after the length check: retrieval runs the model), and their
+-- document names.
+function Server:fleet_select(list)
+    local users = {}
+    for _, msg in ipairs(list) do
+        if msg.role == "user" then users[#users + 1] = msg.content end
+    end
+    if #users == 0 then reject(400, "a request to a fleet needs a user message to retrieve by", "messages") end
+    local cart = self.fleet:select(users)
+    return cart, cart.names
+end
+
+-- Builds a job from a request (body: its decoded JSON) through its route's
+-- dialect (cartridge.api), or raises a RequestError.
 function Server:make_job(id, req, body)
-    local route = req.route or req.path
-    refuse_unhonoured(route, body)
+    local d = api.by_route[req.route or req.path]
+    request.refuse_unknown(d, body)
     local cart, name = self:pick(body)
-    local kind, text, tools, list, plain, given_ids
-    local o
-    if route == "/v1/messages" then o = self:messages_options(body)
-    elseif route == "/v1/responses" then o = self:responses_options(body)
-    else o = self:common_options(body) end
-    o.lp = logprobs.options(route, body, { reject = reject, shown = shown, n_vocab = self.m.n_vocab, tok = self.tok })
-    local format
-    if route == "/v1/chat/completions" or route == "/v1/completions" then
-        format = self:response_format(body.response_format, "response_format", "response_format")
-    elseif route == "/v1/responses" then
-        local t = body.text
-        if t ~= nil and t ~= json.null then
-            if json.kind(t) ~= "object" then
-                reject(400, 'text must be an object such as {"format": {"type": "json_schema", ...}}; got ' ..
-                    shown(t, body, "text"), "text")
-            end
-            format = self:response_format(t.format, "text.format", "text", true)
-        end
-        o.echo.text = { format = format and format.echo or { type = "text" } }
-    end
-    if route == "/v1/messages" then
-        kind = "messages"
-        text, tools, list, plain = self:parse_messages(body)
-    elseif route == "/v1/responses" then
-        kind = "responses"
-        text, tools, list, plain = self:parse_responses(body)
-    elseif route == "/v1/chat/completions" then
-        kind = "chat"
-        tools = self:chat_tools(body)
-        list = self:parse_chat(body)
-        local ok, rendered, spans = pcall(chat.render, self.template, list, { tools = tools and tools.list,
-            plain = true })
-        if not ok then
-            if server.is_request_error(rendered) then error(rendered, 0) end
-            reject(400, (tostring(rendered):gsub("^chat%.render: ", "")), "messages")
-        end
-        text, plain = rendered .. (tools and tools.prefill or ""), spans
-    else
-        kind = "text"
-        local prompt = choices.prompts(body.prompt, { reject = reject, shown = shown, n_vocab = self.m.n_vocab },
-            body)[1]
-        if type(prompt) == "table" then -- token ids: the text they spell, for echo
-            given_ids, prompt = prompt, self.tok:decode(prompt)
-        else
-            check_utf8(prompt, "prompt")
-        end
-        text = prompt
-        list = { { role = "user", content = prompt } }
-    end
-    -- the template's markers are special tokens; what the client wrote is
-    -- text (its "<|im_start|>" cannot open a turn) unless --parse-special
-    local ids = given_ids or self.tok:encode(text, { special = kind ~= "text", add_special = cart == nil,
-        plain = not self.parse_special and plain or nil })
-    local what = kind == "text" and "prompt" or kind == "responses" and "input" or "messages"
-    if #ids == 0 then reject(400, "the prompt is empty", what) end
+    local o = d.options(self, body)
+    o.lp = logprobs.options(d.route, body, { reject = reject, shown = shown, n_vocab = self.m.n_vocab, tok = self.tok })
+    local format = d.format and d.format(self, body, o)
+    local p = d.prompt(self, body, o)
+    local ids = self:prompt_ids(p, cart)
+    if #ids == 0 then reject(400, "the prompt is empty", d.what) end
     if #ids + o.max_tokens > self.ctx then
         reject(400, ("This request needs %d prompt tokens (its %s) + %d completion tokens, but the context holds %d; "
-            .. "shorten the %s or lower max_tokens."):format(#ids, what, o.max_tokens, self.ctx, what), what,
+            .. "shorten the %s or lower max_tokens."):format(#ids, d.what, o.max_tokens, self.ctx, d.what), d.what,
             "context_length_exceeded")
     end
+    local tools = p.tools
     if tools then tools.finish() end
     local documents
-    if cart and cart == self.fleet then
-        -- the fleet's cartridges for this conversation, retrieved over its
-        -- user messages (after the length check: retrieval runs the model)
-        local users = {}
-        for _, msg in ipairs(list) do
-            if msg.role == "user" then users[#users + 1] = msg.content end
-        end
-        if #users == 0 then reject(400, "a request to a fleet needs a user message to retrieve by", "messages") end
-        cart = self.fleet:select(users)
-        documents = cart.names
-    end
+    if cart and cart == self.fleet then cart, documents = self:fleet_select(p.list) end
     self.counter = self.counter + 1
     -- a forced tool call is held to its tool's schema; otherwise the reply to the response format
     local g = tools and tools.grammar or format and format.grammar
     return {
-        id = id, kind = kind, name = name, cart = cart, prompt = ids, opts = o, tools = tools, grammar = g,
+        id = id, api = d, kind = d.kind, name = name, cart = cart, prompt = ids, opts = o, tools = tools, grammar = g,
         documents = documents,
         call_close = tools and tools.grammar and "\n" .. self.template.call_close or nil,
         out_ids = {}, text = tools and tools.prefill or "", sent = 0, finish = nil, cached = 0,
         lps = {}, lp_sent = 0, -- the log-probability entries of out_ids, and how many were streamed
-        echo = kind == "text" and o.lp.echo and text or nil, -- completions' echo: the prompt, before the reply
-        completion_id = (kind == "chat" and "chatcmpl-" or kind == "messages" and "msg_" or
-            kind == "responses" and "resp_" or "cmpl-")
-            .. ("%d%06d"):format(self.created, self.counter),
+        echo = p.echo, -- completions' echo: the prompt, before the reply
+        completion_id = d.id_prefix .. ("%d%06d"):format(self.created, self.counter),
         received = now(),
         created = os.time(), -- the response's time, as OpenAI's created (Unix seconds)
     }
@@ -1552,173 +473,24 @@ function Server:release(job)
     self.jobs[job.id] = nil
 end
 
+
 -- ---------------------------------------------------------------------------
--- Responses
-
-local function usage(job)
-    return {
-        prompt_tokens = #job.prompt,
-        completion_tokens = #job.out_ids,
-        total_tokens = #job.prompt + #job.out_ids,
-        prompt_tokens_details = { cached_tokens = job.cached },
-    }
-end
-
--- The log-probability entries accepted since the last call, in the job's
--- API shape; nil when the request did not ask for them.
-function Server:new_logprobs(job)
-    if not job.opts.lp.on then return nil end
-    local i, j = job.lp_sent + 1, #job.lps
-    job.lp_sent = j
-    if job.kind == "text" then
-        local o
-        o, job.lp_chars = logprobs.legacy(self.tok, job.lps, i, j, job.lp_chars or 0)
-        return o
-    end
-    local list = logprobs.chat(self.tok, job.lps, i, j)
-    return job.kind == "chat" and { content = list, refusal = json.null } or list
-end
-
-function Server:chunk(job, delta, finish)
-    local obj
-    local lp = (finish or delta.content and delta.content ~= "") and job.kind ~= "messages"
-        and self:new_logprobs(job) or nil
-    if job.kind == "messages" then
-        if delta.content and delta.content ~= "" then
-            self:open_block(job)
-            self:event(job, "content_block_delta", { type = "content_block_delta", index = 0,
-                delta = { type = "text_delta", text = delta.content } })
-        end
-        if delta.tool_calls then self:tool_use_events(job, delta.tool_calls) end
-        return
-    elseif job.kind == "responses" then
-        if delta.content and delta.content ~= "" then
-            self:open_item(job)
-            self:response_event(job, "response.output_text.delta", { item_id = "msg_" .. job.completion_id:sub(6),
-                output_index = 0, content_index = 0, delta = delta.content, logprobs = lp or json.array() })
-        end
-        return
-    elseif job.kind == "chat" then
-        obj = { id = job.completion_id, object = "chat.completion.chunk", created = job.created, model = job.name,
-            choices = json.array({ { index = 0, delta = delta, finish_reason = finish or json.null,
-                logprobs = lp or json.null } }) }
-    else
-        obj = { id = job.completion_id, object = "text_completion", created = job.created, model = job.name,
-            choices = json.array({ { index = 0, text = delta.content or "", finish_reason = finish or json.null,
-                logprobs = lp or json.null } }) }
-    end
-    self.http:stream_write(job.id, "data: " .. json.encode(with_documents(job, obj)) .. "\n\n")
-end
+-- Replies (their shape is the dialect's)
 
 function Server:start_stream(job)
     self.http:stream_begin(job.id, 200, "text/event-stream", { ["Cache-Control"] = "no-cache" })
     job.streaming = true
-    if job.kind == "messages" then
-        self:event(job, "message_start", { type = "message_start", message = with_documents(job, { id = job.completion_id,
-            type = "message", role = "assistant", model = job.name, content = json.array(), stop_reason = json.null,
-            stop_sequence = json.null, usage = { input_tokens = #job.prompt - job.cached, output_tokens = 0,
-                cache_read_input_tokens = job.cached, cache_creation_input_tokens = 0 } }) })
-        -- with tools, the text block opens at its first text (a reply may be tool_use blocks only)
-        if not job.tools then self:open_block(job) end
-        self:event(job, "ping", { type = "ping" })
-    elseif job.kind == "responses" then
-        local obj = self:response_object(job, "in_progress")
-        self:response_event(job, "response.created", { response = obj })
-        self:response_event(job, "response.in_progress", { response = obj })
-        -- with tools, the message item opens at its first text (a reply may be calls only)
-        if not job.tools then self:open_item(job) end
-    elseif job.kind == "chat" then
-        self:chunk(job, { role = "assistant", content = "" })
-    elseif job.echo then
-        self:chunk(job, { content = job.echo })
-    end
+    job.api.start(self, job)
 end
 
 function Server:finish_job(job)
-    local id = job.id
-    local reason = job.finish == "stop" and job.stop_hit and "stop_sequence" or job.finish
-    if job.kind == "messages" and self:job_calls(job) then reason = "tool_use" end
-    if job.kind == "messages" and job.opts.stream then
-        if not job.calls_sent then
-            self:open_block(job) -- a reply with no text still has its (empty) text block
-            self:event(job, "content_block_stop", { type = "content_block_stop", index = 0 })
-        end
-        self:event(job, "message_delta", { type = "message_delta",
-            delta = { stop_reason = STOP_REASON[reason], stop_sequence = job.stop_hit or json.null },
-            usage = { output_tokens = #job.out_ids } })
-        self:event(job, "message_stop", { type = "message_stop" })
-        self.http:stream_end(id)
-    elseif job.kind == "responses" then
-        local status = job.finish == "length" and "incomplete" or "completed"
-        local obj, item, with_calls = self:response_object(job, status)
-        if with_calls then status = "completed"; obj.status, obj.incomplete_details = status, json.null end
-        if job.opts.stream then
-            local part = item.content[1]
-            if not with_calls and not job.item_open then self:open_item(job) end
-            if job.item_open then
-                self:response_event(job, "response.output_text.done", { item_id = item.id, output_index = 0,
-                    content_index = 0, text = part.text, logprobs = part.logprobs })
-                self:response_event(job, "response.content_part.done", { item_id = item.id, output_index = 0,
-                    content_index = 0, part = part })
-                self:response_event(job, "response.output_item.done", { output_index = 0, item = item })
-            end
-            for index, out in ipairs(with_calls or {}) do
-                if out.type == "function_call" then
-                    local added = { type = "function_call", id = out.id, call_id = out.call_id, name = out.name,
-                        arguments = "", status = "in_progress" }
-                    self:response_event(job, "response.output_item.added", { output_index = index - 1, item = added })
-                    self:response_event(job, "response.function_call_arguments.delta", { item_id = out.id,
-                        output_index = index - 1, delta = out.arguments })
-                    self:response_event(job, "response.function_call_arguments.done", { item_id = out.id,
-                        output_index = index - 1, arguments = out.arguments })
-                    self:response_event(job, "response.output_item.done", { output_index = index - 1, item = out })
-                end
-            end
-            self:response_event(job, status == "completed" and "response.completed" or "response.incomplete",
-                { response = obj })
-            self.http:stream_end(id)
-        else
-            obj.output_text = job.text
-            self.http:respond(id, 200, "application/json", json.encode(obj))
-        end
-    elseif job.kind == "messages" then
-        -- ordered: each tool_use input keeps the keys in the order the model wrote them
-        self.http:respond(id, 200, "application/json", json.encode(with_documents(job, { id = job.completion_id,
-            type = "message", role = "assistant", model = job.name, content = self:message_content(job),
-            stop_reason = STOP_REASON[reason], stop_sequence = job.stop_hit or json.null, usage = anthropic_usage(job) }),
-            { ordered = true }))
-    elseif job.opts.stream then
-        if job.kind == "chat" then self:chunk(job, json.object(), self:job_calls(job) and "tool_calls" or job.finish)
-        else self:chunk(job, { content = "" }, job.finish) end
-        if job.opts.include_usage then
-            local obj = { id = job.completion_id, object = job.kind == "chat" and "chat.completion.chunk" or "text_completion",
-                created = job.created, model = job.name, choices = json.array(), usage = usage(job) }
-            self.http:stream_write(id, "data: " .. json.encode(with_documents(job, obj)) .. "\n\n")
-        end
-        self.http:stream_write(id, "data: [DONE]\n\n")
-        self.http:stream_end(id)
-    else
-        local obj
-        if job.kind == "chat" then
-            local calls, content = self:job_calls(job)
-            local message = { role = "assistant", content = job.text }
-            if calls then message = { role = "assistant", content = content or json.null, tool_calls = calls } end
-            obj = { id = job.completion_id, object = "chat.completion", created = job.created, model = job.name,
-                choices = json.array({ { index = 0, message = message, finish_reason = calls and "tool_calls" or job.finish,
-                    logprobs = self:new_logprobs(job) or json.null } }), usage = usage(job) }
-        else
-            obj = { id = job.completion_id, object = "text_completion", created = job.created, model = job.name,
-                choices = json.array({ { index = 0, text = (job.echo or "") .. job.text, finish_reason = job.finish,
-                    logprobs = self:new_logprobs(job) or json.null } }),
-                usage = usage(job) }
-        end
-        self.http:respond(id, 200, "application/json", json.encode(with_documents(job, obj)))
-    end
+    job.api.finish(self, job)
     self.log(("%s %s%s %d+%d tokens (%d cached) %s %.2f s"):format(job.kind, job.name,
         job.documents and (" [" .. table.concat(job.documents, ", ") .. "]") or "", #job.prompt, #job.out_ids,
         job.cached, job.finish, now() - job.received))
     self:release(job)
 end
+
 
 local pending_stop = require("cartridge.generate").pending_stop
 
@@ -1766,7 +538,7 @@ function Server:accept(job, id)
         local ready = #job.text - pending_stop(job.text, job.opts.stop)
         if job.tools then ready = math.min(ready, toolcall.visible(job.text, self.template)) end
         if ready > job.sent then
-            self:chunk(job, { content = job.text:sub(job.sent + 1, ready) })
+            job.api.delta(self, job, { content = job.text:sub(job.sent + 1, ready) })
             job.sent = ready
         end
     end
@@ -1778,16 +550,16 @@ end
 -- the calls as one tool_calls delta.
 function Server:flush_text(job)
     if not job.opts.stream then return end
-    local calls, content = self:job_calls(job)
+    local calls, content = tools_mod.calls(self, job)
     if calls then
         local n = content and #content or 0
-        if n > job.sent then self:chunk(job, { content = content:sub(job.sent + 1) }) end
+        if n > job.sent then job.api.delta(self, job, { content = content:sub(job.sent + 1) }) end
         job.sent = #job.text
-        self:chunk(job, { tool_calls = calls })
+        job.api.delta(self, job, { tool_calls = calls })
         return
     end
     if #job.text > job.sent then
-        self:chunk(job, { content = job.text:sub(job.sent + 1) })
+        job.api.delta(self, job, { content = job.text:sub(job.sent + 1) })
         job.sent = #job.text
     end
 end
@@ -1806,22 +578,14 @@ function Server:fail(job, err)
     self.log(("internal error in request %d (%s): %s"):format(job.id, job.completion_id or "-", message))
     job.finish = "error"
     self:dequeue(job)
-    local route = job.kind == "messages" and "/v1/messages" or nil
-    local body = route_error(route, 500, "internal error: " .. message, "server_error")
     pcall(function()
         if not self.http:is_open(job.id) then return end
-        if job.streaming and route then
-            self.http:stream_write(job.id, "event: error\ndata: " .. body .. "\n\n")
-            self.http:stream_end(job.id)
-        elseif job.streaming and job.kind == "responses" then
-            self:response_event(job, "error", { code = "server_error", message = "internal error: " .. message,
-                param = json.null })
-            self.http:stream_end(job.id)
-        elseif job.streaming then
-            self.http:stream_write(job.id, "data: " .. body .. "\n\n")
+        if job.streaming then
+            job.api.stream_error(self, job, "internal error: " .. message)
             self.http:stream_end(job.id)
         else
-            self.http:respond(job.id, 500, "application/json", body)
+            self.http:respond(job.id, 500, "application/json", job.api.error_body(500, "internal error: " .. message,
+                "server_error"))
         end
     end)
     local ok, why = pcall(self.release, self, job)
@@ -1877,11 +641,9 @@ local ROUTES = {
     ["/health"] = { GET = true },
     ["/metrics"] = { GET = true },
     ["/v1/models"] = { GET = true },
-    ["/v1/chat/completions"] = { POST = true },
-    ["/v1/completions"] = { POST = true },
-    ["/v1/messages"] = { POST = true },
-    ["/v1/responses"] = { POST = true },
 }
+
+for route in pairs(api.by_route) do ROUTES[route] = { POST = true } end
 
 for route, method in pairs(utility.ROUTES) do ROUTES[route] = { [method] = true } end
 for route, method in pairs(webui.ROUTES) do ROUTES[route] = { [method] = true } end
@@ -1919,7 +681,7 @@ function Server:on_request(id)
             error_body(("Unknown endpoint %s %s"):format(req.method, req.path), "invalid_request_error", nil, "not_found"))
     end
     local function fail_with(status, message, type_, param, code, headers)
-        return self.http:respond(id, status, "application/json", route_error(req.route, status, message, type_, param,
+        return self.http:respond(id, status, "application/json", api.error_body(req.route, status, message, type_, param,
             code), headers)
     end
     if not allowed[req.method] then
@@ -1955,7 +717,7 @@ function Server:on_request(id)
         return self:make_jobs(id, req)
     end)
     if not ok then
-        if getmetatable(job) == RequestError then
+        if server.is_request_error(job) then
             return fail_with(job.status, job.message, job.type or "invalid_request_error", job.param, job.code)
         end
         self.log("internal error: " .. tostring(job))
@@ -2146,8 +908,8 @@ function Server:run()
         end
     end
     for _, job in ipairs(self.queue) do
-        self.http:respond(job.id, 503, "application/json", route_error(job.kind == "messages" and "/v1/messages" or nil,
-            503, "The server is shutting down.", "server_error"))
+        self.http:respond(job.id, 503, "application/json", job.api.error_body(503,
+            "The server is shutting down.", "server_error"))
     end
     self.queue = {}
     self.http:drain(1000) -- let queued output reach the clients

@@ -66,7 +66,7 @@ end
 -- The prompt tokens /v1/messages would count for this body (its messages,
 -- system and tools rendered by the model's chat template), without running it.
 handlers["/v1/messages/count_tokens"] = function(srv, _, body)
-    local text, _, _, plain = srv:parse_messages(body)
+    local text, _, _, plain = require("cartridge.api.messages").render(srv, body)
     local ids = srv.tok:encode(text, { special = true, add_special = true,
         plain = not srv.parse_special and plain or nil })
     return json.encode({ input_tokens = #ids })
@@ -121,8 +121,8 @@ handlers["/detokenize"] = function(srv, _, body)
 end
 
 handlers["/apply-template"] = function(srv, _, body)
-    local tools = srv:chat_tools(body)
-    local list = srv:parse_chat(body)
+    local tools = require("cartridge.api.tools").read(srv, body)
+    local list = require("cartridge.api.chat").messages(srv, body)
     local ok, text = pcall(require("cartridge.chat").render, srv.template, list, { tools = tools and tools.list })
     if not ok then
         if srv.util.is_request_error(text) then error(text, 0) end
