@@ -31,6 +31,7 @@ static const cart_abi_struct abi_table[] = {
     {"cart_sampler_params", sizeof(cart_sampler_params), alignof(cart_sampler_params)},
     {"cart_adam_params", sizeof(cart_adam_params), alignof(cart_adam_params)},
     {"cart_cartridge_save_options", sizeof(cart_cartridge_save_options), alignof(cart_cartridge_save_options)},
+    {"cart_kvspill_owner", sizeof(cart_kvspill_owner), alignof(cart_kvspill_owner)},
     {"cart_distill_targets", sizeof(cart_distill_targets), alignof(cart_distill_targets)},
     {"cart_trainer_options", sizeof(cart_trainer_options), alignof(cart_trainer_options)},
     {"cart_sam_cursor", sizeof(cart_sam_cursor), alignof(cart_sam_cursor)},

@@ -31,6 +31,7 @@
 #include "grammar.h"
 #include "adam.h"
 #include "cart.h"
+#include "kvspill.h"
 #include "targets.h"
 #include "train.h"
 #include "compact.h"

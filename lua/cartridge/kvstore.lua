@@ -14,14 +14,14 @@
 --   store:adopt(entry, kv, cart, n)              -- its first n tokens' rows into kv; false if the file is bad
 --   store:spill(cart, tokens, kv)                -- kv's rows p .. p + #tokens - 1 to a file
 --
--- A spill file (docs/formats.md) is a safetensors file: "tokens" I32 [n] and,
--- per layer, "layers.<l>.k" / "layers.<l>.v" [n, kv_heads, head_dim] in the
--- cache dtype (F16 or F32, the bytes of the cache rows as they are), with
--- __metadata__ naming the format and version, the model by a hash of its
--- whole tensor data, the cartridge by a hash of its rows, and a checksum of
--- every tensor's bytes. Files are written atomically (temporary file, fsync, rename).
--- Opening DIR reads each file's header and tokens; adopting one checks
--- everything again plus the checksum of all its bytes. A damaged file
+-- A spill file (docs/formats.md) is a safetensors file written, checked and
+-- read by the engine (engine/kvspill.h): the conversation's tokens and each
+-- layer's K and V rows in the cache dtype, with __metadata__ naming the model
+-- by a hash of its whole tensor data, the cartridge by a hash of its rows,
+-- and a checksum of every tensor's bytes; written atomically (temporary
+-- file, fsync, rename). This module keeps the directory. Opening DIR reads
+-- each file's header and tokens; adopting one checks everything again plus
+-- the checksum of all its bytes. A damaged file
 -- (truncated, a flipped byte, not a spill file) is removed with a log line;
 -- a file for another model, cartridge or cache dtype is left in place (it
 -- may belong to another server sharing DIR) and skipped with a log line.
@@ -31,13 +31,10 @@
 
 local core = require("cartridge.core")
 local fs = require("cartridge.fs")
-local safetensors = require("cartridge.safetensors")
 local ffi = core.ffi
 local C = core.C
 
 local kvstore = {}
-kvstore.FORMAT = "cartridge-kv-spill"
-kvstore.VERSION = "1"
 -- A file is adopted only when it gives at least this many more tokens than
 -- the best slot in memory: fewer are cheaper to prefill than to read.
 kvstore.MIN_GAIN = 16
@@ -98,21 +95,6 @@ local function common_prefix(a, b)
     return n
 end
 kvstore.common_prefix = common_prefix
-
--- The checksum of a spill file's payload: each tensor's name, dtype, shape
--- and cs64 of its bytes, in name order, hashed together. It binds every
--- data byte to its tensor, so two tensors' offsets swapped in the header are
--- caught as well as a changed byte. tensors: { name, dtype_name, shape,
--- data, nbytes }.
-local function content_hash(tensors)
-    local lines = {}
-    for i, t in ipairs(tensors) do
-        lines[i] = ("%s %s [%s] %s"):format(t.name, t.dtype_name, table.concat(t.shape, ","), cs64(t.data, t.nbytes))
-    end
-    table.sort(lines)
-    local text = table.concat(lines, "\n")
-    return cs64(text, #text)
-end
 
 local function mib(bytes) return ("%.1f MiB"):format(bytes / 2 ^ 20) end
 
@@ -190,82 +172,57 @@ function Store:tick()
     return self.clock
 end
 
--- Reads an open spill file's header and tokens and checks them against
--- this server. Returns { cart_hash, p, n, tokens } or nil, kind, why:
--- kind "damaged" (not a valid spill file) or "foreign" (valid, but for
--- another model, cartridge, cache dtype or format version).
-function Store:describe(f)
-    local meta = f.metadata
-    if meta["kvspill.format"] ~= kvstore.FORMAT then
-        return nil, "damaged", ("kvspill.format is %s, not %q: not a KV spill file"):format(
-            meta["kvspill.format"] and ("%q"):format(meta["kvspill.format"]) or "missing", kvstore.FORMAT)
+local CACHE_DTYPE = { f16 = C.CART_F16, f32 = C.CART_F32 }
+
+-- Opens a spill file and checks it against this server's model, its hash
+-- and the cache dtype (cart_kvspill_open): the handle (closed when
+-- collected), or nil, kind, why: kind "damaged" (not a valid spill file) or
+-- "foreign" (valid, but for another model, cache dtype or format version).
+function Store:open_file(path)
+    local out = ffi.new("cart_kvspill *[1]")
+    local rc = C.cart_kvspill_open(out, path, self.m.handle, self.model_hash, CACHE_DTYPE[self.dtype])
+    if rc ~= 0 then
+        local why = core.last_error()
+        if why:sub(1, #path + 2) == path .. ": " then why = why:sub(#path + 3) end
+        return nil, rc == C.CART_E_UNSUPPORTED and "foreign" or "damaged", why
     end
-    if meta["kvspill.version"] ~= kvstore.VERSION then
-        return nil, "foreign", ("format version %q; this server reads version %s"):format(
-            tostring(meta["kvspill.version"]), kvstore.VERSION)
-    end
-    if meta["kvspill.model_hash"] ~= self.model_hash then
-        return nil, "foreign", ("written for another model ('%s', hash %s); this server's model has hash %s"):format(
-            tostring(meta["kvspill.model"]), tostring(meta["kvspill.model_hash"]), self.model_hash)
-    end
-    if meta["kvspill.dtype"] ~= self.dtype then
-        return nil, "foreign", ("its rows are %s and this server's cache is %s (--kv)"):format(
-            tostring(meta["kvspill.dtype"]), self.dtype)
-    end
-    local served = self.cart_of[meta["kvspill.cartridge_hash"]]
-    if not served then
-        return nil, "foreign", ("for cartridge '%s' (rows hash %s), which this server does not serve with those rows")
-            :format(tostring(meta["kvspill.cartridge"]), tostring(meta["kvspill.cartridge_hash"]))
-    end
-    local p = served.cart and served.cart.p or 0
-    if meta["kvspill.cartridge_p"] ~= tostring(p) then
-        return nil, "damaged", ("kvspill.cartridge_p is %s, but the cartridge has %d rows"):format(
-            tostring(meta["kvspill.cartridge_p"]), p)
-    end
-    if not tostring(meta["kvspill.checksum"]):find("^cs64:%x+$") then
-        return nil, "damaged", "no kvspill.checksum in __metadata__"
-    end
-    local tensors = f:tensors()
-    local tok = f:tensor("tokens")
-    if not tok or tok.dtype_name ~= "I32" or #tok.shape ~= 1 or tok.shape[1] < 1 then
-        return nil, "damaged", "no 'tokens' tensor of shape [n >= 1] and dtype I32"
-    end
-    local n = tok.shape[1]
-    local want_dtype = self.dtype == "f32" and "F32" or "F16"
-    if #tensors ~= 1 + 2 * self.cfg.n_layer then
-        return nil, "damaged", ("%d tensors; a spill file for this model has %d (tokens and K, V of %d layers)"):format(
-            #tensors, 1 + 2 * self.cfg.n_layer, self.cfg.n_layer)
-    end
-    for l = 0, self.cfg.n_layer - 1 do
-        for _, side in ipairs({ "k", "v" }) do
-            local name = ("layers.%d.%s"):format(l, side)
-            local t = f:tensor(name)
-            local r = self.rows[l]
-            if not t or t.dtype_name ~= want_dtype or #t.shape ~= 3 or t.shape[1] ~= n
-                or t.shape[2] ~= r.heads or t.shape[3] ~= r.dims then
-                return nil, "damaged", ("'%s' is not %s [%d, %d, %d]"):format(name, want_dtype, n, r.heads, r.dims)
-            end
-        end
-    end
-    local ids = ffi.cast("const int32_t *", tok.data)
-    local tokens = {}
-    for i = 0, n - 1 do
-        local id = ids[i]
-        if id < 0 or id >= self.cfg.n_vocab then
-            return nil, "damaged", ("tokens[%d] is %d, outside the vocabulary of %d"):format(i, id, self.cfg.n_vocab)
-        end
-        tokens[i + 1] = id
-    end
-    return { cart_hash = meta["kvspill.cartridge_hash"], cart_name = served.name, p = p, n = n, tokens = tokens }
+    return ffi.gc(out[0], C.cart_kvspill_close)
 end
 
--- Opens path and describes it (see describe); the file is closed again.
+local function meta(f, key)
+    local v = C.cart_kvspill_meta(f, key)
+    return v ~= nil and ffi.string(v) or nil
+end
+
+-- Describes an open spill file for this server: { cart_hash, cart_name, p,
+-- n, tokens }, or nil, "foreign", why when it holds a cartridge this server
+-- does not serve, or nil, "damaged", why when its cartridge has another row count.
+function Store:describe(f)
+    local cart_hash = meta(f, "kvspill.cartridge_hash")
+    local served = self.cart_of[cart_hash]
+    if not served then
+        return nil, "foreign", ("for cartridge '%s' (rows hash %s), which this server does not serve with those rows")
+            :format(tostring(meta(f, "kvspill.cartridge")), tostring(cart_hash))
+    end
+    local p = served.cart and served.cart.p or 0
+    if C.cart_kvspill_p(f) ~= p then
+        return nil, "damaged", ("kvspill.cartridge_p is %s, but the cartridge has %d rows"):format(
+            meta(f, "kvspill.cartridge_p"), p)
+    end
+    local n, ids = tonumber(C.cart_kvspill_n(f)), C.cart_kvspill_tokens(f)
+    local tokens = {}
+    for i = 0, n - 1 do tokens[i + 1] = ids[i] end
+    return { cart_hash = cart_hash, cart_name = served.name, p = p, n = n, tokens = tokens }
+end
+
+-- Opens path and describes it (see open_file and describe); the file is
+-- closed again.
 function Store:inspect(path)
-    local ok, f = pcall(safetensors.open, path)
-    if not ok then return nil, "damaged", tostring(f) end
-    local ok2, d, kind, why = pcall(self.describe, self, f)
-    f:close()
-    if not ok2 then return nil, "damaged", tostring(d) end
+    local f, kind, why = self:open_file(path)
+    if not f then return nil, kind, why end
+    local d
+    d, kind, why = self:describe(f)
+    C.cart_kvspill_close(ffi.gc(f, nil))
     return d, kind, why
 end
 
@@ -393,34 +350,24 @@ end
 -- file's description (describe); raises { kind, why } (kind "damaged",
 -- "foreign" or "internal") and leaves kv as it was.
 function Store:load_rows(path, kv, c, n, tokens)
-    local p = c and c.p or 0
-    local f = safetensors.open(path)
+    local f, kind, why = self:open_file(path)
+    if not f then error({ kind = kind, why = why }, 0) end
     local ok, err = pcall(function()
-        local d, kind, why = self:describe(f)
-        if not d then error({ kind = kind, why = why }, 0) end
-        local sum = content_hash(f:tensors())
-        if sum ~= f.metadata["kvspill.checksum"] then
-            error({ kind = "damaged", why = ("its bytes do not match its checksum (stored %s, computed %s)"):format(
-                f.metadata["kvspill.checksum"], sum) }, 0)
+        local d, dkind, dwhy = self:describe(f)
+        if not d then error({ kind = dkind, why = dwhy }, 0) end
+        if C.cart_kvspill_verify(f) ~= 0 then
+            local msg = core.last_error()
+            error({ kind = "damaged", why = msg:sub(1, #path + 2) == path .. ": " and msg:sub(#path + 3) or msg }, 0)
         end
         if d.cart_hash ~= self:hash(c) or n > d.n or tokens and common_prefix(d.tokens, tokens) < n then
             error({ kind = "damaged", why = "its tokens changed since the directory was read" }, 0)
         end
-        if kv:len() ~= p or p + n > kv:capacity() or kv:row_bytes(0) ~= self.rows[0].bytes then
-            error({ kind = "internal", why = ("the slot's cache holds %d rows (not the cartridge's %d) or fits "
-                .. "fewer than %d"):format(kv:len(), p, p + n) }, 0)
+        if C.cart_kvspill_load(f, kv.handle, n) ~= 0 then
+            error({ kind = "internal", why = core.last_error() }, 0)
         end
-        for l = 0, self.cfg.n_layer - 1 do
-            for which, side in ipairs({ "k", "v" }) do
-                local t = f:tensor(("layers.%d.%s"):format(l, side))
-                local rb = self.rows[l].bytes
-                ffi.copy(kv:raw_rows(l, which - 1) + p * rb, t.data, n * rb)
-            end
-        end
-        kv:set_len(p + n)
         return d
     end)
-    f:close()
+    C.cart_kvspill_close(ffi.gc(f, nil))
     if not ok then error(err, 0) end
     return err
 end
@@ -435,7 +382,7 @@ function Store:adopt(entry, kv, c, n)
     local p = c and c.p or 0
     local ok, err = pcall(self.load_rows, self, entry.path, kv, c, n, entry.tokens)
     if not ok then
-        if type(err) ~= "table" then err = { kind = "damaged", why = tostring(err) } end -- safetensors.open's
+        if type(err) ~= "table" then err = { kind = "damaged", why = tostring(err) } end -- an unexpected error
         if err.kind == "internal" then
             self.warn(("kv-cache: could not adopt %s: %s"):format(entry.path, err.why))
         else
@@ -459,42 +406,6 @@ end
 
 function Store:note_miss()
     self.stats.misses = self.stats.misses + 1
-end
-
--- The tensors and metadata of a spill file holding kv's rows p .. p +
--- #tokens - 1 (tokens: the ids they hold, after cartridge c's p rows), and
--- the int32 ids; raises when kv does not hold them.
-function Store:file_parts(c, tokens, kv)
-    local n, h, p = #tokens, self:hash(c), c and c.p or 0
-    if kv:len() < p + n or kv:row_bytes(0) ~= self.rows[0].bytes then
-        error(("the cache holds %d rows, not the %d of its cartridge and tokens"):format(kv:len(), p + n), 0)
-    end
-    local ids = ffi.new("int32_t[?]", math.max(n, 1))
-    for i = 1, n do ids[i - 1] = tokens[i] end
-    local st_dtype = self.dtype == "f32" and "F32" or "F16"
-    local tensors = { { name = "tokens", dtype = "I32", dtype_name = "I32", shape = { n }, data = ids,
-        nbytes = n * 4 } }
-    for l = 0, self.cfg.n_layer - 1 do
-        for which, side in ipairs({ "k", "v" }) do
-            local r = self.rows[l]
-            tensors[#tensors + 1] = { name = ("layers.%d.%s"):format(l, side), dtype = st_dtype,
-                dtype_name = st_dtype, shape = { n, r.heads, r.dims },
-                data = kv:raw_rows(l, which - 1) + p * r.bytes, nbytes = n * r.bytes }
-        end
-    end
-    local served = self.cart_of[h]
-    local meta = {
-        ["kvspill.format"] = kvstore.FORMAT,
-        ["kvspill.version"] = kvstore.VERSION,
-        ["kvspill.model"] = self.model_name,
-        ["kvspill.model_hash"] = self.model_hash,
-        ["kvspill.cartridge"] = served and served.name or "?",
-        ["kvspill.cartridge_hash"] = h,
-        ["kvspill.cartridge_p"] = tostring(p),
-        ["kvspill.dtype"] = self.dtype,
-    }
-    meta["kvspill.checksum"] = content_hash(tensors)
-    return tensors, meta, ids
 end
 
 -- Writes kv's rows p .. p + #tokens - 1 (tokens: the ids they hold, after
@@ -524,14 +435,17 @@ function Store:spill(c, tokens, kv, protect)
         return false
     end
     local ok, err = pcall(function()
-        local tensors, meta, ids = self:file_parts(c, tokens, kv)
+        local ids = ffi.new("int32_t[?]", n)
+        for i = 1, n do ids[i - 1] = tokens[i] end
         local key = h .. " " .. ffi.string(ids, n * 4)
         local name = "kv-" .. cs64(key, #key):sub(6) .. ".safetensors"
         local path = self.dir .. "/" .. name
         local served = self.cart_of[h]
         self:evict(data_bytes + 4096, protect) -- the header is a few hundred bytes
         self:make_room(data_bytes + 4096, protect)
-        safetensors.write(path, tensors, meta)
+        local owner = ffi.new("cart_kvspill_owner", { model = self.model_name, model_hash = self.model_hash,
+            cartridge = served and served.name or "?", cartridge_hash = h, p = p })
+        core.check(C.cart_kvspill_write(path, kv.handle, ids, n, owner), "kvstore")
         local _, bytes = fs.kind(path)
         local copy = {}
         for i = 1, n do copy[i] = tokens[i] end
