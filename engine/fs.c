@@ -213,21 +213,6 @@ int32_t cart_fs_same_file(const char *a, const char *b) {
     return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-int cart_fs_write_atomic(const char *path, const void *data, int64_t n) {
-    if (!path || n < 0 || (n > 0 && !data))
-        return cart_fail(CART_E_ARG, "write_atomic: %s", !path ? "path is NULL" : "bad data or length");
-    cart_fs_sweep_temps(path, NULL, 0);
-    cart_afile f;
-    int rc = cart_afile_open(&f, path);
-    if (rc) return rc;
-    rc = cart_afile_write(&f, data, (size_t)n);
-    if (rc) {
-        cart_afile_abort(&f);
-        return rc;
-    }
-    return cart_afile_commit(&f);
-}
-
 struct cart_fs_listing {
     char **names;
     int64_t n;
