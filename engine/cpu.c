@@ -287,3 +287,22 @@ int cart_isa_set(int32_t isa) {
     init_status = CART_OK;
     return CART_OK;
 }
+
+/* The bulk conversions of dtype.h run at the active level: F16C, AVX-512
+ * or NEON conversions round to nearest even and keep NaNs quiet, as the
+ * scalar functions of dtype.c do, and test_dtype checks every level against them. */
+void cart_f16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
+    cart_kern()->f16_to_f32(dst, src, n);
+}
+
+void cart_f32_to_f16_n(uint16_t *dst, const float *src, int64_t n) {
+    cart_kern()->f32_to_f16(dst, src, n);
+}
+
+void cart_bf16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
+    cart_kern()->bf16_to_f32(dst, src, n);
+}
+
+void cart_f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n) {
+    cart_kern()->f32_to_bf16(dst, src, n);
+}

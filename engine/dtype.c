@@ -160,25 +160,6 @@ uint16_t cart_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* The bulk conversions run at the active level (cpu.h): F16C, AVX-512 or
- * NEON conversions round to nearest even and keep NaNs quiet, as the scalar
- * functions above do, and test_dtype checks every level against them. */
-void cart_f16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
-    cart_kern()->f16_to_f32(dst, src, n);
-}
-
-void cart_f32_to_f16_n(uint16_t *dst, const float *src, int64_t n) {
-    cart_kern()->f32_to_f16(dst, src, n);
-}
-
-void cart_bf16_to_f32_n(float *dst, const uint16_t *src, int64_t n) {
-    cart_kern()->bf16_to_f32(dst, src, n);
-}
-
-void cart_f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n) {
-    cart_kern()->f32_to_bf16(dst, src, n);
-}
-
 int64_t cart_f32_first_outside(const void *x, int64_t n, float bound) {
     uint32_t limit;
     memcpy(&limit, &bound, 4);

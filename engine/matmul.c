@@ -41,14 +41,6 @@ enum {
     GEMV_ROWS = 48,  /* weight rows per GEMV task: whole GEMV passes of 8, 6, 4, 3, 2 and 1 */
 };
 
-int64_t mm_bwd_cols(const mm_src *w) {
-    return w->block_size > MM_BWD_COLS ? w->block_size : MM_BWD_COLS;
-}
-
-int64_t mm_bwd_kc(const mm_src *w) {
-    return MM_BWD_BLOCK / mm_bwd_cols(w);
-}
-
 int64_t mm_scratch_floats(const mm_src *w, int32_t path, int64_t mv) {
     const int dequant = w->kind == MM_W_DEQUANT;
     switch (path) {
@@ -762,4 +754,12 @@ void cart_weight_free_data(cart_weight *w) {
     if (!w) return;
     free((void *)w->data);
     w->data = NULL;
+}
+
+/* qdot.h: the activations' quantization at the active level (the plain C
+ * where the level has none). */
+void qk_quantize(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1) {
+    const cart_kernels *k = cart_kern();
+    if (k && k->qk_quantize) k->qk_quantize(a, x, ldx, i0, i1);
+    else qk_quantize_rows_c(a, x, ldx, i0, i1);
 }

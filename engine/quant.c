@@ -421,7 +421,11 @@ static void widen_plain(float *dst, int32_t dtype, const uint8_t *s, int64_t n) 
         for (int64_t i = 0; i < n; i++) dst[i] = load_f16(s + 2 * i);
         break;
     case CART_BF16:
-        cart_bf16_to_f32_n(dst, (const uint16_t *)(const void *)s, n);
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = cart_bf16_to_f32(h);
+        }
         break;
     case CART_F64:
         for (int64_t i = 0; i < n; i++) {
@@ -481,10 +485,13 @@ static void narrow_plain(uint8_t *d, int32_t dtype, const float *src, int64_t n)
         memcpy(d, src, (size_t)n * 4);
         break;
     case CART_F16:
-        cart_f32_to_f16_n((uint16_t *)(void *)d, src, n);
+        for (int64_t i = 0; i < n; i++) store_f16(d + 2 * i, src[i]);
         break;
     case CART_BF16:
-        cart_f32_to_bf16_n((uint16_t *)(void *)d, src, n);
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t h = cart_f32_to_bf16(src[i]);
+            memcpy(d + 2 * i, &h, 2);
+        }
         break;
     case CART_F64:
         for (int64_t i = 0; i < n; i++) {

@@ -79,8 +79,10 @@ int64_t mm_scratch_floats(const mm_src *w, int32_t path, int64_t mv);
 
 /* Columns one backward task covers: MM_BWD_COLS, or a whole block for
  * 256-element block types; and the weight rows it packs at a time. */
-int64_t mm_bwd_cols(const mm_src *w);
-int64_t mm_bwd_kc(const mm_src *w);
+static inline int64_t mm_bwd_cols(const mm_src *w) {
+    return w->block_size > MM_BWD_COLS ? w->block_size : MM_BWD_COLS;
+}
+static inline int64_t mm_bwd_kc(const mm_src *w) { return MM_BWD_BLOCK / mm_bwd_cols(w); }
 
 /* Scale and min (6 bits each) of sub-block j (< 8) of a q4_K / q5_K block
  * from its 12 scale bytes s: j < 4: s[j] & 63 and s[j + 4] & 63; j >= 4: the
