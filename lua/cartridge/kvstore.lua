@@ -408,6 +408,23 @@ function Store:note_miss()
     self.stats.misses = self.stats.misses + 1
 end
 
+local function token_array(tokens)
+    local ids = ffi.new("int32_t[?]", math.max(#tokens, 1))
+    for i = 1, #tokens do ids[i - 1] = tokens[i] end
+    return ids
+end
+
+-- Writes a spill file at path holding kv's rows p .. p + #tokens - 1
+-- (tokens: the ids they hold, after cartridge c's p rows), atomically;
+-- raises when kv does not hold them or the write fails.
+function Store:write_file(path, c, tokens, kv)
+    local h = self:hash(c)
+    local served = self.cart_of[h]
+    local owner = ffi.new("cart_kvspill_owner", { model = self.model_name, model_hash = self.model_hash,
+        cartridge = served and served.name or "?", cartridge_hash = h, p = c and c.p or 0 })
+    core.check(C.cart_kvspill_write(path, kv.handle, token_array(tokens), #tokens, owner), "kvstore")
+end
+
 -- Writes kv's rows p .. p + #tokens - 1 (tokens: the ids they hold, after
 -- cartridge c's p rows) to a spill file, unless a file already holds them
 -- (then it becomes the most recently used). Files whose tokens are a prefix
@@ -435,17 +452,14 @@ function Store:spill(c, tokens, kv, protect)
         return false
     end
     local ok, err = pcall(function()
-        local ids = ffi.new("int32_t[?]", n)
-        for i = 1, n do ids[i - 1] = tokens[i] end
+        local ids = token_array(tokens)
         local key = h .. " " .. ffi.string(ids, n * 4)
         local name = "kv-" .. cs64(key, #key):sub(6) .. ".safetensors"
         local path = self.dir .. "/" .. name
         local served = self.cart_of[h]
         self:evict(data_bytes + 4096, protect) -- the header is a few hundred bytes
         self:make_room(data_bytes + 4096, protect)
-        local owner = ffi.new("cart_kvspill_owner", { model = self.model_name, model_hash = self.model_hash,
-            cartridge = served and served.name or "?", cartridge_hash = h, p = p })
-        core.check(C.cart_kvspill_write(path, kv.handle, ids, n, owner), "kvstore")
+        self:write_file(path, c, tokens, kv)
         local _, bytes = fs.kind(path)
         local copy = {}
         for i = 1, n do copy[i] = tokens[i] end

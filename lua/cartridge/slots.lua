@@ -20,7 +20,6 @@
 local json = require("cartridge.json")
 local core = require("cartridge.core")
 local fs = require("cartridge.fs")
-local safetensors = require("cartridge.safetensors")
 local C = core.C
 
 local slots = {}
@@ -61,8 +60,7 @@ local function save(srv, slot, body)
     if n == 0 then srv.util.reject(400, "the slot holds no conversation to save", "id_slot") end
     local store = srv:slot_store()
     local ok, err = pcall(function()
-        local tensors, meta = store:file_parts(slot.cart, slot.tokens, slot.kv)
-        safetensors.write(path, tensors, meta)
+        store:write_file(path, slot.cart, slot.tokens, slot.kv)
     end)
     if not ok then
         srv.util.reject(507, ("could not write %s (is the disk full?): %s"):format(path, tostring(err)), "filename")
