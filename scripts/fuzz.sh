@@ -94,8 +94,14 @@ run_one() {
     [ -n "$rate" ] || rate=$(last_field "$log" 'exec/s:')
     findings=$(find "$work" -maxdepth 1 -type f \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' \
         -o -name 'oom-*' \) | wc -l)
+    # stopped by SIGINT (libFuzzer's own exit status 72) with nothing found:
+    # a shortened run, not a finding
+    stopped=""
+    if [ "$rc" -eq 72 ] && [ "$findings" -eq 0 ] && grep -q 'libFuzzer: run interrupted' "$log"; then
+        rc=0 stopped=" (interrupted)"
+    fi
     [ "$rc" -ne 0 ] && [ "$findings" -eq 0 ] && findings=1
-    echo "$t: $execs execs in $elapsed s, $rate exec/s, cov $(last_field "$log" 'cov:') ft $(last_field "$log" 'ft:'), corpus $(last_field "$log" 'corp:'), findings $findings"
+    echo "$t: $execs execs in $elapsed s, $rate exec/s, cov $(last_field "$log" 'cov:') ft $(last_field "$log" 'ft:'), corpus $(last_field "$log" 'corp:'), findings $findings$stopped"
     if [ "$findings" -ne 0 ]; then
         echo "---- $t (exit status $rc); the end of $log:" >&2
         grep -v '^#[0-9]' "$log" | tail -n 60 >&2
