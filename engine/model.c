@@ -1,5 +1,6 @@
 /*
- * model.c - loading qwen3 / llama GGUFs and the batched forward pass.
+ * model.c - loading a GGUF through its architecture (models/models.h), the
+ * KV caches, and the batched forward pass.
  */
 #include <math.h>
 #ifdef __GLIBC__
@@ -13,87 +14,12 @@
 #include "internal.h"
 #include "model.h"
 #include "model_internal.h"
+#include "models/models.h"
 #include "ops.h"
 #include "pool.h"
 
-static const char *arch_names[] = {NULL, "llama", "qwen3", "gemma4"};
 
 /* ---- loading -------------------------------------------------------------- */
-
-/* Keys whose presence means a feature this engine does not implement. */
-static int reject_unsupported_keys(model_loader *ld) {
-    static const char *const unsupported[] = {
-        "rope.scaling.type",       "rope.scaling.factor",       "rope.scale_linear",
-        "rope.scaling.original_context_length", "attention.sliding_window",
-        "attention.clamp_kqv",     "expert_count",              "expert_used_count",
-        "attention.max_alibi_bias", "logit_scale",              "rope.dimension_sections",
-        "attention.layer_indices", "final_logit_softcapping",   "attn_logit_softcapping",
-    };
-    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
-        const char *key = model_key(ld, unsupported[i]);
-        const cart_gguf_value *v = cart_gguf_find(ld->g, key);
-        if (!v) continue;
-        /* neutral values are harmless: scaling "none", factor 1, zero experts */
-        if (v->type == CART_GGUF_STRING && v->as.str.len == 4 &&
-            memcmp(v->as.str.data, "none", 4) == 0)
-            continue;
-        if ((v->type == CART_GGUF_FLOAT32 || v->type == CART_GGUF_FLOAT64) &&
-            (v->as.f64 == 1.0 || v->as.f64 == 0.0))
-            continue;
-        if (v->type != CART_GGUF_STRING && v->type != CART_GGUF_ARRAY &&
-            v->type != CART_GGUF_FLOAT32 && v->type != CART_GGUF_FLOAT64 && v->as.u64 == 0)
-            continue;
-        return cart_fail(CART_E_UNSUPPORTED,
-                         "%s: '%s' is set, and this engine does not implement that feature "
-                         "(it would silently compute something else)",
-                         ld->path, key);
-    }
-    return CART_OK;
-}
-
-/* qwen3 / llama: one geometry for every layer. */
-static int read_config(model_loader *ld, cart_model_config *c) {
-    int rc;
-    if ((rc = model_get_dim(ld, "block_count", &c->n_layer, 1))) return rc;
-    if ((rc = model_get_dim(ld, "embedding_length", &c->n_embd, 1))) return rc;
-    if ((rc = model_get_dim(ld, "feed_forward_length", &c->n_ff, 1))) return rc;
-    if ((rc = model_get_dim(ld, "attention.head_count", &c->n_head, 1))) return rc;
-    c->n_head_kv = c->n_head;
-    if ((rc = model_get_dim_opt(ld, "attention.head_count_kv", &c->n_head_kv))) return rc;
-    c->head_dim = c->n_embd / c->n_head;
-    if ((rc = model_get_dim_opt(ld, "attention.key_length", &c->head_dim))) return rc;
-    int32_t value_length = c->head_dim;
-    if ((rc = model_get_dim_opt(ld, "attention.value_length", &value_length))) return rc;
-    if (value_length != c->head_dim)
-        return cart_fail(CART_E_UNSUPPORTED, "%s: attention.value_length %d differs from "
-                         "key_length %d, which this engine does not support", ld->path,
-                         value_length, c->head_dim);
-    c->n_rot = c->head_dim;
-    if ((rc = model_get_dim_opt(ld, "rope.dimension_count", &c->n_rot))) return rc;
-    if ((rc = model_get_dim(ld, "context_length", &c->n_ctx_train, 1))) return rc;
-
-    if ((rc = model_get_eps(ld, &c->rms_eps))) return rc;
-    c->rope_theta = 10000.0f;
-    rc = cart_gguf_get_f32(&c->rope_theta, ld->g, model_key(ld, "rope.freq_base"));
-    if (rc && rc != CART_E_NOT_FOUND) return rc;
-    if (!(c->rope_theta > 1.0f))
-        return cart_fail(CART_E_FORMAT, "%s: '%s' = %g is out of range", ld->path, ld->key,
-                         c->rope_theta);
-    c->rope_neox = c->arch == CART_ARCH_QWEN3;
-
-    if (c->n_head % c->n_head_kv != 0)
-        return cart_fail(CART_E_FORMAT, "%s: %d attention heads are not a multiple of %d KV heads",
-                         ld->path, c->n_head, c->n_head_kv);
-    if (c->n_head / c->n_head_kv > 16 || c->head_dim > 256)
-        return cart_fail(CART_E_UNSUPPORTED, "%s: %d query heads per KV head or head_dim %d is "
-                         "beyond this engine's limits (16, 256)", ld->path,
-                         c->n_head / c->n_head_kv, c->head_dim);
-    if (c->n_rot > c->head_dim || c->n_rot % 2)
-        return cart_fail(CART_E_FORMAT, "%s: rope.dimension_count %d must be even and at most "
-                         "head_dim %d", ld->path, c->n_rot, c->head_dim);
-    c->embd_scale = 1.0f;
-    return reject_unsupported_keys(ld);
-}
 
 /* The architecture, then its config (and, for every architecture, each
  * layer's geometry in m->layers). */
@@ -105,33 +31,18 @@ static int read_model_config(model_loader *ld, cart_model *m) {
     if (rc == CART_E_NOT_FOUND)
         return cart_fail(CART_E_FORMAT, "%s: no 'general.architecture' key", ld->path);
     if (rc) return rc;
-    if (arch.len == 5 && memcmp(arch.data, "qwen3", 5) == 0) c->arch = CART_ARCH_QWEN3;
-    else if (arch.len == 5 && memcmp(arch.data, "llama", 5) == 0) c->arch = CART_ARCH_LLAMA;
-    else if (arch.len == 6 && memcmp(arch.data, "gemma4", 6) == 0) c->arch = CART_ARCH_GEMMA4;
-    else
-        return cart_fail(CART_E_UNSUPPORTED,
-                         "%s: architecture '%.*s' is not supported (supported: qwen3, llama, gemma4)",
-                         ld->path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
-    ld->arch = arch_names[c->arch];
-    if (c->arch == CART_ARCH_GEMMA4) rc = gemma4_read_config(ld, m);
-    else {
-        rc = read_config(ld, c);
-        if (!rc) rc = check_layer_count(ld, c->n_layer);
-        if (!rc) {
-            m->layers = cart_calloc((size_t)c->n_layer, sizeof *m->layers, "model layers");
-            if (!m->layers) return CART_E_NOMEM;
-            for (int32_t l = 0; l < c->n_layer; l++) {
-                layer_weights *L = &m->layers[l];
-                L->g = (cart_layer_config){.n_head = c->n_head, .n_head_kv = c->n_head_kv,
-                                           .head_dim = c->head_dim, .n_rot = c->n_rot,
-                                           .n_ff = c->n_ff, .rope_theta = c->rope_theta,
-                                           .attn_scale = 1.0f / sqrtf((float)c->head_dim)};
-                L->out_scale = 1.0f;
-            }
-            m->rope_n_rot[0] = m->rope_n_rot[1] = c->n_rot;
-            m->rope_base[0] = m->rope_base[1] = c->rope_theta;
-        }
+    const arch_ops *ops = NULL;
+    for (int32_t a = CART_ARCH_LLAMA; a <= CART_ARCH_QWEN2 && !ops; a++) {
+        const arch_ops *o = arch_of(a);
+        if (arch.len == strlen(o->name) && memcmp(arch.data, o->name, arch.len) == 0) ops = o;
     }
+    if (!ops)
+        return cart_fail(CART_E_UNSUPPORTED,
+                         "%s: architecture '%.*s' is not supported (supported: qwen3, qwen2, llama, gemma4)",
+                         ld->path, (int)(arch.len > 64 ? 64 : arch.len), arch.data);
+    c->arch = ops->arch;
+    ld->arch = ops->name;
+    rc = ops->read_config(ld, m);
     if (rc) return rc;
     c->uniform_kv = 1;
     for (int32_t l = 1; l < c->n_layer; l++)
@@ -179,6 +90,9 @@ static void free_layers(cart_model *m) {
         free(L->ffn_norm);
         free(L->q_norm);
         free(L->k_norm);
+        free(L->bq);
+        free(L->bk);
+        free(L->bv);
         if (ws) {
             int32_t n = layer_matrices(L, m->cfg.n_expert, ws);
             for (int32_t i = 0; i < n; i++) {
@@ -274,38 +188,7 @@ static int load_weights(cart_model *m, model_loader *ld, const cart_model_option
         m->output = m->tok_embd;
     }
 
-    if (c->arch == CART_ARCH_GEMMA4) {
-        uint32_t vocab = 0;
-        rc = cart_gguf_get_u32(&vocab, ld->g, "gemma4.vocab_size");
-        if (rc && rc != CART_E_NOT_FOUND) return rc;
-        if (!rc && vocab != (uint32_t)c->n_vocab)
-            return cart_fail(CART_E_FORMAT, "%s: gemma4.vocab_size %u differs from token_embd's %d rows",
-                             ld->path, vocab, c->n_vocab);
-        if ((rc = gemma4_load_weights(m, ld))) return rc;
-    } else {
-        m->cfg.qk_norm = c->arch == CART_ARCH_QWEN3;
-        char name[96];
-        for (int32_t l = 0; l < c->n_layer; l++) {
-            layer_weights *L = &m->layers[l];
-            const int64_t F = c->n_ff, D = c->head_dim;
-            const int64_t HD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
-#define NAME(part) (snprintf(name, sizeof name, "blk.%d." part, (int)l), name)
-            if ((rc = model_load_vector(ld, NAME("attn_norm.weight"), E, &L->attn_norm, bytes))) return rc;
-            if ((rc = model_load_vector(ld, NAME("ffn_norm.weight"), E, &L->ffn_norm, bytes))) return rc;
-            if ((rc = model_load_weight(ld, NAME("attn_q.weight"), E, HD, &L->wq, bytes))) return rc;
-            if ((rc = model_load_weight(ld, NAME("attn_k.weight"), E, KD, &L->wk, bytes))) return rc;
-            if ((rc = model_load_weight(ld, NAME("attn_v.weight"), E, KD, &L->wv, bytes))) return rc;
-            if ((rc = model_load_weight(ld, NAME("attn_output.weight"), HD, E, &L->wo, bytes))) return rc;
-            if ((rc = model_load_weight(ld, NAME("ffn_gate.weight"), E, F, &L->wgate, bytes))) return rc;
-            if ((rc = model_load_weight(ld, NAME("ffn_up.weight"), E, F, &L->wup, bytes))) return rc;
-            if ((rc = model_load_weight(ld, NAME("ffn_down.weight"), F, E, &L->wdown, bytes))) return rc;
-            if (m->cfg.qk_norm) {
-                if ((rc = model_load_vector(ld, NAME("attn_q_norm.weight"), D, &L->q_norm, bytes))) return rc;
-                if ((rc = model_load_vector(ld, NAME("attn_k_norm.weight"), D, &L->k_norm, bytes))) return rc;
-            }
-#undef NAME
-        }
-    }
+    if ((rc = arch_of(c->arch)->load_layers(m, ld))) return rc;
     if ((rc = check_no_extra_tensors(ld))) return rc;
 
     if (opts && opts->widen_f32) {
@@ -520,7 +403,8 @@ int cart_model_content_hash_once(const cart_model *m, uint64_t *out) {
 }
 
 const char *cart_arch_name(int32_t arch) {
-    return arch >= CART_ARCH_LLAMA && arch <= CART_ARCH_GEMMA4 ? arch_names[arch] : NULL;
+    const arch_ops *ops = arch_of(arch);
+    return ops ? ops->name : NULL;
 }
 
 int32_t *cart_model_kv_geometry(const cart_model *m) {
@@ -580,7 +464,10 @@ typedef struct forward_state {
     int32_t n_runs;
     int64_t *stream_logits;       /* [n_streams] logit rows each stream asked for */
     cart_kv *const *kvs;
+    const int64_t *n_tokens; /* [n_streams] tokens of each stream in the pass */
+    int32_t n_streams;
     int32_t layer;
+    cart_pool *pool;
     const int64_t *q_rows; /* cart_model_forward_queries: the tokens whose queries are wanted */
     int64_t n_q_rows;
     float *q_out;          /* ... and where each layer's go, layer after layer */
@@ -879,81 +766,50 @@ static int moe_forward(forward_state *s, cart_pool *pool) {
     return CART_OK;
 }
 
-/* One transformer block over the pass, its new K/V rows written to the
- * streams' caches: attention, then the FFN, each with its residual (gemma4:
- * with the norms after each, the MoE branch, the per-layer input and the
- * output scale). */
-static int forward_layer(forward_state *s, const int64_t *n_tokens, int32_t n_streams, cart_pool *pool) {
-    const cart_model_config *c = s->c;
-    const layer_weights *L = &s->m->layers[s->layer];
-    const cart_layer_config *g = &L->g;
-    const int gemma = c->arch == CART_ARCH_GEMMA4;
-    const int64_t T = s->T, E = c->n_embd, F = g->n_ff, D = g->head_dim;
-    const int64_t HD = (int64_t)g->n_head * D, KD = (int64_t)g->n_head_kv * D;
-    int rc;
-    rmsnorm_forward(s->xn, s->x, L->attn_norm, T, E, c->rms_eps);
-    float *qkv[3] = {s->q, s->k, s->v};
-    int64_t qkv_ld[3] = {HD, KD, KD};
-    const cart_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
-    const int v_from_k = L->wv.rows == 0;
-    if ((rc = linear_runs(s, v_from_k ? 2 : 3, qkv, qkv_ld, s->xn, E, qkv_w, pool))) return rc;
-    if (v_from_k) memcpy(s->v, s->k, sizeof(float) * (size_t)(T * KD));
-    cart_pool_for(pool, T, 16, qk_prepare_range, s);
+/* layer_exec's products: the pass's runs (linear_runs). */
+static int infer_linear(void *ctx, int32_t count, float *const *y, const int64_t *ldy, const float *x, int64_t ldx,
+                        const cart_weight *const *w) {
+    const forward_state *s = ctx;
+    return linear_runs(s, count, y, ldy, x, ldx, w, s->pool);
+}
+
+/* layer_exec's attention: q/k norms and RoPE in place, the queries kept
+ * for cart_model_forward_queries, the new K/V rows into the streams'
+ * caches, then attention over each stream's cache. */
+static int infer_attend(void *ctx) {
+    forward_state *s = ctx;
+    const cart_layer_config *g = &s->m->layers[s->layer].g;
+    const int64_t HD = (int64_t)g->n_head * g->head_dim, KD = (int64_t)g->n_head_kv * g->head_dim;
+    cart_pool_for(s->pool, s->T, 16, qk_prepare_range, s);
     if (s->q_out) {
         for (int64_t j = 0; j < s->n_q_rows; j++)
             memcpy(s->q_out + j * HD, s->q + s->q_rows[j] * HD, sizeof(float) * (size_t)HD);
         s->q_out += s->n_q_rows * HD;
     }
-    for (int32_t b = 0, t = 0; b < n_streams; t += (int32_t)n_tokens[b], b++)
-        if (n_tokens[b] > 0)
-            cart_kv_write(s->kvs[b], s->layer, cart_kv_len(s->kvs[b]), n_tokens[b], s->k + t * KD, s->v + t * KD);
-    cart_pool_for(pool, s->n_blocks * g->n_head_kv, 1, attention_range, s);
-    float *out[1] = {s->tmp};
-    const int64_t out_ld[1] = {E};
-    const cart_weight *wo[1] = {&L->wo}, *wdown[1] = {&L->wdown};
-    if ((rc = linear_runs(s, 1, out, out_ld, s->att, HD, wo, pool))) return rc;
-    if (gemma) rmsnorm_forward(s->tmp, s->tmp, L->post_attn_norm, T, E, c->rms_eps);
-    for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
-    /* the FFN: SwiGLU, or gemma4's GEGLU (beside the MoE branch on MoE layers) */
-    if (gemma && g->moe) {
-        rmsnorm_forward(s->xn, s->x, L->pre_ffn_norm_2, T, E, c->rms_eps);
-        if ((rc = moe_forward(s, pool))) return rc;
-    }
-    rmsnorm_forward(s->xn, s->x, L->ffn_norm, T, E, c->rms_eps);
-    float *gu[2] = {s->gate, s->up};
-    int64_t gu_ld[2] = {F, F};
-    const cart_weight *gu_w[2] = {&L->wgate, &L->wup};
-    if ((rc = linear_runs(s, 2, gu, gu_ld, s->xn, E, gu_w, pool))) return rc;
-    if (gemma) geglu_forward_table(s->gate, s->up, T * F);
-    else swiglu_forward(s->gate, s->up, T * F);
-    if ((rc = linear_runs(s, 1, out, out_ld, s->gate, F, wdown, pool))) return rc;
-    if (!gemma) {
-        for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
-        return CART_OK;
-    }
-    if (g->moe) {
-        rmsnorm_forward(s->tmp, s->tmp, L->post_ffn_norm_1, T, E, c->rms_eps);
-        rmsnorm_forward(s->tmp2, s->tmp2, L->post_ffn_norm_2, T, E, c->rms_eps);
-        for (int64_t i = 0; i < T * E; i++) s->tmp[i] += s->tmp2[i];
-    }
-    rmsnorm_forward(s->tmp, s->tmp, L->post_ffn_norm, T, E, c->rms_eps);
-    for (int64_t i = 0; i < T * E; i++) s->x[i] = s->tmp[i] + s->x[i];
-    if (c->n_embd_per_layer > 0) {
-        /* x += norm(proj(gelu(gate(x)) * per-layer input)) */
-        const int64_t Ep = c->n_embd_per_layer, PL = (int64_t)c->n_layer * Ep;
-        float *h[1] = {s->pl_h};
-        const int64_t h_ld[1] = {Ep};
-        const cart_weight *wg[1] = {&L->pl_gate}, *wp[1] = {&L->pl_proj};
-        if ((rc = linear_runs(s, 1, h, h_ld, s->x, E, wg, pool))) return rc;
-        for (int64_t t = 0; t < T; t++)
-            geglu_forward_table(s->pl_h + t * Ep, s->pl_in + t * PL + (int64_t)s->layer * Ep, Ep);
-        if ((rc = linear_runs(s, 1, out, out_ld, s->pl_h, Ep, wp, pool))) return rc;
-        rmsnorm_forward(s->tmp, s->tmp, L->pl_post_norm, T, E, c->rms_eps);
-        for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
-    }
-    if (L->out_scale != 1.0f)
-        for (int64_t i = 0; i < T * E; i++) s->x[i] *= L->out_scale;
+    for (int32_t b = 0, t = 0; b < s->n_streams; t += (int32_t)s->n_tokens[b], b++)
+        if (s->n_tokens[b] > 0)
+            cart_kv_write(s->kvs[b], s->layer, cart_kv_len(s->kvs[b]), s->n_tokens[b], s->k + t * KD,
+                          s->v + t * KD);
+    cart_pool_for(s->pool, s->n_blocks * g->n_head_kv, 1, attention_range, s);
     return CART_OK;
+}
+
+static int infer_moe(void *ctx) {
+    forward_state *s = ctx;
+    return moe_forward(s, s->pool);
+}
+
+/* One block over the pass (models.h): every name of the residual stream is
+ * s->x, of a norm's output s->xn, of an E-wide product s->tmp (gemma4's
+ * MoE branch s->tmp2), each computed in place. */
+static int forward_layer(forward_state *s) {
+    layer_io io = {.x_in = s->x, .xn1 = s->xn, .q = s->q, .k = s->k, .v = s->v, .att = s->att, .o = s->tmp,
+                   .x_mid = s->x, .xn2 = s->xn, .gate = s->gate, .up = s->up, .h = s->gate, .f = s->tmp,
+                   .x_out = s->x, .on = s->tmp, .xm = s->xn, .msum = s->tmp2, .mn = s->tmp2, .fs = s->tmp,
+                   .fn = s->tmp, .x_post = s->x, .pl_in = s->pl_in, .pl_g = s->pl_h, .pl_h = s->pl_h,
+                   .pl_r = s->tmp, .pn = s->tmp};
+    const layer_exec ex = {s, infer_linear, infer_attend, infer_moe, 0};
+    return arch_of(s->c->arch)->layer_forward(&ex, s->m, s->layer, &io, s->T);
 }
 
 /* The logits of the wanted rows: gathered T at a time (xn has room for T),
@@ -1003,16 +859,17 @@ static int forward_pass(cart_model *m, cart_kv *const *kvs, int32_t n_streams, c
     int64_t T = 0;
     int rc = forward_check(m, kvs, n_streams, tokens, n_tokens, rows, n_rows, &T);
     if (rc || T == 0) return rc;
-    forward_state s = {.m = m, .c = &m->cfg, .T = T, .kvs = kvs};
-    if (hidden == 2) s.q_rows = rows, s.n_q_rows = n_rows, s.q_out = out;
     cart_pool *pool = cart_default_pool();
+    forward_state s = {.m = m, .c = &m->cfg, .T = T, .kvs = kvs, .n_tokens = n_tokens, .n_streams = n_streams,
+                       .pool = pool};
+    if (hidden == 2) s.q_rows = rows, s.n_q_rows = n_rows, s.q_out = out;
     if ((rc = forward_setup(&s, tokens, n_tokens, n_streams, pool))) {
         free(s.arena);
         return rc;
     }
     for (int32_t l = 0; l < m->cfg.n_layer && !rc; l++) {
         s.layer = l;
-        rc = forward_layer(&s, n_tokens, n_streams, pool);
+        rc = forward_layer(&s);
     }
     if (!rc && hidden == 1) forward_hidden(&s, rows, n_rows, out);
     else if (!rc && hidden == 0) rc = forward_logits(&s, n_streams, rows, n_rows, out, pool);

@@ -58,11 +58,12 @@ extern "C" {
 typedef enum cart_arch {
     CART_ARCH_LLAMA = 1,
     CART_ARCH_QWEN3 = 2,
-    CART_ARCH_GEMMA4 = 3
+    CART_ARCH_GEMMA4 = 3,
+    CART_ARCH_QWEN2 = 4
 } cart_arch;
 
 /* The architecture's name as GGUF's general.architecture writes it
- * ("llama", "qwen3", "gemma4"); NULL for a value not in cart_arch. */
+ * ("llama", "qwen3", "gemma4", "qwen2"); NULL for a value not in cart_arch. */
 const char *cart_arch_name(int32_t arch);
 
 /* The model's hyperparameters. Where gemma4's layers differ (head_dim,

@@ -25,6 +25,7 @@ typedef struct layer_weights {
     float *ffn_norm;  /* [n_embd] */
     float *q_norm;    /* [head_dim] or NULL */
     float *k_norm;    /* [head_dim] or NULL */
+    float *bq, *bk, *bv; /* qwen2: [n_head * head_dim], [n_head_kv * head_dim] x 2 biases, or NULL */
     cart_weight wq;   /* [n_head * head_dim, n_embd] */
     cart_weight wk;   /* [n_head_kv * head_dim, n_embd] */
     cart_weight wv;   /* [n_head_kv * head_dim, n_embd]; gemma4 without attn_v: rows 0 (v = k) */
@@ -93,7 +94,7 @@ const model_grads *cart_params_grads(const cart_params *p);
  * open). Two threads may both compute it the first time: the same value. */
 int cart_model_content_hash_once(const cart_model *m, uint64_t *out);
 
-/* Reading a model's GGUF (model.c; model_gemma4.c reads gemma4's part). */
+/* Reading a model's GGUF (model.c; models/ reads each architecture's part). */
 typedef struct model_loader {
     cart_gguf *g;
     const char *path;

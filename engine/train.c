@@ -14,6 +14,7 @@
 #include "dtype.h"
 #include "internal.h"
 #include "model_internal.h"
+#include "models/models.h"
 #include "ops.h"
 #include "pool.h"
 #include "sampler.h"
@@ -561,9 +562,10 @@ static int64_t expert_slots(const acts *a, int64_t T, int64_t K, int32_t e, int6
     return n;
 }
 
-/* gemma4's MoE branch of layer s->layer over the pass: the router's choice
- * (kept in a), each expert over the tokens that chose it, the weighted sum
- * of the slots into a->msum. rows: [T * K, E] and [T * K, FE] scratch. */
+/* gemma4's MoE branch of layer s->layer over the pass, from a->xm (the
+ * block's pre_ffw_norm_2 of a->x_mid): the router's choice (kept in a),
+ * each expert over the tokens that chose it, the weighted sum of the slots
+ * into a->msum. rows: [T * K, E] and [T * K, FE] scratch. */
 static int moe_forward(pass *s, int64_t *list, float *rows_e, float *rows_fe) {
     const cart_model_config *c = s->c;
     const layer_weights *L = s->L;
@@ -571,7 +573,6 @@ static int moe_forward(pass *s, int64_t *list, float *rows_e, float *rows_fe) {
     const int64_t T = s->T, E = c->n_embd, NE = c->n_expert, K = c->n_expert_used, FE = c->n_ff_exp;
     cart_pool *pool = cart_default_pool();
     int rc;
-    rmsnorm_forward_keep(a->xm, a->xm_rstd, a->x_mid, L->pre_ffn_norm_2, T, E, c->rms_eps);
     /* router: rmsnorm(x_mid) / sqrt(E) * scale, then softmax, top-k */
     const float inv_sqrt = 1.0f / sqrtf((float)E);
     rmsnorm_forward_keep(s->tmp, a->rin_rstd, a->x_mid, NULL, T, E, c->rms_eps);
@@ -608,76 +609,51 @@ static int moe_forward(pass *s, int64_t *list, float *rows_e, float *rows_fe) {
     return CART_OK;
 }
 
-/* Runs layer s->layer on s->a (x_in filled) and writes its output to x_out.
- * gemma4 computes GELU exactly here (the inference forward uses GGML's f16
- * table, ops.h): a table has no derivative to train through. */
-
-static int layer_forward(pass *s, float *x_out) {
-    const cart_model_config *c = s->c;
-    const layer_weights *L = &s->m->layers[s->layer];
-    const cart_layer_config *g = &L->g;
-    const int gemma = c->arch == CART_ARCH_GEMMA4;
-    s->L = L;
-    acts *a = s->a;
-    int64_t T = s->T, E = c->n_embd, F = g->n_ff;
-    int64_t HD = (int64_t)g->n_head * g->head_dim, KD = (int64_t)g->n_head_kv * g->head_dim;
-    cart_pool *pool = cart_default_pool();
-    int rc;
-    rmsnorm_forward_keep(a->xn1, a->rstd1, a->x_in, L->attn_norm, T, E, c->rms_eps);
-    float *vdst = gemma ? a->v_raw : a->v;
-    if ((rc = cart_matmul_forward_exact(a->q_raw, HD, a->xn1, E, &L->wq, T, pool))) return rc;
-    if ((rc = cart_matmul_forward_exact(a->k_raw, KD, a->xn1, E, &L->wk, T, pool))) return rc;
-    if (L->wv.rows == 0) memcpy(vdst, a->k_raw, sizeof(float) * (size_t)(T * KD));
-    else if ((rc = cart_matmul_forward_exact(vdst, KD, a->xn1, E, &L->wv, T, pool))) return rc;
-    cart_pool_for(pool, T, 16, qk_prepare_range, s);
-    cart_pool_for(pool, (T + FWD_TOKENS - 1) / FWD_TOKENS * g->n_head_kv, 1, attention_range, s);
-    if (!gemma) {
-        if ((rc = cart_matmul_forward_exact(a->x_mid, E, a->att, HD, &L->wo, T, pool))) return rc;
-        for (int64_t i = 0; i < T * E; i++) a->x_mid[i] += a->x_in[i];
-        rmsnorm_forward_keep(a->xn2, a->rstd2, a->x_mid, L->ffn_norm, T, E, c->rms_eps);
-        if ((rc = cart_matmul_forward_exact(a->gate, F, a->xn2, E, &L->wgate, T, pool))) return rc;
-        if ((rc = cart_matmul_forward_exact(a->up, F, a->xn2, E, &L->wup, T, pool))) return rc;
-        memcpy(a->h, a->gate, sizeof(float) * (size_t)(T * F));
-        swiglu_forward(a->h, a->up, T * F);
-        if ((rc = cart_matmul_forward_exact(x_out, E, a->h, F, &L->wdown, T, pool))) return rc;
-        for (int64_t i = 0; i < T * E; i++) x_out[i] += a->x_mid[i];
-        return CART_OK;
+/* layer_exec's products: each on its own, exact (matmul.h). */
+static int train_linear(void *ctx, int32_t count, float *const *y, const int64_t *ldy, const float *x, int64_t ldx,
+                        const cart_weight *const *w) {
+    const pass *s = ctx;
+    for (int32_t i = 0; i < count; i++) {
+        int rc = cart_matmul_forward_exact(y[i], ldy[i], x, ldx, w[i], s->T, cart_default_pool());
+        if (rc) return rc;
     }
-    /* gemma4: x_mid = x_in + norm(o(att)) */
-    if ((rc = cart_matmul_forward_exact(a->o, E, a->att, HD, &L->wo, T, pool))) return rc;
-    rmsnorm_forward_keep(s->tmp, a->o_rstd, a->o, L->post_attn_norm, T, E, c->rms_eps);
-    for (int64_t i = 0; i < T * E; i++) a->x_mid[i] = s->tmp[i] + a->x_in[i];
-    rmsnorm_forward_keep(a->xn2, a->rstd2, a->x_mid, L->ffn_norm, T, E, c->rms_eps);
-    if ((rc = cart_matmul_forward_exact(a->gate, F, a->xn2, E, &L->wgate, T, pool))) return rc;
-    if ((rc = cart_matmul_forward_exact(a->up, F, a->xn2, E, &L->wup, T, pool))) return rc;
-    geglu_forward(a->h, a->gate, a->up, T * F);
-    if ((rc = cart_matmul_forward_exact(a->f, E, a->h, F, &L->wdown, T, pool))) return rc;
-    if (g->moe) {
-        if ((rc = moe_forward(s, s->ms.list, s->ms.rows_e, s->ms.rows_fe))) return rc;
-        /* fs = norm_1(f) + norm_2(msum) */
-        rmsnorm_forward_keep(a->fs, a->f_rstd, a->f, L->post_ffn_norm_1, T, E, c->rms_eps);
-        rmsnorm_forward_keep(s->tmp, a->m_rstd, a->msum, L->post_ffn_norm_2, T, E, c->rms_eps);
-        for (int64_t i = 0; i < T * E; i++) a->fs[i] += s->tmp[i];
-    } else {
-        memcpy(a->fs, a->f, sizeof(float) * (size_t)(T * E));
-    }
-    rmsnorm_forward_keep(s->tmp, a->fs_rstd, a->fs, L->post_ffn_norm, T, E, c->rms_eps);
-    for (int64_t i = 0; i < T * E; i++) a->x_post[i] = s->tmp[i] + a->x_mid[i];
-    memcpy(x_out, a->x_post, sizeof(float) * (size_t)(T * E));
-    if (c->n_embd_per_layer > 0) {
-        /* x += norm(proj(gelu(gate(x)) * per-layer input)) */
-        const int64_t Ep = c->n_embd_per_layer, PL = (int64_t)c->n_layer * Ep;
-        if ((rc = cart_matmul_forward_exact(a->pl_g, Ep, a->x_post, E, &L->pl_gate, T, pool))) return rc;
-        float *hpl = s->tmp; /* [T, Ep] fits in [T, E]: Ep <= E is checked at load */
-        for (int64_t t = 0; t < T; t++)
-            geglu_forward(hpl + t * Ep, a->pl_g + t * Ep, s->pl_in + t * PL + (int64_t)s->layer * Ep, Ep);
-        if ((rc = cart_matmul_forward_exact(a->pl_r, E, hpl, Ep, &L->pl_proj, T, pool))) return rc;
-        rmsnorm_forward_keep(s->tmp, a->pl_rstd, a->pl_r, L->pl_post_norm, T, E, c->rms_eps);
-        for (int64_t i = 0; i < T * E; i++) x_out[i] += s->tmp[i];
-    }
-    if (L->out_scale != 1.0f)
-        for (int64_t i = 0; i < T * E; i++) x_out[i] *= L->out_scale;
     return CART_OK;
+}
+
+/* layer_exec's attention: q/k norms and RoPE kept beside their inputs,
+ * then attention over the cartridge and each token's segment. */
+static int train_attend(void *ctx) {
+    pass *s = ctx;
+    cart_pool *pool = cart_default_pool();
+    cart_pool_for(pool, s->T, 16, qk_prepare_range, s);
+    cart_pool_for(pool, (s->T + FWD_TOKENS - 1) / FWD_TOKENS * s->L->g.n_head_kv, 1, attention_range, s);
+    return CART_OK;
+}
+
+static int train_moe(void *ctx) {
+    pass *s = ctx;
+    return moe_forward(s, s->ms.list, s->ms.rows_e, s->ms.rows_fe);
+}
+
+/* Runs layer s->layer on s->a (x_in filled) and writes its output to x_out
+ * (models.h): every intermediate the backward reads in its own buffer of
+ * s->a, the rest in s->tmp. gemma4's GELU is exact here (the inference
+ * forward uses GGML's f16 table, ops.h): a table has no derivative to
+ * train through. */
+static int layer_forward(pass *s, float *x_out) {
+    acts *a = s->a;
+    const int gemma = s->c->arch == CART_ARCH_GEMMA4;
+    s->L = &s->m->layers[s->layer];
+    layer_io io = {.x_in = a->x_in, .xn1 = a->xn1, .rstd1 = a->rstd1, .q = a->q_raw, .k = a->k_raw,
+                   .v = gemma ? a->v_raw : a->v, .att = a->att, .o = gemma ? a->o : a->x_mid, .x_mid = a->x_mid,
+                   .xn2 = a->xn2, .rstd2 = a->rstd2, .gate = a->gate, .up = a->up, .h = a->h,
+                   .f = gemma ? a->f : x_out, .x_out = x_out, .on = s->tmp, .o_rstd = a->o_rstd, .xm = a->xm,
+                   .xm_rstd = a->xm_rstd, .msum = a->msum, .mn = s->tmp, .m_rstd = a->m_rstd, .fs = a->fs,
+                   .f_rstd = a->f_rstd, .fn = s->tmp, .fs_rstd = a->fs_rstd, .x_post = a->x_post,
+                   .pl_in = s->pl_in, .pl_g = a->pl_g, .pl_h = s->tmp, .pl_r = a->pl_r, .pn = s->tmp,
+                   .pl_rstd = a->pl_rstd};
+    const layer_exec ex = {s, train_linear, train_attend, train_moe, 1};
+    return arch_of(s->c->arch)->layer_forward(&ex, s->m, s->layer, &io, s->T);
 }
 
 /* Scratch of the backward of one layer. */

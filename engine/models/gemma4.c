@@ -1,6 +1,7 @@
 /*
- * model_gemma4.c - gemma4's hyperparameters and tensors, as llama.cpp's
- * src/models/gemma4.cpp reads them (model.h says what the layers compute).
+ * gemma4.c - gemma4's hyperparameters, tensors and block, as llama.cpp's
+ * src/models/gemma4.cpp reads and computes them (model.h says what the
+ * layers compute).
  *
  * Every "gemma4.*" key is either honoured or refused by name: the keys below
  * are the ones this engine reads, and a key outside the list means the file
@@ -11,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
-#include "internal.h"
-#include "model.h"
-#include "model_internal.h"
+#include "../dtype.h"
+#include "../internal.h"
+#include "../ops.h"
+#include "models.h"
 
 /* The gemma4 keys this engine honours (after "gemma4."). */
 static const char *const honoured_keys[] = {
@@ -467,3 +468,76 @@ void gemma4_free_layer(layer_weights *L) {
     free(L->exp_down);
     free(L->exp_scale);
 }
+
+static int load_layers(cart_model *m, model_loader *ld) {
+    uint32_t vocab = 0;
+    int rc = cart_gguf_get_u32(&vocab, ld->g, "gemma4.vocab_size");
+    if (rc && rc != CART_E_NOT_FOUND) return rc;
+    if (!rc && vocab != (uint32_t)m->cfg.n_vocab)
+        return cart_fail(CART_E_FORMAT, "%s: gemma4.vocab_size %u differs from token_embd's %d rows",
+                         ld->path, vocab, m->cfg.n_vocab);
+    return gemma4_load_weights(m, ld);
+}
+
+/* The FFN's output on its way into the residual: the dense branch f (on
+ * MoE layers post_ffw_norm_1(f) + post_ffw_norm_2(msum)) through
+ * post_ffw_norm, added to x_mid into x_post. */
+static void ffn_residual(const cart_model *m, const layer_weights *L, const layer_io *io, int64_t T) {
+    const int64_t E = m->cfg.n_embd;
+    const float eps = m->cfg.rms_eps;
+    if (L->g.moe) {
+        layer_norm(io->fs, io->f_rstd, io->f, L->post_ffn_norm_1, T, E, eps);
+        layer_norm(io->mn, io->m_rstd, io->msum, L->post_ffn_norm_2, T, E, eps);
+        for (int64_t i = 0; i < T * E; i++) io->fs[i] += io->mn[i];
+    } else if (io->fs != io->f) {
+        memcpy(io->fs, io->f, sizeof(float) * (size_t)(T * E));
+    }
+    layer_norm(io->fn, io->fs_rstd, io->fs, L->post_ffn_norm, T, E, eps);
+    layer_add(io->x_post, io->fn, io->x_mid, T * E);
+}
+
+/* x_out += per_layer_post_norm(proj(gelu(inp_gate(x_post)) * the layer's
+ * per-layer input)). */
+static int per_layer_input(const layer_exec *ex, const cart_model *m, int32_t layer, const layer_io *io,
+                           int64_t T) {
+    const layer_weights *L = &m->layers[layer];
+    const int64_t E = m->cfg.n_embd, Ep = m->cfg.n_embd_per_layer, PL = (int64_t)m->cfg.n_layer * Ep;
+    int rc;
+    if ((rc = layer_linear1(ex, io->pl_g, Ep, io->x_post, E, &L->pl_gate))) return rc;
+    for (int64_t t = 0; t < T; t++)
+        layer_geglu(ex, io->pl_h + t * Ep, io->pl_g + t * Ep, io->pl_in + t * PL + (int64_t)layer * Ep, Ep);
+    if ((rc = layer_linear1(ex, io->pl_r, E, io->pl_h, Ep, &L->pl_proj))) return rc;
+    layer_norm(io->pn, io->pl_rstd, io->pl_r, L->pl_post_norm, T, E, m->cfg.rms_eps);
+    for (int64_t i = 0; i < T * E; i++) io->x_out[i] += io->pn[i];
+    return CART_OK;
+}
+
+/* The block: attention with the norms after it, the MoE branch (MoE
+ * layers) before the dense GEGLU FFN, the per-layer input, the output
+ * scale. */
+static int layer_forward(const layer_exec *ex, const cart_model *m, int32_t layer, const layer_io *io,
+                         int64_t T) {
+    const cart_model_config *c = &m->cfg;
+    const layer_weights *L = &m->layers[layer];
+    const int64_t E = c->n_embd, F = L->g.n_ff;
+    int rc;
+    if ((rc = layer_attention(ex, m, layer, io, T))) return rc;
+    layer_norm(io->on, io->o_rstd, io->o, L->post_attn_norm, T, E, c->rms_eps);
+    layer_add(io->x_mid, io->on, io->x_in, T * E);
+    if (L->g.moe) {
+        layer_norm(io->xm, io->xm_rstd, io->x_mid, L->pre_ffn_norm_2, T, E, c->rms_eps);
+        if ((rc = ex->moe(ex->ctx))) return rc;
+    }
+    layer_norm(io->xn2, io->rstd2, io->x_mid, L->ffn_norm, T, E, c->rms_eps);
+    if ((rc = layer_gate_up(ex, m, layer, io, T))) return rc;
+    layer_geglu(ex, io->h, io->gate, io->up, T * F);
+    if ((rc = layer_linear1(ex, io->f, E, io->h, F, &L->wdown))) return rc;
+    ffn_residual(m, L, io, T);
+    if (io->x_out != io->x_post) memcpy(io->x_out, io->x_post, sizeof(float) * (size_t)(T * E));
+    if (c->n_embd_per_layer > 0 && (rc = per_layer_input(ex, m, layer, io, T))) return rc;
+    if (L->out_scale != 1.0f)
+        for (int64_t i = 0; i < T * E; i++) io->x_out[i] *= L->out_scale;
+    return CART_OK;
+}
+
+const arch_ops arch_gemma4 = {CART_ARCH_GEMMA4, "gemma4", gemma4_read_config, load_layers, layer_forward};
