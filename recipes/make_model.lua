@@ -22,10 +22,10 @@ local opts = options.parse(arg, {
     summary = "Write a deterministic random-weight qwen3, llama or gemma4 GGUF.",
     flags = {
         { "out", help = "output .gguf path (required)" },
-        { "preset", default = "default", choices = { "default", "qwen3-0.6b", "qwen3-tiny", "llama-tiny",
+        { "preset", default = "default", choices = { "default", "qwen3-0.6b", "qwen3-tiny", "qwen2-tiny", "llama-tiny",
             "tiny-dense", "tiny-moe", "26b-a4b" },
           help = "starting shape; the flags below override it (tiny-dense, tiny-moe and 26b-a4b are gemma4's)" },
-        { "arch", choices = { "qwen3", "llama", "gemma4" }, help = "architecture (gemma4: its presets, default tiny-dense)" },
+        { "arch", choices = { "qwen3", "qwen2", "llama", "gemma4" }, help = "architecture (gemma4: its presets, default tiny-dense)" },
         { "layers", type = "int", help = "transformer blocks" },
         { "embd", type = "int", help = "hidden size" },
         { "ff", type = "int", help = "feed-forward size" },

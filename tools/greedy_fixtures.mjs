@@ -6,11 +6,14 @@
 //   --set quant   the qwen3 `default` preset in the block types people
 //                 download, q8_0 q6_K q5_K q4_K and q4_0 (models/quant, made
 //                 by the build) -> tests/fixtures/quant
+//   --set qwen2   the qwen2-tiny preset at f32, f16 and q8_0 (models/qwen2,
+//                 made by the build) -> tests/fixtures/qwen2
 //
 //   cp -r ../shared/bench /tmp/llama-peer && (cd /tmp/llama-peer && npm install --no-audit --no-fund)
 //   cmake --build build          # writes models/gemma4/*.gguf and models/quant/*.gguf
 //   node tools/greedy_fixtures.mjs --set gemma4 --peer /tmp/llama-peer
 //   node tools/greedy_fixtures.mjs --set quant --peer /tmp/llama-peer
+//   node tools/greedy_fixtures.mjs --set qwen2 --peer /tmp/llama-peer
 //
 // node-llama-cpp 3.22.1 (llama.cpp release v0.5.0) is a peer to compare with,
 // not a dependency: it is loaded from --peer. Settings as in
@@ -61,6 +64,17 @@ const SETS = {
       { prompt: CARTRIDGE, parse_special: false },
       { prompt: `<|im_start|>system\nYou answer questions about the corpus.<|im_end|>\n<|im_start|>user\n${QUESTION}` +
                 '<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n', parse_special: true },
+    ],
+  },
+  qwen2: {
+    models: ['qwen2-tiny-f32', 'qwen2-tiny-f16', 'qwen2-tiny-q8_0'],
+    dir: 'models/qwen2', out: 'tests/fixtures/qwen2', bos: false, arch: 'qwen2',
+    madeBy: (preset, dtype) => `recipes/make_model.lua --preset ${preset} --dtype ${dtype}`,
+    prompts: [
+      { prompt: STORY, parse_special: false },
+      { prompt: CARTRIDGE, parse_special: false },
+      { prompt: `<|im_start|>system\nYou answer questions about the corpus.<|im_end|>\n<|im_start|>user\n${QUESTION}` +
+                '<|im_end|>\n<|im_start|>assistant\n', parse_special: true },
     ],
   },
 };
@@ -144,7 +158,7 @@ for (const name of MODELS) {
   }
   const fixture = {
     ...fixtureHead('cartridge-reference/greedy-v1', `tools/greedy_fixtures.mjs --set ${set}`, info, llama),
-    model: { ...fileEntry(file), architecture: set === 'gemma4' ? 'gemma4' : 'qwen3',
+    model: { ...fileEntry(file), architecture: S.arch || (set === 'gemma4' ? 'gemma4' : 'qwen3'),
              bos_id: model.tokens.bos, made_by: S.madeBy(...name.match(/^(.*)-([a-z0-9_]+?)$/i).slice(1)) },
     settings: { threads: 2, kv_cache_type: 'f32', flash_attention: false, swa_full_cache: true,
                 sampling: 'greedy (temperature 0): argmax of the raw logits, ties to the lowest id',

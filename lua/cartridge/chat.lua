@@ -10,9 +10,13 @@
 --
 -- Templates (pick one by name, or pass your own table with the same fields to
 -- chat.render to override what the model declares):
---   chatml  Qwen2/Qwen3: <|im_start|>role\n ... <|im_end|>\n per message; the
+--   chatml  Qwen3: <|im_start|>role\n ... <|im_end|>\n per message; the
 --           assistant opener carries an empty think block, which is how
 --           Qwen3's template turns thinking off.
+--   qwen2   Qwen2/Qwen2.5: the same turns, an opener without a think
+--           block, and the system message Qwen2.5's template writes when a
+--           conversation has none ("You are Qwen, created by Alibaba
+--           Cloud. You are a helpful assistant.").
 --   llama3  <|start_header_id|>role<|end_header_id|>\n\n ... <|eot_id|>; the
 --           tokenizer adds <|begin_of_text|> (add_bos).
 --   gemma   gemma4: <|turn>role\n ... <turn|>\n per message, the assistant's
@@ -23,7 +27,8 @@
 --           own, system first, followed by a blank line; the opener is empty,
 --           so the model simply continues the text.
 -- The choice is read from tokenizer.chat_template: a template mentioning
--- <|im_start|> is chatml, one mentioning <|start_header_id|> is llama3, one
+-- <|im_start|> is chatml (qwen2 when it never mentions <think>), one
+-- mentioning <|start_header_id|> is llama3, one
 -- mentioning <|turn> is gemma, anything else (or none) is plain.
 
 local chat = {}
@@ -93,11 +98,21 @@ chat.templates = {
     },
 }
 
+-- Qwen2.5's: chatml's turns and tools, no think block, a default system message.
+do
+    local qwen2 = {}
+    for k, v in pairs(chat.templates.chatml) do qwen2[k] = v end
+    qwen2.name = "qwen2"
+    qwen2.opener = function() return "<|im_start|>assistant\n" end
+    qwen2.default_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    chat.templates.qwen2 = qwen2
+end
+
 -- The template a GGUF declares (a gguf File object), by name.
 function chat.detect(file)
     local t = file:get("tokenizer.chat_template")
     if type(t) == "string" then
-        if t:find("<|im_start|>", 1, true) then return "chatml" end
+        if t:find("<|im_start|>", 1, true) then return t:find("<think>", 1, true) and "chatml" or "qwen2" end
         if t:find("<|start_header_id|>", 1, true) then return "llama3" end
         if t:find("<|turn>", 1, true) then return "gemma" end
     end
@@ -170,12 +185,15 @@ function chat.render_parts(template, messages, opts, given)
             :format(template.name or "given"), 0)
     end
     local first = 1
+    local has_system = messages[1] and messages[1].role == "system"
     if opts.tools and #opts.tools > 0 then
-        local sys = messages[1] and messages[1].role == "system" and messages[1].content or nil
+        local sys = has_system and messages[1].content or template.default_system
         local defs = {}
         for k, def in ipairs(opts.tools) do defs[k] = given(def) end
         parts[1] = template.tools_system(given(sys), defs)
-        if sys then first = 2 end
+        if has_system then first = 2 end
+    elseif template.default_system and not has_system then
+        parts[1] = template.message("system", template.default_system)
     end
     for i = first, #messages do
         local msg = messages[i]

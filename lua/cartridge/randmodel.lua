@@ -4,7 +4,7 @@
 --   require("cartridge.randmodel").write{ out = "/tmp/m.gguf", preset = "qwen3-tiny", dtype = "f32" }
 --
 -- Fields: out (required), preset ("default", "qwen3-0.6b", "qwen3-tiny",
--- "llama-tiny"; with arch "gemma4" the presets of cartridge.randgemma), arch, layers, embd, ff, heads, kv_heads, head_dim, vocab,
+-- "qwen2-tiny", "llama-tiny"; with arch "gemma4" the presets of cartridge.randgemma), arch, layers, embd, ff, heads, kv_heads, head_dim, vocab,
 -- ctx, rope_theta, eps (1e-6), dtype ("f16"), tied (true), seed (1),
 -- std_scale (1), out_scale (4), tokenizer_from (a GGUF path), tokenizer (a
 -- learned vocabulary, cartridge.bpe), tokenizer_model (gemma4 only: see
@@ -32,6 +32,7 @@ randmodel.PRESETS = {
     ["qwen3-0.6b"] = { arch = "qwen3", layers = 28, embd = 1024, ff = 3072, heads = 16, kv_heads = 8, head_dim = 128,
         ctx = 40960, vocab = 151936 },
     ["qwen3-tiny"] = { arch = "qwen3", layers = 2, embd = 64, ff = 128, heads = 4, kv_heads = 2, head_dim = 16, ctx = 4096 },
+    ["qwen2-tiny"] = { arch = "qwen2", layers = 2, embd = 64, ff = 128, heads = 4, kv_heads = 2, head_dim = 16, ctx = 4096 },
     ["llama-tiny"] = { arch = "llama", layers = 2, embd = 64, ff = 128, heads = 4, kv_heads = 2, head_dim = 16, ctx = 2048 },
 }
 
@@ -53,11 +54,14 @@ local function resolve(opts)
     for _, k in ipairs({ "arch", "layers", "embd", "ff", "heads", "kv_heads", "head_dim", "vocab", "ctx" }) do
         if opts[k] ~= nil then shape[k] = opts[k] end
     end
-    if shape.arch == "llama" then shape.head_dim = shape.embd / shape.heads end
+    if shape.arch == "llama" or shape.arch == "qwen2" then shape.head_dim = shape.embd / shape.heads end
+    if not ({ qwen3 = true, qwen2 = true, llama = true })[shape.arch] then
+        error("make_model: --arch " .. tostring(shape.arch) .. " is not one of qwen3, qwen2, llama, gemma4", 0)
+    end
     if shape.heads % shape.kv_heads ~= 0 then
         error(("make_model: %d heads are not a multiple of %d kv heads"):format(shape.heads, shape.kv_heads), 0)
     end
-    local theta = opts.rope_theta or (shape.arch == "qwen3" and 1e6 or 1e4)
+    local theta = opts.rope_theta or (shape.arch == "llama" and 1e4 or 1e6)
     return shape, theta, dtype_mod.id(opts.dtype)
 end
 
@@ -68,12 +72,23 @@ local CHATML_TEMPLATE = table.concat({
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}{%- endif %}",
 })
 
+-- Qwen2.5's ChatML: no think block, a default system message.
+local QWEN2_TEMPLATE = table.concat({
+    "{%- if messages[0]['role'] != 'system' %}",
+    "{{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}",
+    "{%- endif %}",
+    "{%- for message in messages %}",
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}",
+    "{%- endfor %}",
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}",
+})
+
 local CHATML_SPECIALS = {
     { "<|endoftext|>", 3 }, { "<|im_start|>", 3 }, { "<|im_end|>", 3 }, { "<think>", 4 }, { "</think>", 4 },
 }
 
 -- The ChatML specials after tokens[1 .. first] and the keys that name them.
-local function chatml_keys(w, tokens, types, first)
+local function chatml_keys(w, tokens, types, first, arch)
     for _, sp in ipairs(CHATML_SPECIALS) do
         tokens[#tokens + 1], types[#types + 1] = sp[1], sp[2]
     end
@@ -83,23 +98,23 @@ local function chatml_keys(w, tokens, types, first)
     w:set("tokenizer.ggml.eos_token_id", first + 2, "uint32") -- <|im_end|>
     w:set("tokenizer.ggml.padding_token_id", first, "uint32")
     w:set("tokenizer.ggml.add_bos_token", false)
-    w:set("tokenizer.chat_template", CHATML_TEMPLATE)
+    w:set("tokenizer.chat_template", arch == "qwen2" and QWEN2_TEMPLATE or CHATML_TEMPLATE)
 end
 
 -- the built-in byte-level vocabulary: 256 byte tokens, the ChatML specials
-local function builtin_tokenizer(w)
+local function builtin_tokenizer(w, arch)
     local tokens, types = require("cartridge.bpe").byte_symbols(), {}
     for i = 1, 256 do types[i] = 1 end -- NORMAL
-    chatml_keys(w, tokens, types, 256)
+    chatml_keys(w, tokens, types, 256, arch)
     return tokens, types, #tokens
 end
 
 -- a learned vocabulary: v = { tokens (byte symbols and merged tokens,
 -- cartridge.bpe), merges }; the ChatML specials follow
-local function learned_tokenizer(w, v)
+local function learned_tokenizer(w, v, arch)
     local tokens, types = {}, {}
     for i, t in ipairs(v.tokens) do tokens[i], types[i] = t, 1 end
-    chatml_keys(w, tokens, types, #tokens)
+    chatml_keys(w, tokens, types, #tokens, arch)
     w:set("tokenizer.ggml.merges", v.merges, "array", "string")
     return tokens, types, #tokens
 end
@@ -134,8 +149,8 @@ local function write_tokenizer(w, opts, shape)
         return
     end
     local tokens, types, n_tok
-    if opts.tokenizer then tokens, types, n_tok = learned_tokenizer(w, opts.tokenizer)
-    else tokens, types, n_tok = builtin_tokenizer(w) end
+    if opts.tokenizer then tokens, types, n_tok = learned_tokenizer(w, opts.tokenizer, shape.arch)
+    else tokens, types, n_tok = builtin_tokenizer(w, shape.arch) end
     shape.vocab = shape.vocab or n_tok
     if shape.vocab < n_tok then
         error(("make_model: --vocab %d is smaller than the built-in tokenizer's %d tokens"):format(shape.vocab, n_tok), 0)
@@ -188,6 +203,11 @@ local function tensor_list(shape, tied)
         list[#list + 1] = { p .. "attn_k.weight", { KD, E }, "matrix" }
         list[#list + 1] = { p .. "attn_v.weight", { KD, E }, "matrix" }
         list[#list + 1] = { p .. "attn_output.weight", { E, HD }, "matrix" }
+        if shape.arch == "qwen2" then
+            list[#list + 1] = { p .. "attn_q.bias", { HD }, "bias" }
+            list[#list + 1] = { p .. "attn_k.bias", { KD }, "bias" }
+            list[#list + 1] = { p .. "attn_v.bias", { KD }, "bias" }
+        end
         if shape.arch == "qwen3" then
             list[#list + 1] = { p .. "attn_q_norm.weight", { D }, "norm" }
             list[#list + 1] = { p .. "attn_k_norm.weight", { D }, "norm" }
@@ -218,7 +238,8 @@ local function add_tensors(w, list, dtype)
 end
 
 -- Each tensor's values from its own seed: norms 1 + N(0, 0.1) (the final
--- one times out_scale), the rest N(0, std_scale / sqrt(fan_in)).
+-- one times out_scale), biases N(0, 0.5) (Qwen2's are large, its keys'
+-- above all), the rest N(0, std_scale / sqrt(fan_in)).
 local function write_weights(w, list, opts, dtype)
     local rng = ffi.new("cart_rng")
     for index, t in ipairs(list) do
@@ -232,6 +253,9 @@ local function write_weights(w, list, opts, dtype)
             if kind == "out_norm" then
                 for i = 0, n - 1 do buf[i] = buf[i] * opts.out_scale end
             end
+            w:write_tensor(t[1], buf)
+        elseif kind == "bias" then
+            C.cart_rng_fill_normal(rng, buf, n, 0.0, 0.5)
             w:write_tensor(t[1], buf)
         else
             local std = opts.std_scale / math.sqrt(cols) -- embeddings too: they double as the tied head

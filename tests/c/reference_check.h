@@ -188,4 +188,36 @@ static inline void check_reference(const char *model_path, const char *json_path
     reference_verdict(model_path, &st, tol, min_steps, 0.5);
 }
 
+/* check_reference on models_dir/name.gguf and fixtures_dir/name.greedy.json,
+ * 3 prompts of 32 steps at least, once the fixture is of these bytes. */
+static inline void check_fixture(const char *models_dir, const char *fixtures_dir, const char *name, double tol) {
+    char model[512], json[512];
+    snprintf(model, sizeof model, "%s%s.gguf", models_dir, name);
+    snprintf(json, sizeof json, "%s%s.greedy.json", fixtures_dir, name);
+    if (same_model(model, json)) check_reference(model, json, tol, 32 * 3);
+}
+
+static inline double max_diff(const float *a, const float *b, int64_t n) {
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
+    return worst;
+}
+
+/* Logits of every position of n tokens (n <= 256) through one cache of
+ * kv_dtype, fed in chunks of `chunk`. */
+static inline void logits_in_chunks(cart_model *m, const int32_t *toks, int64_t n, int64_t chunk, int32_t kv_dtype,
+                                    float *out) {
+    const int64_t V = cart_model_get_config(m)->n_vocab;
+    cart_kv *kv = NULL;
+    CHECK_OK(cart_model_new_kv(&kv, m, 256, kv_dtype));
+    int64_t rows[256];
+    for (int64_t at = 0; kv && at < n; at += chunk) {
+        int64_t count = n - at < chunk ? n - at : chunk;
+        for (int64_t j = 0; j < count; j++) rows[j] = j;
+        CHECK_OK(cart_model_forward(m, &kv, 1, toks + at, &count, rows, count, out + at * V));
+    }
+    CHECK(!kv || cart_kv_len(kv) == n);
+    cart_kv_free(kv);
+}
+
 #endif

@@ -35,12 +35,7 @@
  * a few hundredths on f16, and -- once a q8_0 activation or an expert
  * choice flips -- tenths on q8_0 (llama.cpp's flash attention against its
  * plain attention: up to 4 logits). The fixtures record both. */
-static void check_gemma4(const char *name, double tol) {
-    char model[512], json[512];
-    snprintf(model, sizeof model, MODELS "%s.gguf", name);
-    snprintf(json, sizeof json, FIXTURES "%s.greedy.json", name);
-    if (same_model(model, json)) check_reference(model, json, tol, 32 * 3);
-}
+static void check_gemma4(const char *name, double tol) { check_fixture(MODELS, FIXTURES, name, tol); }
 
 static void test_dense_f32_matches_llama_cpp(void) { check_gemma4("tiny-dense-f32", 1e-3); }
 static void test_dense_f16_matches_llama_cpp(void) { check_gemma4("tiny-dense-f16", 1e-2); }
@@ -48,26 +43,6 @@ static void test_dense_q8_0_matches_llama_cpp(void) { check_gemma4("tiny-dense-q
 static void test_moe_f32_matches_llama_cpp(void) { check_gemma4("tiny-moe-f32", 1e-3); }
 static void test_moe_f16_matches_llama_cpp(void) { check_gemma4("tiny-moe-f16", 1e-2); }
 static void test_moe_q8_0_matches_llama_cpp(void) { check_gemma4("tiny-moe-q8_0", 1e-2); }
-
-static double max_diff(const float *a, const float *b, int64_t n) {
-    double worst = 0;
-    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
-    return worst;
-}
-
-/* Logits of every position of n tokens fed in chunks of `chunk`. */
-static void logits_in_chunks(cart_model *m, const int32_t *toks, int64_t n, int64_t chunk, float *out) {
-    const cart_model_config *c = cart_model_get_config(m);
-    cart_kv *kv = NULL;
-    CHECK_OK(cart_model_new_kv(&kv, m, n, CART_F32));
-    int64_t rows[128];
-    for (int64_t at = 0; kv && at < n; at += chunk) {
-        int64_t count = n - at < chunk ? n - at : chunk;
-        for (int64_t j = 0; j < count; j++) rows[j] = j;
-        CHECK_OK(cart_model_forward(m, &kv, 1, toks + at, &count, rows, count, out + at * c->n_vocab));
-    }
-    cart_kv_free(kv);
-}
 
 /* 100 tokens, three times the window: passes of more than 16 tokens give
  * every token the same bits wherever it sits (what the equivalence gate
@@ -84,17 +59,17 @@ static void check_shapes(const char *name) {
     cart_rng_seed(&rng, 5);
     for (int i = 0; i < N; i++) toks[i] = 8 + (int32_t)(cart_rng_next(&rng) % (uint64_t)(V - 8));
     float *one = malloc(sizeof(float) * (size_t)(N * V)), *parts = malloc(sizeof(float) * (size_t)(N * V));
-    logits_in_chunks(m, toks, N, N, one);
-    logits_in_chunks(m, toks, N, 50, parts);
+    logits_in_chunks(m, toks, N, N, CART_F32, one);
+    logits_in_chunks(m, toks, N, 50, CART_F32, parts);
     printf("  %s:\n", name);
     CHECK_MAXDIFF("two passes of 50 vs one of 100 (bitwise)", max_diff(one, parts, N * V), 0.0);
-    logits_in_chunks(m, toks, N, 20, parts);
+    logits_in_chunks(m, toks, N, 20, CART_F32, parts);
     CHECK_MAXDIFF("passes of 20 vs one of 100 (bitwise)", max_diff(one, parts, N * V), 0.0);
     /* a few tokens a call take the GEMV kernels, whose sums round
      * differently; the f16 GELU table turns that into up to ~1e-2 on f32
      * weights (llama.cpp does the same to itself, reference_check.h); the
      * q8_0 product is the same bits on both paths */
-    logits_in_chunks(m, toks, N, 3, parts);
+    logits_in_chunks(m, toks, N, 3, CART_F32, parts);
     CHECK_MAXDIFF("passes of 3 vs one of 100", max_diff(one, parts, N * V), 5e-2);
     free(one);
     free(parts);
@@ -286,8 +261,8 @@ static void test_merged_gate_up_experts_give_the_same_logits(void) {
         int32_t toks[40];
         for (int i = 0; i < N; i++) toks[i] = 8 + (i * 37) % (int32_t)(V - 8);
         float *la = malloc(sizeof(float) * (size_t)(N * V)), *lb = malloc(sizeof(float) * (size_t)(N * V));
-        logits_in_chunks(a, toks, N, N, la);
-        logits_in_chunks(b, toks, N, N, lb);
+        logits_in_chunks(a, toks, N, N, CART_F32, la);
+        logits_in_chunks(b, toks, N, N, CART_F32, lb);
         CHECK_MAXDIFF("merged ffn_gate_up_exps vs separate gate and up (bitwise)", max_diff(la, lb, N * V), 0.0);
         free(la);
         free(lb);

@@ -50,30 +50,6 @@ static void test_qwen3_realvocab_f16_matches_llama_cpp(void) {
 }
 
 
-/* Logits of every position of `toks` through one cache, fed in chunks of
- * `chunk` tokens. */
-static void logits_in_chunks(cart_model *m, const int32_t *toks, int64_t n, int64_t chunk,
-                             int32_t kv_dtype, float *out) {
-    const cart_model_config *c = cart_model_get_config(m);
-    cart_kv *kv = NULL;
-    CHECK_OK(cart_model_new_kv(&kv, m, 256, kv_dtype));
-    for (int64_t at = 0; at < n; at += chunk) {
-        int64_t count = n - at < chunk ? n - at : chunk;
-        int64_t rows[256];
-        for (int64_t j = 0; j < count; j++) rows[j] = j;
-        CHECK_OK(cart_model_forward(m, &kv, 1, toks + at, &count, rows, count,
-                                    out + at * c->n_vocab));
-    }
-    CHECK(cart_kv_len(kv) == n);
-    cart_kv_free(kv);
-}
-
-static double max_diff(const float *a, const float *b, int64_t n) {
-    double worst = 0;
-    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
-    return worst;
-}
-
 static const int32_t story[] = {1, 403, 407, 261, 378, 282, 395, 317, 309, 284, 261, 342,
                                 427, 268, 314, 492, 372, 306, 271, 321, 266, 325, 388, 270};
 enum { STORY_LEN = sizeof story / sizeof story[0] };

@@ -12,28 +12,8 @@ local chat = require("cartridge.chat")
 local MODELS = helper.root .. "/models/gemma4/"
 local FIXTURES = helper.root .. "/tests/fixtures/gemma4/"
 
-local function fixture(name)
-    local f = assert(io.open(FIXTURES .. name .. ".greedy.json", "rb"))
-    local d = json.decode(f:read("*a"))
-    f:close()
-    return d
-end
-
--- The model's path, or nil after marking the test pending (busted reports
--- it): the build writes these models, so a missing one is a build that did
--- not finish, never a pass. A loop over models goes on past a missing one.
-local function built(name)
-    local path = MODELS .. name .. ".gguf"
-    if helper.exists(path) then return path end
-    pending(("%s not found (the build writes it: cmake --build build)"):format(path))
-end
-
-local function sha256(path)
-    local p = io.popen("sha256sum " .. helper.q(path))
-    local out = p:read("*a")
-    p:close()
-    return out:match("^(%x+)")
-end
+local built, fixture = helper.model_fixtures(MODELS, FIXTURES)
+local sha256 = helper.sha256
 
 describe("the gemma4 models", function()
     it("are the bytes the llama.cpp fixtures were made from", function()
@@ -131,15 +111,7 @@ describe("the gemma4 models", function()
         for _, name in ipairs({ "tiny-dense-f32", "tiny-dense-f16", "tiny-moe-q8_0" }) do
             local path = built(name)
             if not path then goto next_model end
-            local rc, out = helper.cartridge("run", helper.root .. "/recipes/equiv.lua", "--model", path,
-                "--corpus", helper.root .. "/README.md", "--p", "48", "--suffix-max", "40", "--kv", "f16")
-            assert.are.equal(0, rc, out)
-            local env = out:find("model shape-sensitivity envelope (m=40 vs m=88, no cartridge): max |dlogit| 0.000000 (bitwise)", 1, true)
-            local gate = out:find("max |dlogit| 0.000000, mean 0.0000000, greedy agreement 40/40", 1, true)
-            assert.is_truthy(env, out)
-            assert.is_truthy(gate, out)
-            assert.is_true(env < gate)
-            assert.matches("PASS: .* %(bitwise%)", out)
+            helper.assert_gate_bitwise(path)
             ::next_model::
         end
     end)

@@ -257,4 +257,44 @@ function helper.penalized_greedy(m, prompt, p, n, count_prompt)
     return out
 end
 
+-- The sha256 of a file, as sha256sum prints it.
+function helper.sha256(path)
+    local p = io.popen("sha256sum " .. helper.q(path))
+    local out = p:read("*a")
+    p:close()
+    return out:match("^(%x+)")
+end
+
+-- The models a build writes under models_dir and llama.cpp's fixtures of
+-- them under fixtures_dir: built(name) is the model's path, or nil after
+-- marking the test pending (a missing one is a build that did not finish,
+-- never a pass); fixture(name) the decoded name.greedy.json.
+function helper.model_fixtures(models_dir, fixtures_dir)
+    local function built(name)
+        local path = models_dir .. name .. ".gguf"
+        if helper.exists(path) then return path end
+        pending(("%s not found (the build writes it: cmake --build build)"):format(path))
+    end
+    local function fixture(name)
+        return require("cartridge.json").decode(assert(helper.read_file(fixtures_dir .. name .. ".greedy.json")))
+    end
+    return built, fixture
+end
+
+-- Runs the equivalence gate (recipes/equiv.lua) on a model over the
+-- README, p 48 and 40 suffix tokens with an f16 cache, and asserts that it
+-- passes bitwise, the shape-sensitivity envelope (0) printed first.
+function helper.assert_gate_bitwise(path)
+    local assert = require("luassert")
+    local rc, out = helper.cartridge("run", helper.root .. "/recipes/equiv.lua", "--model", path,
+        "--corpus", helper.root .. "/README.md", "--p", "48", "--suffix-max", "40", "--kv", "f16")
+    assert.are.equal(0, rc, out)
+    local env = out:find("model shape-sensitivity envelope (m=40 vs m=88, no cartridge): max |dlogit| 0.000000 (bitwise)", 1, true)
+    local gate = out:find("max |dlogit| 0.000000, mean 0.0000000, greedy agreement 40/40", 1, true)
+    assert.is_truthy(env, out)
+    assert.is_truthy(gate, out)
+    assert.is_true(env < gate)
+    assert.matches("PASS: .* %(bitwise%)", out)
+end
+
 return helper
