@@ -96,9 +96,11 @@ static int locate(cart_model *m, model_grads *g, const char *name, float **data,
 int cart_params_new(cart_params **out, cart_model *m, const char *const *patterns, int32_t n_patterns) {
     *out = NULL;
     if (!m) return cart_fail(CART_E_ARG, "cart_params_new: no model");
-    if (m->cfg.arch == CART_ARCH_GEMMA4)
-        return cart_fail(CART_E_UNSUPPORTED, "cart_params_new: training a gemma4 model's weights is not "
-                         "implemented (its cartridges train: train.h)");
+    if (m->cfg.arch == CART_ARCH_GEMMA4 || m->cfg.arch == CART_ARCH_QWEN2)
+        return cart_fail(CART_E_UNSUPPORTED, "cart_params_new: training a %s model's weights is not "
+                         "implemented (%s; its cartridges train: train.h)", cart_arch_name(m->cfg.arch),
+                         m->cfg.arch == CART_ARCH_QWEN2 ? "the backward has no gradient for its q/k/v biases"
+                                                        : "the backward covers its cartridge rows only");
     if (!m->widened)
         return cart_fail(CART_E_STATE, "cart_params_new: the model's matrices are read-only views of its "
                          "file; load it with widen_f32 to train its weights");

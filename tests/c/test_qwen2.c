@@ -15,6 +15,7 @@
 #include "gguf_mutant.h"
 #include "reference_check.h"
 #include "model.h"
+#include "params.h"
 #include "train.h"
 #include "train_problem.h"
 
@@ -101,6 +102,20 @@ static void test_adam_lowers_the_loss(void) {
     check_adam_lowers_the_loss(MODELS "qwen2-tiny-f32.gguf", lens, 2, 8, 23, 2e-2f);
 }
 
+/* Its weights do not train (no gradient for the biases): refused by name,
+ * not trained with the biases silently frozen. */
+static void test_weight_training_is_refused_by_name(void) {
+    cart_model *m = NULL;
+    cart_model_options o = {.widen_f32 = 1};
+    CHECK_OK(cart_model_load(&m, MODELS "qwen2-tiny-f32.gguf", &o));
+    if (!m) return;
+    cart_params *p = NULL;
+    CHECK_ERR(cart_params_new(&p, m, NULL, 0), CART_E_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("qwen2 model's weights");
+    CHECK(p == NULL);
+    cart_model_free(m);
+}
+
 /* Every bias is required, as llama.cpp requires it; a file without one
  * names the tensor. */
 static void test_a_missing_bias_is_named(void) {
@@ -129,6 +144,7 @@ int main(void) {
     RUN(test_gradients_match_finite_differences);
     RUN(test_recompute_gives_bitwise_equal_loss_and_gradients);
     RUN(test_adam_lowers_the_loss);
+    RUN(test_weight_training_is_refused_by_name);
     RUN(test_a_missing_bias_is_named);
     return check_finish("qwen2");
 }
