@@ -31,11 +31,7 @@ static int read_model_config(model_loader *ld, cart_model *m) {
     if (rc == CART_E_NOT_FOUND)
         return cart_fail(CART_E_FORMAT, "%s: no 'general.architecture' key", ld->path);
     if (rc) return rc;
-    const arch_ops *ops = NULL;
-    for (int32_t a = CART_ARCH_LLAMA; a <= CART_ARCH_QWEN2 && !ops; a++) {
-        const arch_ops *o = arch_of(a);
-        if (arch.len == strlen(o->name) && memcmp(arch.data, o->name, arch.len) == 0) ops = o;
-    }
+    const arch_ops *ops = arch_by_name(arch.data, arch.len);
     if (!ops)
         return cart_fail(CART_E_UNSUPPORTED,
                          "%s: architecture '%.*s' is not supported (supported: qwen3, qwen2, llama, gemma4)",

@@ -168,8 +168,8 @@ static int layer_forward(const layer_exec *ex, const cart_model *m, int32_t laye
     int rc;
     if ((rc = layer_attention(ex, m, layer, io, T))) return rc;
     layer_add(io->x_mid, io->x_in, io->o, T * E);
-    layer_norm(io->xn2, io->rstd2, io->x_mid, L->ffn_norm, T, E, c->rms_eps);
-    if ((rc = layer_gate_up(ex, m, layer, io, T))) return rc;
+    rmsnorm_forward_keep(io->xn2, io->rstd2, io->x_mid, L->ffn_norm, T, E, c->rms_eps);
+    if ((rc = layer_gate_up(ex, m, layer, io))) return rc;
     if (io->h != io->gate) memcpy(io->h, io->gate, sizeof(float) * (size_t)(T * F));
     swiglu_forward(io->h, io->up, T * F);
     if ((rc = layer_linear1(ex, io->f, E, io->h, F, &L->wdown))) return rc;

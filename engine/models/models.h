@@ -35,7 +35,7 @@
 /* One layer's intermediates over T tokens, row-major with the widths of
  * the comments (E = n_embd, F = n_ff, HD = n_head * head_dim, KD =
  * n_head_kv * head_dim, Ep = n_embd_per_layer). A rstd (1 / rms of each
- * row a norm saw) may be NULL: nothing keeps it. */
+ * row a norm saw, rmsnorm_forward_keep) may be NULL: nothing keeps it. */
 typedef struct layer_io {
     float *x_in;              /* [T, E] the layer's input */
     float *xn1, *rstd1;       /* [T, E] attn_norm(x_in) */
@@ -95,10 +95,10 @@ extern const arch_ops arch_llama, arch_qwen2, arch_qwen3, arch_gemma4;
 
 /* The architecture of a cart_arch value, or NULL. */
 const arch_ops *arch_of(int32_t arch);
+/* The architecture general.architecture names (len bytes), or NULL. */
+const arch_ops *arch_by_name(const char *name, size_t len);
 
 /* The steps the blocks share (steps.c). */
-/* y = rmsnorm(x) * w over rows of n, keeping 1 / rms in rstd when not NULL. */
-void layer_norm(float *y, float *rstd, const float *x, const float *w, int64_t rows, int64_t n, float eps);
 /* y[t, :] += b over rows of n. */
 void layer_add_bias(float *y, const float *b, int64_t rows, int64_t n);
 /* y = a + b, element by element (y may be a or b). */
@@ -112,7 +112,7 @@ int layer_linear1(const layer_exec *ex, float *y, int64_t ldy, const float *x, i
  * attn_v), plus their biases where the layer has them; attend; o. */
 int layer_attention(const layer_exec *ex, const cart_model *m, int32_t layer, const layer_io *io, int64_t T);
 /* gate, up = the FFN's two projections of xn2. */
-int layer_gate_up(const layer_exec *ex, const cart_model *m, int32_t layer, const layer_io *io, int64_t T);
+int layer_gate_up(const layer_exec *ex, const cart_model *m, int32_t layer, const layer_io *io);
 
 #pragma GCC visibility pop
 

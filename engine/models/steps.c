@@ -6,10 +6,6 @@
 #include "../ops.h"
 #include "models.h"
 
-void layer_norm(float *y, float *rstd, const float *x, const float *w, int64_t rows, int64_t n, float eps) {
-    rmsnorm_forward_keep(y, rstd, x, w, rows, n, eps);
-}
-
 void layer_add_bias(float *y, const float *b, int64_t rows, int64_t n) {
     for (int64_t t = 0; t < rows; t++)
         for (int64_t i = 0; i < n; i++) y[t * n + i] += b[i];
@@ -41,7 +37,7 @@ int layer_attention(const layer_exec *ex, const cart_model *m, int32_t layer, co
     const int64_t E = c->n_embd, HD = (int64_t)L->g.n_head * L->g.head_dim;
     const int64_t KD = (int64_t)L->g.n_head_kv * L->g.head_dim;
     int rc;
-    layer_norm(io->xn1, io->rstd1, io->x_in, L->attn_norm, T, E, c->rms_eps);
+    rmsnorm_forward_keep(io->xn1, io->rstd1, io->x_in, L->attn_norm, T, E, c->rms_eps);
     float *qkv[3] = {io->q, io->k, io->v};
     const int64_t qkv_ld[3] = {HD, KD, KD};
     const cart_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
@@ -57,7 +53,7 @@ int layer_attention(const layer_exec *ex, const cart_model *m, int32_t layer, co
     return layer_linear1(ex, io->o, E, io->att, HD, &L->wo);
 }
 
-int layer_gate_up(const layer_exec *ex, const cart_model *m, int32_t layer, const layer_io *io, int64_t T) {
+int layer_gate_up(const layer_exec *ex, const cart_model *m, int32_t layer, const layer_io *io) {
     const layer_weights *L = &m->layers[layer];
     const int64_t F = L->g.n_ff;
     float *gu[2] = {io->gate, io->up};

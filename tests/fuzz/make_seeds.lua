@@ -175,7 +175,7 @@ gguf_seed("tok_llama3.gguf", function(w) bpe_vocab(w, "llama-bpe") end)
 gguf_seed("tok_gpt2.gguf", function(w) bpe_vocab(w, "gpt-2") end)
 
 -- Whole small models for the model loader (fuzz_model): a qwen3 with its
--- tokenizer, a gemma4 with both attention kinds, per-layer inputs and
+-- tokenizer, a qwen2 with its q/k/v biases, a gemma4 with both attention kinds, per-layer inputs and
 -- output scales, and a gemma4 MoE with merged gate and up experts; each
 -- under the target's 16 KiB.
 local function model_seed(name, write)
@@ -187,6 +187,10 @@ end
 model_seed("model_qwen3.gguf", function(path)
     require("cartridge.randmodel").write({ out = path, arch = "qwen3", layers = 1, embd = 8, ff = 8, heads = 2,
         kv_heads = 1, head_dim = 4, dtype = "f16", quiet = true })
+end)
+model_seed("model_qwen2.gguf", function(path)
+    require("cartridge.randmodel").write({ out = path, arch = "qwen2", layers = 1, embd = 8, ff = 8, heads = 2,
+        kv_heads = 1, dtype = "f16", quiet = true })
 end)
 model_seed("model_gemma4.gguf", function(path)
     require("cartridge.randgemma").write({ out = path, preset = "tiny-dense", layers = 2, pattern = { true, false },
@@ -289,10 +293,18 @@ do
     local c0 = cart.new(m, 2, 0)
     c0:init_random(2, 0.5)
     save("p2_frozen0.safetensors", c0)
-    -- no model geometry: loads only without a model
+    -- another model's geometry (1 layer, 2 KV heads of 4): refused against
+    -- the fuzz model, loads only without a model
+    local other_path = scratch("other_model.gguf")
+    require("cartridge.randmodel").write({ out = other_path, arch = "qwen3", layers = 1, embd = 8, ff = 8, heads = 2,
+        kv_heads = 2, head_dim = 4, dtype = "f16", quiet = true })
+    local other = model.load(other_path)
     local g = cart.new_geometry(1, 2, 4, 2, 1)
     g:init_random(3, 0.5)
-    save("other_geometry.safetensors", g)
+    local g_path = scratch("other_geometry.safetensors")
+    g:save(g_path, other)
+    put("fuzz_cartridge", "other_geometry.safetensors", slurp(g_path))
+    other:free()
     -- without the checksum: the same tensors and metadata, written plainly
     for _, name in ipairs({ "p3_frozen1.safetensors", "p2_frozen0.safetensors" }) do
         local f = safetensors.open(scratch(name))

@@ -33,14 +33,7 @@ describe("the gemma4 models", function()
     it("tokenize the fixture prompts as llama.cpp does, BOS first", function()
         local path = built("tiny-dense-f32")
         if not path then return end
-        local m = cartridge.model.load(path)
-        local tok = m:tokenizer()
-        local fx = fixture("tiny-dense-f32")
-        for _, p in ipairs(fx.prompts) do
-            local ids = tok:encode_ids(p.prompt, { add_special = true, special = p.parse_special }):list()
-            assert.are.same(p.prompt_token_ids, ids)
-        end
-        m:free()
+        helper.assert_tokenizes_like(path, fixture("tiny-dense-f32"))
     end)
 
     it("declare gemma's turn template, and render it with an empty thought channel", function()

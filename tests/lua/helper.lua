@@ -297,4 +297,19 @@ function helper.assert_gate_bitwise(path)
     assert.matches("PASS: .* %(bitwise%)", out)
 end
 
+-- Asserts that the model at path tokenizes every prompt of a greedy.json
+-- fixture (decoded) into the fixture's prompt_token_ids.
+function helper.assert_tokenizes_like(path, fx)
+    local assert = require("luassert")
+    local m = require("cartridge").model.load(path)
+    local tok = m:tokenizer()
+    for _, p in ipairs(fx.prompts) do
+        local ids = tok:encode_ids(p.prompt, { add_special = true, special = p.parse_special }):list()
+        assert.are.same(p.prompt_token_ids, ids)
+    end
+    local arch = m.config.arch
+    m:free()
+    return arch
+end
+
 return helper

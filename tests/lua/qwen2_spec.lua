@@ -5,7 +5,6 @@
 
 local helper = require("helper")
 local cartridge = require("cartridge")
-local json = require("cartridge.json")
 local chat = require("cartridge.chat")
 
 local MODELS = helper.root .. "/models/qwen2/"
@@ -29,14 +28,7 @@ describe("the qwen2 models", function()
     it("tokenize the fixture prompts as llama.cpp does, no BOS", function()
         local path = built("qwen2-tiny-f32")
         if not path then return end
-        local m = cartridge.model.load(path)
-        assert.are.equal("qwen2", m.config.arch)
-        local tok = m:tokenizer()
-        for _, p in ipairs(fixture("qwen2-tiny-f32").prompts) do
-            local ids = tok:encode_ids(p.prompt, { add_special = true, special = p.parse_special }):list()
-            assert.are.same(p.prompt_token_ids, ids)
-        end
-        m:free()
+        assert.are.equal("qwen2", helper.assert_tokenizes_like(path, fixture("qwen2-tiny-f32")))
     end)
 
     it("render Qwen2.5's chat template: its default system message, no think block", function()
