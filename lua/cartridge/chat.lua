@@ -172,13 +172,30 @@ function chat.render(template, messages, opts)
     return table.concat(out), spans
 end
 
+-- A message is a table with a string role and string content.
+local function check_message(i, msg)
+    if type(msg) ~= "table" then
+        error(("chat.render: message %d is a %s, not a table"):format(i, type(msg)), 0)
+    end
+    if type(msg.role) ~= "string" then
+        error(("chat.render: message %d has no string role"):format(i), 0)
+    end
+    if type(msg.content) ~= "string" then
+        error(("chat.render: message %d has no string content"):format(i), 0)
+    end
+    if msg.tool_calls ~= nil and type(msg.tool_calls) ~= "table" then
+        error(("chat.render: message %d has tool_calls that are not a list"):format(i), 0)
+    end
+end
+
 -- chat.render's work, with each string the caller gave passed through
 -- given(s) first.
 function chat.render_parts(template, messages, opts, given)
     local parts = {}
     local uses_tools = opts.tools and #opts.tools > 0
-    for _, msg in ipairs(messages) do
-        uses_tools = uses_tools or type(msg) == "table" and (msg.role == "tool" or msg.tool_calls and #msg.tool_calls > 0)
+    for i, msg in ipairs(messages) do
+        check_message(i, msg)
+        uses_tools = uses_tools or msg.role == "tool" or msg.tool_calls and #msg.tool_calls > 0
     end
     if uses_tools and not template.tools_system then
         error(("chat.render: the %s template has no tool-call format; tools need a Qwen-style (chatml) template")
@@ -197,15 +214,6 @@ function chat.render_parts(template, messages, opts, given)
     end
     for i = first, #messages do
         local msg = messages[i]
-        if type(msg) ~= "table" then
-            error(("chat.render: message %d is a %s, not a table"):format(i, type(msg)), 0)
-        end
-        if type(msg.role) ~= "string" then
-            error(("chat.render: message %d has no string role"):format(i), 0)
-        end
-        if type(msg.content) ~= "string" then
-            error(("chat.render: message %d has no string content"):format(i), 0)
-        end
         local content = msg.content
         if msg.role == "assistant" then content = strip_think(content) end
         content = given(content)

@@ -14,6 +14,20 @@ describe("chat.render", function()
         end
     end)
 
+    -- fuzz_template, CI of stop 45: the system-message check indexed the
+    -- first message before it was known to be a table
+    it("refuses a first message that is not a table, before reading its role", function()
+        for _, name in ipairs({ "chatml", "llama3", "plain", "qwen2" }) do
+            local ok, err = pcall(chat.render, name, { 7, { role = "user", content = "a" } })
+            assert.is_false(ok)
+            assert.are.equal("chat.render: message 1 is a number, not a table", err)
+        end
+        local ok, err = pcall(chat.render, "chatml", { { role = "assistant", content = "", tool_calls = 3 } },
+            { add_generation_prompt = false })
+        assert.is_false(ok)
+        assert.are.equal("chat.render: message 1 has tool_calls that are not a list", err)
+    end)
+
     it("refuses a message without a string role in every template", function()
         for _, name in ipairs({ "chatml", "llama3", "plain" }) do
             local ok, err = pcall(chat.render, name, { { content = "a" } })
