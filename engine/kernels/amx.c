@@ -174,7 +174,6 @@ QK_INLINE void amx_group_256(const int type, const qk_src *w, const qk_act *a, c
     _Alignas(64) int32_t cb[8][2][AMX_TOK][16];
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
-        QK_PREFETCH(q + w->group_bytes, w->qbytes);
         QK_PREFETCH(s + w->group_bytes, w->sbytes);
         const uint8_t *wb = amx_unpack(type, q, 8, wbuf);
         __m512i mp[4], scale[8];
@@ -189,6 +188,7 @@ QK_INLINE void amx_group_256(const int type, const qk_src *w, const qk_act *a, c
             amx_units(type, a->q + (t0 + tt) * cols + 256 * b, cols, wb, cb);
             for (int tc = 0; tc < AMX_TOK; tc += 4) {
                 const int64_t t = t0 + tt + tc;
+                if (tt == 0) QK_PREFETCH_PART(q + w->group_bytes, w->qbytes, tc / 4, 4);
                 qi A[4], B[4];
                 for (int i = 0; i < 4; i++) A[i] = B[i] = qi_zero();
                 if (kmin) {
@@ -321,7 +321,6 @@ QK_INLINE void amx_group_folded(const int type, const qk_src *w, const qk_act *a
     _Alignas(64) int32_t cb[4][AMX_TOK][16];
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
-        QK_PREFETCH(q + w->group_bytes, w->qbytes);
         QK_PREFETCH(s + w->group_bytes, w->sbytes);
         __m512i mp[4];
         if (six) amx_fold6(q, s, wk);
@@ -347,6 +346,7 @@ QK_INLINE void amx_group_folded(const int type, const qk_src *w, const qk_act *a
             _tile_stored(3, cb[3], 64);
             for (int tc = 0; tc < AMX_TOK; tc += 4) {
                 const int64_t t = t0 + tt + tc;
+                if (tt == 0) QK_PREFETCH_PART(q + w->group_bytes, w->qbytes, tc / 4, 4);
                 qi A[4], B[4];
                 qf f[4];
                 for (int i = 0; i < 4; i++) {
@@ -375,7 +375,6 @@ QK_INLINE void amx_group_32(const int type, const qk_src *w, const qk_act *a, co
         int32_t(*out[4])[16];
         for (int k = 0; k < n; k++) {
             const uint8_t *q = grp + (b0 + k) * w->qbytes;
-            QK_PREFETCH(q + w->group_bytes, w->qbytes);
             wb[k] = amx_unpack(type, q, 1, wbuf[k]);
             out[k] = cb[k];
         }
@@ -384,6 +383,7 @@ QK_INLINE void amx_group_32(const int type, const qk_src *w, const qk_act *a, co
             for (int k = 0; k < n; k++) xs[k] = a->q + (t0 + tt) * cols + 32 * (b0 + k);
             amx_four(amx_signed(type), n, xs, cols, wb, out);
             for (int tc = 0; tc < AMX_TOK; tc += 4) {
+                if (tt == 0 && tc / 4 < n) QK_PREFETCH(grp + (b0 + tc / 4) * w->qbytes + w->group_bytes, w->qbytes);
                 qf f[4];
                 for (int i = 0; i < 4; i++) f[i] = _mm512_load_ps(acc[tt + tc + i]);
                 for (int k = 0; k < n; k++) {
