@@ -762,4 +762,5 @@ void qk_quantize(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1)
     const cart_kernels *k = cart_kern();
     if (k && k->qk_quantize) k->qk_quantize(a, x, ldx, i0, i1);
     else qk_quantize_rows_c(a, x, ldx, i0, i1);
+    qk_unit_sums(a, i0, i1);
 }

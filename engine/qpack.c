@@ -287,7 +287,9 @@ size_t qk_act_bytes(int32_t kind, int64_t n, int64_t cols) {
     const size_t q = round64((size_t)(n * cols));
     const size_t nblk = (size_t)(n * (kind == QK_ACT_Q8_K ? cols / 256 : cols / 32));
     const size_t sums = (size_t)(n * (kind == QK_ACT_Q8_K ? cols / 16 : cols / 32));
-    return q + round64(4 * nblk) + round64(4 * sums) + round64(kind == QK_ACT_Q8_1 ? 4 * nblk : 0) + 64;
+    const size_t units = (size_t)(kind == QK_ACT_Q8_K ? n * (cols / 32) : 0);
+    return q + round64(4 * nblk) + round64(4 * sums) + round64(kind == QK_ACT_Q8_1 ? 4 * nblk : 0) +
+           round64(2 * units) + 64;
 }
 
 void qk_act_init(qk_act *a, void *buf, int32_t kind, int64_t n, int64_t cols) {
@@ -305,6 +307,17 @@ void qk_act_init(qk_act *a, void *buf, int32_t kind, int64_t n, int64_t cols) {
     a->s = (int32_t *)p;
     p += round64(4 * sums);
     a->sf = kind == QK_ACT_Q8_1 ? (float *)p : NULL;
+    p += round64(kind == QK_ACT_Q8_1 ? 4 * nblk : 0);
+    a->u = kind == QK_ACT_Q8_K ? (int16_t *)p : NULL;
+}
+
+/* q8_K's sums of 32 as int16 (a->u) for rows [i0, i1), from its sums of 16. */
+void qk_unit_sums(qk_act *a, int64_t i0, int64_t i1) {
+    if (a->kind != QK_ACT_Q8_K) return;
+    const int64_t units = a->cols / 32;
+    for (int64_t i = i0; i < i1; i++)
+        for (int64_t j = 0; j < units; j++)
+            a->u[i * units + j] = (int16_t)(a->s[i * 2 * units + 2 * j] + a->s[i * 2 * units + 2 * j + 1]);
 }
 
 /* Round to nearest, ties to even, of a float of magnitude at most 2^22:

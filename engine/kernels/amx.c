@@ -151,12 +151,13 @@ QK_INLINE void amx_units(const int type, const int8_t *x, int64_t cols, const ui
  * token's activation sum over the unit, as 16-bit pair products
  * (vpmaddwd: a min is below 64, a unit's sum within 32 * 127), exact, so
  * qk_unit_scale_256's sum. mp[p]: lane r holds min_2p and min_2p+1 of row r
- * as two int16; bs: the token's 16 sums of 16 for the block. */
-QK_INLINE qi amx_mins(const __m512i *mp, const int32_t *bs) {
+ * as two int16; us: the token's 8 unit sums for the block (qk_act's u),
+ * read as 4 such pairs. */
+QK_INLINE qi amx_mins(const __m512i *mp, const int16_t *us) {
     qi B = qi_zero();
     for (int p = 0; p < 4; p++) {
-        const int32_t lo = bs[4 * p] + bs[4 * p + 1], hi = bs[4 * p + 2] + bs[4 * p + 3];
-        const int32_t pair = (int32_t)(((uint32_t)hi << 16) | ((uint32_t)lo & 0xffffu));
+        int32_t pair;
+        memcpy(&pair, us + 2 * p, 4);
         B = _mm512_add_epi32(B, _mm512_madd_epi16(mp[p], _mm512_set1_epi32(pair)));
     }
     return B;
@@ -195,7 +196,7 @@ QK_INLINE void amx_group_256(const int type, const qk_src *w, const qk_act *a, c
                     for (int i = 0; i < 4; i++) {
                         for (int j = 0; j < 8; j++)
                             A[i] = qi_add(A[i], qi_mul(scale[j], _mm512_load_si512((const void *)cb[j][0][tc + i])));
-                        B[i] = amx_mins(mp, a->s + (t + i) * (cols / 16) + 16 * b);
+                        B[i] = amx_mins(mp, a->u + (t + i) * (cols / 32) + 8 * b);
                     }
                 } else {
                     for (int j = 0; j < 8; j++) {
@@ -351,7 +352,7 @@ QK_INLINE void amx_group_folded(const int type, const qk_src *w, const qk_act *a
                 qf f[4];
                 for (int i = 0; i < 4; i++) {
                     A[i] = amx_folded_sum(six, cb, tc + i);
-                    B[i] = six ? qi_zero() : amx_mins(mp, a->s + (t + i) * (cols / 16) + 16 * b);
+                    B[i] = six ? qi_zero() : amx_mins(mp, a->u + (t + i) * (cols / 32) + 8 * b);
                     f[i] = _mm512_load_ps(acc[tt + tc + i]);
                 }
                 qk_block_end_256(type, 4, s, a, t, b, A, B, f);

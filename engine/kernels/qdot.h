@@ -94,6 +94,7 @@ typedef struct qk_act {
     float *d;   /* [n][cols / 32] (q8_0, q8_1) or [n][cols / 256] (q8_K) */
     int32_t *s; /* q8_0: [n][cols / 32] sums of q; q8_K: [n][cols / 16] sums of 16 */
     float *sf;  /* q8_1: [n][cols / 32] GGML's s */
+    int16_t *u; /* q8_K: [n][cols / 32] sums of 32 (at most 32 x 127), from s by qk_quantize */
 } qk_act;
 
 /* A packed weight as the kernels read it. */
@@ -144,6 +145,8 @@ void qk_pack_groups(uint8_t *dst, int32_t dtype, const uint8_t *rows_data, uint6
 size_t qk_act_bytes(int32_t kind, int64_t n, int64_t cols);
 /* Lays *a out over buf (qk_act_bytes of it). */
 void qk_act_init(qk_act *a, void *buf, int32_t kind, int64_t n, int64_t cols);
+/* Fills a->u from a->s for rows [i0, i1) (q8_K; nothing for another kind). */
+void qk_unit_sums(qk_act *a, int64_t i0, int64_t i1);
 /* Quantizes rows [i0, i1) of x (pitch ldx) into a: the level's kernel
  * (cart_kernels.qk_quantize) where it has one, else qk_quantize_rows_c,
  * the rules above in plain C. Every level gives the same bytes. */

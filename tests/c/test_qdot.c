@@ -415,6 +415,8 @@ static void check_activation_kinds(const float *x, int nonfinite) {
         int bad = memcmp(a.q, r.q, COLS) != 0;
         for (int b = 0; b < nd; b++) bad |= memcmp(&a.d[b], &r.d[b], 4) != 0 && !(isnan(a.d[b]) && isnan(r.d[b]));
         for (int b = 0; b < ns; b++) bad |= a.s[b] != r.s[b];
+        if (ak == QK_ACT_Q8_K) /* the sums of 32 the AMX level reads */
+            for (int u = 0; u < COLS / 32; u++) bad |= a.u[u] != r.s[2 * u] + r.s[2 * u + 1];
         if (ak == QK_ACT_Q8_1)
             for (int b = 0; b < nd; b++) bad |= memcmp(&a.sf[b], &r.sf[b], 4) != 0 && !(isnan(a.sf[b]) && isnan(r.sf[b]));
         CHECK_MSG(!bad, "%s activations differ from the reference", kind == 0 ? "q8_0" : kind == 1 ? "q8_1" : "q8_K");
