@@ -450,7 +450,7 @@ typedef struct forward_state {
     int64_t *gather; /* [T] tokens of a run routed to one expert */
     int64_t *pos;    /* [T] position of each token */
     int32_t *stream; /* [T] stream of each token */
-    int64_t *block_start; /* attention blocks: up to 16 consecutive tokens of one stream */
+    int64_t *block_start; /* attention blocks: up to CART_ATTN_MAX_QUERIES consecutive tokens of one stream */
     int32_t *block_len;
     int64_t n_blocks;
     /* matmul runs: consecutive streams whose token counts take the same
@@ -489,7 +489,8 @@ static void qk_prepare_range(void *ctx, int64_t begin, int64_t end, int32_t thre
 }
 
 /* Attention for work items [begin, end): item = block * n_head_kv + kv head,
- * where a block is up to 16 consecutive tokens of one stream. */
+ * where a block is up to CART_ATTN_MAX_QUERIES consecutive tokens of one
+ * stream. */
 static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     forward_state *s = ctx;
     const cart_layer_config *lg = &s->m->layers[s->layer].g;
@@ -654,7 +655,7 @@ static int forward_setup(forward_state *s, const int32_t *tokens, const int64_t 
         for (int64_t i = 0; i < n_tokens[b]; i++, t++) {
             s->pos[t] = cart_kv_len(s->kvs[b]) + i;
             s->stream[t] = b;
-            if (i % 16 == 0) {
+            if (i % CART_ATTN_MAX_QUERIES == 0) {
                 s->block_start[s->n_blocks] = t;
                 s->block_len[s->n_blocks++] = 0;
             }

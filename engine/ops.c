@@ -193,7 +193,7 @@ void softcap_backward(float *dy, const float *y, int64_t n, float cap) {
 
 /* ---- attention ----------------------------------------------------------- */
 
-enum { TILE = 64, LANES = 16, MAX_HEAD_DIM = 512, MAX_REP = 16, MAX_QUERIES = 16, MAX_MQ = CART_ATTN_MAX_MQ };
+enum { TILE = 64, LANES = 16, MAX_HEAD_DIM = 512, MAX_REP = 16, MAX_QUERIES = CART_ATTN_MAX_QUERIES, MAX_MQ = CART_ATTN_MAX_MQ };
 
 /* A dot product with LANES partial sums combined in a fixed order: the
  * compiler vectorizes it without reassociation flags, and the result does not
@@ -435,33 +435,63 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
 
 /* ---- training kernels ----------------------------------------------------- */
 
+enum { NORM_ROWS = 8 }; /* rows whose sums run side by side */
+
+/* sum[r] = the sum over i of x[r][i]^2 (rows dim apart), or of dy[r][i] w[i]
+ * x[r][i] when dy is given, for rows r < n <= NORM_ROWS: each row's sum
+ * in double and in index order, as a loop over that row alone adds it (the
+ * same bits), with the rows' chains of adds overlapping. */
+static void row_sums(double *sum, const float *x, const float *dy, const float *w, int64_t n, int64_t dim) {
+    double s[NORM_ROWS] = {0};
+    if (n == NORM_ROWS && !dy) {
+        for (int64_t i = 0; i < dim; i++)
+            for (int r = 0; r < NORM_ROWS; r++) s[r] += (double)(x[r * dim + i] * x[r * dim + i]);
+    } else if (n == NORM_ROWS) {
+        for (int64_t i = 0; i < dim; i++)
+            for (int r = 0; r < NORM_ROWS; r++)
+                s[r] += (double)dy[r * dim + i] * (w ? w[i] : 1.0f) * x[r * dim + i];
+    } else {
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t i = 0; i < dim; i++)
+                s[r] += dy ? (double)dy[r * dim + i] * (w ? w[i] : 1.0f) * x[r * dim + i]
+                           : (double)(x[r * dim + i] * x[r * dim + i]);
+    }
+    for (int64_t r = 0; r < n; r++) sum[r] = s[r];
+}
+
 void rmsnorm_forward_keep(float *y, float *rstd, const float *x, const float *w, int64_t rows,
                           int64_t dim, float eps) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * dim;
-        float *yr = y + r * dim;
-        double sum = 0.0;
-        for (int64_t i = 0; i < dim; i++) sum += (double)(xr[i] * xr[i]);
-        float mean = (float)(sum / (double)dim);
-        float scale = 1.0f / sqrtf(mean + eps);
-        if (rstd) rstd[r] = scale;
-        if (w)
-            for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale * w[i];
-        else
-            for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale;
+    double sum[NORM_ROWS];
+    for (int64_t r0 = 0; r0 < rows; r0 += NORM_ROWS) {
+        const int64_t n = rows - r0 < NORM_ROWS ? rows - r0 : NORM_ROWS;
+        row_sums(sum, x + r0 * dim, NULL, NULL, n, dim);
+        for (int64_t r = r0; r < r0 + n; r++) {
+            const float *xr = x + r * dim;
+            float *yr = y + r * dim;
+            float mean = (float)(sum[r - r0] / (double)dim);
+            float scale = 1.0f / sqrtf(mean + eps);
+            if (rstd) rstd[r] = scale;
+            if (w)
+                for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale * w[i];
+            else
+                for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale;
+        }
     }
 }
 
 void rmsnorm_backward(float *dx, const float *dy, const float *x, const float *rstd,
                       const float *w, int64_t rows, int64_t dim) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *dyr = dy + r * dim, *xr = x + r * dim;
-        float *dxr = dx + r * dim;
-        double dot_sum = 0.0;
-        for (int64_t i = 0; i < dim; i++) dot_sum += (double)dyr[i] * (w ? w[i] : 1.0f) * xr[i];
-        float s = rstd[r];
-        float coef = (float)(dot_sum * (double)s * s * s / (double)dim);
-        for (int64_t i = 0; i < dim; i++) dxr[i] += s * dyr[i] * (w ? w[i] : 1.0f) - coef * xr[i];
+    double dot[NORM_ROWS];
+    for (int64_t r0 = 0; r0 < rows; r0 += NORM_ROWS) {
+        const int64_t n = rows - r0 < NORM_ROWS ? rows - r0 : NORM_ROWS;
+        row_sums(dot, x + r0 * dim, dy + r0 * dim, w, n, dim);
+        for (int64_t r = r0; r < r0 + n; r++) {
+            const float *dyr = dy + r * dim, *xr = x + r * dim;
+            float *dxr = dx + r * dim;
+            float s = rstd[r];
+            float coef = (float)(dot[r - r0] * (double)s * s * s / (double)dim);
+            for (int64_t i = 0; i < dim; i++) dxr[i] += s * dyr[i] * (w ? w[i] : 1.0f) - coef * xr[i];
+        }
     }
 }
 

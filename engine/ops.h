@@ -98,8 +98,11 @@ void softcap_forward(float *x, int64_t n, float cap);
  * place on dy. */
 void softcap_backward(float *dy, const float *y, int64_t n, float cap);
 
-/* Causal attention of nq (<= 16) consecutive tokens of one stream over its
- * cache rows.
+/* The most query tokens one attention_forward call takes. */
+enum { CART_ATTN_MAX_QUERIES = 32 };
+
+/* Causal attention of nq (<= CART_ATTN_MAX_QUERIES) consecutive tokens of
+ * one stream over its cache rows.
  *   out [nq][q_stride]  row j holds query token j's n_head heads of head_dim
  *   q   [nq][q_stride]  the queries (already normed and rotated), same layout
  *   k   cache rows of `dtype` (CART_F16 or CART_F32), `stride` elements
