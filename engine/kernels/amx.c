@@ -17,9 +17,9 @@
  * qk_dots give; everything after them is qgeneric.h's own code
  * (qk_unit_scale_256, qk_block_end_256, qk_block_end_32), so this level
  * gives the same bits as every other. Tokens past the last whole tile of 16
- * go to the vpdpbusd kernel, and so do q3_K and q2_K below 64 tokens and
- * q6_K below 32 (measured slower on tiles there). q4_K, q5_K and q6_K from
- * 32 tokens on fold their sub-block scales into the weights (amx_fold,
+ * go to the vpdpbusd kernel, and so do q3_K and q2_K below 64 tokens
+ * (measured slower on tiles there). q4_K and q5_K from 32 tokens on, q6_K
+ * from 64, fold their sub-block scales into the weights (amx_fold,
  * amx_fold6), which leaves no integer multiply per unit and token after
  * the products.
  */
@@ -245,7 +245,7 @@ QK_INLINE void amx_fold(const int type, const uint8_t *q, const uint8_t *s, uint
     }
 }
 
-/* q6_K from 32 tokens on: its sub-block scales go into the weights too, in
+/* q6_K from 64 tokens on: its sub-block scales go into the weights too, in
  * four pieces. A scale s (int8) is s0 + 4 s1 + 16 s2 + 64 s3, with s0..s2
  * its 2-bit fields and s3 = s >> 6 (in [-2, 1]), and the centred field
  * u - 32 (in [-32, 31]) times a piece stays a signed byte (at most 96 in
@@ -408,9 +408,11 @@ QK_INLINE void amx_group_32(const int type, const qk_src *w, const qk_act *a, co
 QK_INLINE void amx_type(const int type, const qk_src *w, const qk_act *a, int64_t t0, int64_t t1, int64_t g0,
                         int64_t g1, float *y, int64_t ldy) {
     _Alignas(64) float acc[AMX_SPAN][16];
-    /* from 32 tokens on, q4_K, q5_K and q6_K fold their scales (amx_fold,
-     * amx_fold6: once per block, worth it only over several tiles; measured) */
-    const int folded = (type == CART_Q4_K || type == CART_Q5_K || type == CART_Q6_K) && t1 - t0 >= 32;
+    /* from 32 tokens on, q4_K and q5_K fold their scales (amx_fold), q6_K
+     * from 64 (amx_fold6: four products per step; at 32 its unfolded
+     * tiles measured faster): once per block, worth it only over several
+     * tiles */
+    const int folded = (type == CART_Q4_K || type == CART_Q5_K || type == CART_Q6_K) && t1 - t0 >= (type == CART_Q6_K ? 64 : 32);
     amx_config(folded ? 64 : amx_halves(type) ? 16 : 32);
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *grp = w->data + (uint64_t)g * w->group_bytes;
@@ -433,9 +435,10 @@ static void qk_groups_amx(const qk_src *w, const qk_act *a, int64_t t0, int64_t 
     int64_t full = t0 + (t1 - t0) / AMX_TOK * AMX_TOK;
     /* q3_K and q2_K take two tile products per unit and 16 integer
      * multiplies per token and block after them: below 64 tokens that
-     * measured slower than vpdpbusd; q6_K folds its scales from 32 tokens
-     * on (amx_type), and below that vpdpbusd measured faster */
-    if (amx_halves(w->dtype) && t1 - t0 < (w->dtype == CART_Q6_K ? 32 : 64)) full = t0;
+     * measured slower than vpdpbusd; q6_K runs on tiles from 16 tokens
+     * (1.04-1.07x vpdpbusd at 16, 1.18x at 32: bench_levels) and folds its
+     * scales from 64 on (amx_type) */
+    if (amx_halves(w->dtype) && t1 - t0 < (w->dtype == CART_Q6_K ? 16 : 64)) full = t0;
     if (full > t0) QK_DISPATCH(w->dtype, amx_type, w, a, t0, full, g0, g1, y, ldy);
     if (full < t1) qk_groups_vnni(w, a, full, t1, g0, g1, y, ldy);
 }
