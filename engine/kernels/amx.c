@@ -412,7 +412,8 @@ QK_INLINE void amx_type(const int type, const qk_src *w, const qk_act *a, int64_
      * from 64 (amx_fold6: four products per step; at 32 its unfolded
      * tiles measured faster): once per block, worth it only over several
      * tiles */
-    const int folded = (type == CART_Q4_K || type == CART_Q5_K || type == CART_Q6_K) && t1 - t0 >= (type == CART_Q6_K ? 64 : 32);
+    const int64_t fold_from = type == CART_Q4_K || type == CART_Q5_K ? 32 : type == CART_Q6_K ? 64 : 0;
+    const int folded = fold_from && t1 - t0 >= fold_from;
     amx_config(folded ? 64 : amx_halves(type) ? 16 : 32);
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *grp = w->data + (uint64_t)g * w->group_bytes;
@@ -435,10 +436,10 @@ static void qk_groups_amx(const qk_src *w, const qk_act *a, int64_t t0, int64_t 
     int64_t full = t0 + (t1 - t0) / AMX_TOK * AMX_TOK;
     /* q3_K and q2_K take two tile products per unit and 16 integer
      * multiplies per token and block after them: below 64 tokens that
-     * measured slower than vpdpbusd; q6_K runs on tiles from 16 tokens
-     * (1.04-1.07x vpdpbusd at 16, 1.18x at 32: bench_levels) and folds its
-     * scales from 64 on (amx_type) */
-    if (amx_halves(w->dtype) && t1 - t0 < (w->dtype == CART_Q6_K ? 16 : 64)) full = t0;
+     * measured slower than vpdpbusd. (q6_K, the third type of halves, runs
+     * on tiles from the first whole tile: 1.04-1.07x vpdpbusd at 16 tokens,
+     * 1.18x at 32, bench_levels; it folds its scales from 64, amx_type.) */
+    if ((w->dtype == CART_Q3_K || w->dtype == CART_Q2_K) && t1 - t0 < 64) full = t0;
     if (full > t0) QK_DISPATCH(w->dtype, amx_type, w, a, t0, full, g0, g1, y, ldy);
     if (full < t1) qk_groups_vnni(w, a, full, t1, g0, g1, y, ldy);
 }
