@@ -366,6 +366,24 @@ static void tile_forward_mq(float *out, const float *q, int64_t q_stride, int32_
     head_run_flush(&hr, kt, vt, head_dim, head_dim, scale, run_max, run_sum);
 }
 
+/* Requests the f16 rows [t0, t0 + TILE) (below end) of the keys and values
+ * of one head (its head_dim values at col) into the cache: a decode step
+ * reads each row of a long cache once, from DRAM, a head's slice at a
+ * stride the hardware prefetchers do not follow (8 streams at 870 cached
+ * tokens: +3-4%). */
+static void prefetch_tile(const void *k, const void *v, int64_t t0, int64_t end, int64_t stride, int64_t col,
+                          int32_t head_dim) {
+    const int64_t n = end - t0 < TILE ? end - t0 : TILE;
+    for (int64_t i = 0; i < n; i++) {
+        const char *kr = (const char *)k + 2 * ((t0 + i) * stride + col);
+        const char *vr = (const char *)v + 2 * ((t0 + i) * stride + col);
+        for (int32_t b = 0; b < 2 * head_dim; b += 64) {
+            __builtin_prefetch(kr + b, 0, 3);
+            __builtin_prefetch(vr + b, 0, 3);
+        }
+    }
+}
+
 void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq, const void *k,
                        const void *v, int32_t dtype, int64_t n_ctx0, int64_t window, int64_t stride,
                        int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale) {
@@ -397,6 +415,7 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
         const int direct = nq == 1 && dtype == CART_F16 && head_dim % 16 == 0;
         for (int64_t t0 = tile0; t0 < n_ctx_last; t0 += TILE) {
             int64_t nt_all = n_ctx_last - t0 < TILE ? n_ctx_last - t0 : TILE;
+            if (direct) prefetch_tile(k, v, t0 + TILE, n_ctx_last, stride, (int64_t)g * head_dim, head_dim);
             if (!direct) {
                 load_tile(kt, k, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
                 load_tile(vt, v, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
