@@ -260,17 +260,23 @@ for i, d in ipairs(dtypes) do
 end
 
 -- the table of every dtype: ours, llama.cpp's, the ratios, the share of
--- the read bandwidth, and the widest lockstep batch against one stream
+-- the read bandwidth, and each lockstep batch against one stream
 if #rows > 1 then
-    local B = opts.batch[#opts.batch]
     print("")
-    print(("| weights | kernels | prefill tok/s (x llama.cpp) | decode tok/s (x llama.cpp) | decode, share of %.0f GB/s | %d streams, x one stream |")
-        :format(bandwidth / 1e9, B))
-    print("|---|---|---|---|---|---|")
+    local head, rule = "", ""
+    for _, B in ipairs(opts.batch) do
+        head = head .. (" %d streams, x one stream |"):format(B)
+        rule = rule .. "---|"
+    end
+    print(("| weights | kernels | prefill tok/s (x llama.cpp) | decode tok/s (x llama.cpp) | decode, share of %.0f GB/s |%s")
+        :format(bandwidth / 1e9, head))
+    print("|---|---|---|---|---|" .. rule)
     local function ratio(ours, theirs) return theirs and (" (%.2fx)"):format(ours / theirs) or "" end
     for _, r in ipairs(rows) do
-        print(("| %s | %s | %.1f%s | %.1f%s | %.0f%% | %.1f (%.1fx) |"):format(r.dtype, cartridge.isa(), r.prefill,
+        local cells = ""
+        for _, B in ipairs(opts.batch) do cells = cells .. (" %.1f (%.1fx) |"):format(r.batch[B], r.batch[B] / r.decode) end
+        print(("| %s | %s | %.1f%s | %.1f%s | %.0f%% |%s"):format(r.dtype, cartridge.isa(), r.prefill,
             ratio(r.prefill, r.llama and r.llama.pp_tok_s), r.decode, ratio(r.decode, r.llama and r.llama.tg_tok_s),
-            100 * r.share, r.batch[B], r.batch[B] / r.decode))
+            100 * r.share, cells))
     end
 end

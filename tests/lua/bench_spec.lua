@@ -43,17 +43,18 @@ describe("benchmark recipes at a tiny shape", function()
         assert.truthy((o .. e):find("--batch-ctx must be at least 1; got 0", 1, true), o .. e)
     end)
 
-    it("bench_infer: several dtypes in one run end with their table, repacking printed", function()
+    it("bench_infer: several dtypes in one run end with their table (a column per batch), repacking printed", function()
         local out = bench("bench_infer", "--dtype", "q8_0,q4_K", "--preset", "default", "--prompt", "16", "--decode",
-            "4", "--reps", "1", "--batch", "2", "--batch-steps", "2", "--threads", "2")
+            "4", "--reps", "1", "--batch", "2", "--batch", "3", "--batch-steps", "2", "--threads", "2")
         if not out then return end
         assert.truthy(out:find("\nload +" .. NUM .. " s, of which repacking " .. NUM .. " s: " .. NUM
             .. " [KM]iB of repacked block%-type matrices"), out)
         assert.truthy(out:find("\nprefill %(q4_K%) +16 tokens"), out)
         assert.truthy(out:find("\n| weights | kernels | prefill tok/s %(x llama.cpp%) | decode tok/s", 1), out)
+        assert.truthy(out:find("| 2 streams, x one stream | 3 streams, x one stream |\n", 1, true), out)
         for _, d in ipairs({ "q8_0", "q4_K" }) do
             assert.truthy(out:find("\n| " .. d .. " | %w+ | " .. NUM .. " | " .. NUM .. " | %d+%% | " .. NUM
-                .. " %(" .. NUM .. "x%) |"), out)
+                .. " %(" .. NUM .. "x%) | " .. NUM .. " %(" .. NUM .. "x%) |\n"), out)
         end
     end)
 
