@@ -456,25 +456,26 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
 
 enum { NORM_ROWS = 8 }; /* rows whose sums run side by side */
 
-/* sum[r] = the sum over i of x[r][i]^2 (rows dim apart), or of dy[r][i] w[i]
- * x[r][i] when dy is given, for rows r < n <= NORM_ROWS: each row's sum
- * in double and in index order, as a loop over that row alone adds it (the
- * same bits), with the rows' chains of adds overlapping. */
+/* s[r] += the sum over i of x[r][i]^2 (rows dim apart), or of dy[r][i] w[i]
+ * x[r][i] with DY, for rows r < n <= NORM_ROWS: each row's sum in double
+ * and in index order, as a loop over that row alone adds it (the same
+ * bits), the rows' chains of adds overlapping. n and DY are constants
+ * where it matters (row_sums). */
+static inline void row_sums_of(const int64_t n, const int DY, double *s, const float *x, const float *dy,
+                               const float *w, int64_t dim) {
+    for (int64_t i = 0; i < dim; i++)
+        for (int64_t r = 0; r < n; r++) {
+            const int64_t at = r * dim + i;
+            s[r] += DY ? (double)dy[at] * (w ? w[i] : 1.0f) * x[at] : (double)(x[at] * x[at]);
+        }
+}
+
+/* sum[r] for rows r < n <= NORM_ROWS (row_sums_of; dy NULL for squares). */
 static void row_sums(double *sum, const float *x, const float *dy, const float *w, int64_t n, int64_t dim) {
     double s[NORM_ROWS] = {0};
-    if (n == NORM_ROWS && !dy) {
-        for (int64_t i = 0; i < dim; i++)
-            for (int r = 0; r < NORM_ROWS; r++) s[r] += (double)(x[r * dim + i] * x[r * dim + i]);
-    } else if (n == NORM_ROWS) {
-        for (int64_t i = 0; i < dim; i++)
-            for (int r = 0; r < NORM_ROWS; r++)
-                s[r] += (double)dy[r * dim + i] * (w ? w[i] : 1.0f) * x[r * dim + i];
-    } else {
-        for (int64_t r = 0; r < n; r++)
-            for (int64_t i = 0; i < dim; i++)
-                s[r] += dy ? (double)dy[r * dim + i] * (w ? w[i] : 1.0f) * x[r * dim + i]
-                           : (double)(x[r * dim + i] * x[r * dim + i]);
-    }
+    if (n == NORM_ROWS && !dy) row_sums_of(NORM_ROWS, 0, s, x, dy, w, dim);
+    else if (n == NORM_ROWS) row_sums_of(NORM_ROWS, 1, s, x, dy, w, dim);
+    else row_sums_of(n, dy != NULL, s, x, dy, w, dim);
     for (int64_t r = 0; r < n; r++) sum[r] = s[r];
 }
 
