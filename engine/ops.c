@@ -260,33 +260,18 @@ static void tile_values(float *acc, const float *p, const float *vt, int64_t nt,
 
 /* The online softmax of one query over a tile whose scores are in score[0
  * .. nt), up to the sum: scales the scores, rescales out and the running
- * sum to the new running maximum, and leaves e^(score - max) in score. The
- * tile's maximum is taken in lanes of 4 and then across them: a maximum
- * is the same whatever the order (a NaN score is never taken; the sign of
- * a zero maximum changes no difference and no exponential). */
+ * sum to the new running maximum, and leaves e^(score - max) in score
+ * (the level's scale_max and expf_shift_n: a maximum is the same whatever
+ * the order, kernels.h). */
 static void softmax_exp(float *score, int64_t nt, float scale, float *run_max, float *run_sum, float *out,
                         int32_t head_dim) {
-    float lane[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    int64_t j = 0;
-    for (; j + 4 <= nt; j += 4)
-        for (int32_t l = 0; l < 4; l++) {
-            const float s = score[j + l] * scale;
-            score[j + l] = s;
-            lane[l] = s > lane[l] ? s : lane[l];
-        }
-    float tile_max = -INFINITY;
-    for (; j < nt; j++) {
-        score[j] *= scale;
-        if (score[j] > tile_max) tile_max = score[j];
-    }
-    for (int32_t l = 0; l < 4; l++)
-        if (lane[l] > tile_max) tile_max = lane[l];
+    const cart_kernels *kern = cart_kern();
+    const float tile_max = kern->scale_max(score, nt, scale);
     float new_max = tile_max > *run_max ? tile_max : *run_max;
     float correction = cart_expf_ref(*run_max - new_max);
     *run_sum *= correction;
     for (int32_t d = 0; d < head_dim; d++) out[d] *= correction;
-    for (j = 0; j < nt; j++) score[j] -= new_max;
-    cart_kern()->expf_n(score, score, nt);
+    kern->expf_shift_n(score, score, nt, new_max);
     *run_max = new_max;
 }
 

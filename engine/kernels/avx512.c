@@ -1256,13 +1256,15 @@ static inline __m256 expf_8(__m256 x, const __m512d tab[4]) {
     return _mm512_cvtpd_ps(_mm512_mul_pd(y, s));
 }
 
-static void expf_n_512(float *y, const float *x, int64_t n) {
+/* e^(x[i] - shift) for i < n: expf_n_512 with the difference taken first. */
+static ALWAYS_INLINE void expf_n_shift(const int SHIFT, float *y, const float *x, int64_t n, float shift) {
     __m512d tab[4];
     for (int j = 0; j < 4; j++) tab[j] = _mm512_loadu_pd((const double *)cart_expf_tab + 8 * j);
     const __m512i big = _mm512_set1_epi32((int)CART_EXPF_BIG), abs = _mm512_set1_epi32(0x7fffffff);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-        const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        const __m512 v = SHIFT ? _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_set1_ps(shift))
+                               : _mm512_maskz_loadu_ps(m, x + i);
         const __mmask16 special =
             _mm512_mask_cmpgt_epu32_mask(m, _mm512_and_si512(_mm512_castps_si512(v), abs), big);
         const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(expf_8(_mm512_castps512_ps256(v), tab)),
@@ -1277,6 +1279,28 @@ static void expf_n_512(float *y, const float *x, int64_t n) {
             _mm512_mask_storeu_ps(y + i, m, e);
         }
     }
+}
+
+static void expf_n_512(float *y, const float *x, int64_t n) {
+    expf_n_shift(0, y, x, n, 0.0f);
+}
+
+static void expf_shift_n_512(float *y, const float *x, int64_t n, float shift) {
+    expf_n_shift(1, y, x, n, shift);
+}
+
+/* s[i] *= scale; the maximum of the products (max(v, m) keeps m when v is
+ * a NaN). */
+static float scale_max_512(float *s, int64_t n, float scale) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + i), sc);
+        _mm512_mask_storeu_ps(s + i, k, v);
+        m = _mm512_mask_max_ps(m, k, v, m);
+    }
+    return _mm512_reduce_max_ps(m);
 }
 
 /* ---- the table ------------------------------------------------------------ */
@@ -1299,6 +1323,8 @@ static const cart_kernels table = {
     .values_mq = rows_values_mq,
     .outer_add = outer_add_512,
     .expf_n = expf_n_512,
+    .expf_shift_n = expf_shift_n_512,
+    .scale_max = scale_max_512,
     .exp_n = exp_n_512,
     .qk_groups = qk_groups_avx512,
     .qk_quantize = qk_quantize_rows_512,

@@ -826,6 +826,31 @@ static void gk_exp_n(double *y, const double *x, int64_t n) {
 #define GK_EXP_N gk_exp_n
 #endif
 
+static void gk_expf_shift_n(float *y, const float *x, int64_t n, float shift) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] - shift;
+    GK_EXPF_N(y, y, n);
+}
+
+/* The maximum in lanes of 4, then across them (a NaN is never taken). */
+static float gk_scale_max(float *s, int64_t n, float scale) {
+    float lane[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int32_t l = 0; l < 4; l++) {
+            const float v = s[j + l] * scale;
+            s[j + l] = v;
+            lane[l] = v > lane[l] ? v : lane[l];
+        }
+    float m = -INFINITY;
+    for (; j < n; j++) {
+        s[j] *= scale;
+        if (s[j] > m) m = s[j];
+    }
+    for (int32_t l = 0; l < 4; l++)
+        if (lane[l] > m) m = lane[l];
+    return m;
+}
+
 /* ---- the table ------------------------------------------------------------ */
 
 static const cart_kernels gk_table = {
@@ -846,6 +871,8 @@ static const cart_kernels gk_table = {
     .values_mq = gk_values_mq,
     .outer_add = gk_outer_add,
     .expf_n = GK_EXPF_N,
+    .expf_shift_n = gk_expf_shift_n,
+    .scale_max = gk_scale_max,
     .exp_n = GK_EXP_N,
 #ifdef QK_FN
     .qk_groups = QK_FN,

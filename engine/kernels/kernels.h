@@ -175,6 +175,14 @@ typedef struct cart_kernels {
     /* y[i] = e^x[i] for i < n (y may be x), the bits of expf.h's
      * cart_expf_ref. */
     void (*expf_n)(float *y, const float *x, int64_t n);
+    /* y[i] = e^(x[i] - shift) for i < n (y may be x), the difference
+     * rounded to f32 first: expf_n's bits of the differences. */
+    void (*expf_shift_n)(float *y, const float *x, int64_t n, float shift);
+    /* s[i] *= scale for i < n, in place; returns the largest product that
+     * is not a NaN (-INFINITY when there is none). A maximum is the same
+     * value in any order (of +0 and -0 either may come back: online
+     * softmax subtracts it and takes e^, which gives the same bits). */
+    float (*scale_max)(float *s, int64_t n, float scale);
     /* y[i] = e^x[i] in double for i < n (y may be x), the bits of the C
      * library's exp (exp.h). */
     void (*exp_n)(double *y, const double *x, int64_t n);

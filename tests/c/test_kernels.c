@@ -25,6 +25,7 @@
 #include "matmul.h"
 #include "ops.h"
 #include "kernels/expf.h"
+#include "kernels/kernels.h"
 #include "pool.h"
 
 /* The largest |a - b| over n floats, counting any bit difference (a NaN
@@ -459,6 +460,53 @@ static void test_expf_is_glibc_bits_on_every_level(void) {
     free(bits), free(x), free(ref), free(got);
 }
 
+/* The online softmax's steps (scale_max, expf_shift_n) at every level
+ * against their definitions: every length 0..70 at two offsets, scores with
+ * NaNs, infinities, signed zeros and huge values among random ones. The
+ * scaled scores and e^(x - shift) must be the same bits; the maximum the
+ * same value (+0 and -0 count as equal: kernels.h). */
+static void test_softmax_steps_match_the_definition_on_every_level(void) {
+    static const float special[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 3e38f, -3e38f, 1e-40f};
+    uint64_t seed = 31;
+    int64_t differ = 0, cases = 0;
+    for (int32_t isa = 0; isa < CART_ISA_COUNT; isa++) {
+        if (!cart_isa_supported(isa)) continue;
+        CHECK_OK(cart_isa_set(isa));
+        const cart_kernels *kern = cart_kern();
+        for (int64_t n = 0; n <= 70; n++)
+            for (int off = 0; off < 2; off++, cases++) {
+                float x[72], got[72], want[72], e[72], e_want[72];
+                for (int64_t i = 0; i < n; i++) {
+                    const uint32_t r = lcg_bits(&seed) % 16;
+                    x[off + i] = r < 4 && n % 3 == 0 ? special[r + (n % 2) * 4] : lcg_uniform(&seed) * 40.0f;
+                }
+                const float scale = n % 2 ? 0.125f : 1.7f;
+                float m_want = -INFINITY;
+                for (int64_t i = 0; i < n; i++) {
+                    want[i] = x[off + i] * scale;
+                    if (want[i] > m_want) m_want = want[i];
+                }
+                memcpy(got + off, x + off, 4 * (size_t)n);
+                const float m = kern->scale_max(got + off, n, scale);
+                if (memcmp(got + off, want, 4 * (size_t)n) != 0 || !(m == m_want || (isnan(m) && isnan(m_want)))) {
+                    if (differ++ < 5) fprintf(stderr, "  %s scale_max n %lld: max %a, want %a\n",
+                                              cart_isa_name(isa), (long long)n, m, m_want);
+                }
+                const float shift = n % 4 == 1 ? -INFINITY : m_want;
+                for (int64_t i = 0; i < n; i++) e_want[i] = cart_expf_ref(want[i] - shift);
+                if (n % 2) kern->expf_shift_n(e + off, want, n, shift);
+                else memcpy(e + off, want, 4 * (size_t)n), kern->expf_shift_n(e + off, e + off, n, shift);
+                if (memcmp(e + off, e_want, 4 * (size_t)n) != 0 && differ++ < 5)
+                    fprintf(stderr, "  %s expf_shift_n n %lld differs\n", cart_isa_name(isa), (long long)n);
+            }
+    }
+    CHECK_MSG(differ == 0, "softmax steps differ from their definitions in %lld of %lld cases", (long long)differ,
+              (long long)cases);
+    printf("  scale_max and expf_shift_n at every level vs their definitions, %lld cases: %lld differ (tolerance 0)\n",
+           (long long)cases, (long long)differ);
+    CHECK_OK(cart_isa_set(cart_isa_best()));
+}
+
 /* Every level's exp_n against the C library's exp: random doubles of every
  * magnitude either sign (the main path, its bounds at 2^-54 and 512, the
  * overflow and underflow sides), random bit patterns (NaNs, infinities and
@@ -551,6 +599,7 @@ int main(void) {
     RUN(test_bulk_conversions_match_scalar_on_every_level);
     RUN(test_expf_is_glibc_bits_on_every_level);
     RUN(test_exp_is_libc_bits_on_every_level);
+    RUN(test_softmax_steps_match_the_definition_on_every_level);
     RUN(test_attention_matches_scalar_on_every_level);
     RUN(test_multi_query_attention_is_each_query_alone);
     RUN(test_products_match_scalar_on_every_level);
