@@ -289,7 +289,7 @@ static void softmax_tile(float *score, int64_t nt, float scale, float *run_max, 
  * slot[i] indexes run_max and run_sum. */
 typedef struct head_run {
     int32_t m;
-    int64_t lo, nt;
+    int64_t lo, nt[MAX_MQ];
     const float *q[MAX_MQ];
     float *acc[MAX_MQ];
     int32_t slot[MAX_MQ];
@@ -304,28 +304,33 @@ static void head_run_flush(head_run *hr, const float *k, const float *v, int64_t
     k += hr->lo * stride, v += hr->lo * stride;
     kern->scores_mq(score, TILE, hr->q, hr->m, k, stride, head_dim, hr->nt);
     float sum[MAX_MQ];
+    int64_t fewest = TILE;
     for (int32_t i = 0; i < hr->m; i++) {
-        softmax_exp(score + i * TILE, hr->nt, scale, run_max + hr->slot[i], run_sum + hr->slot[i], hr->acc[i],
+        softmax_exp(score + i * TILE, hr->nt[i], scale, run_max + hr->slot[i], run_sum + hr->slot[i], hr->acc[i],
                     head_dim);
         sum[i] = run_sum[hr->slot[i]];
+        if (hr->nt[i] < fewest) fewest = hr->nt[i];
     }
     /* each head's sum in its own order (softmax_tile's), the heads side by
      * side so that their chains of adds overlap */
-    for (int64_t j = 0; j < hr->nt; j++)
+    for (int64_t j = 0; j < fewest; j++)
         for (int32_t i = 0; i < hr->m; i++) sum[i] += score[i * TILE + j];
-    for (int32_t i = 0; i < hr->m; i++) run_sum[hr->slot[i]] = sum[i];
+    for (int32_t i = 0; i < hr->m; i++) {
+        for (int64_t j = fewest; j < hr->nt[i]; j++) sum[i] += score[i * TILE + j];
+        run_sum[hr->slot[i]] = sum[i];
+    }
     kern->values_mq(hr->acc, score, TILE, hr->m, v, stride, hr->nt, head_dim);
     hr->m = 0;
 }
 
 /* Adds a head over rows [lo, lo + nt) to the run, first running the run
- * when it covers other rows or is full. */
+ * when it starts at another row or is full. */
 static void head_run_add(head_run *hr, const float *q, float *acc, int32_t slot, int64_t lo, int64_t nt,
                          const float *k, const float *v, int64_t stride, int32_t head_dim, float scale,
                          float *run_max, float *run_sum) {
-    if (hr->m && (hr->m == MAX_MQ || lo != hr->lo || nt != hr->nt))
+    if (hr->m && (hr->m == MAX_MQ || lo != hr->lo))
         head_run_flush(hr, k, v, stride, head_dim, scale, run_max, run_sum);
-    hr->lo = lo, hr->nt = nt;
+    hr->lo = lo, hr->nt[hr->m] = nt;
     hr->q[hr->m] = q, hr->acc[hr->m] = acc, hr->slot[hr->m++] = slot;
 }
 
@@ -667,11 +672,13 @@ void attention_tiles_backward(float *const *dq, float *dkt, float *dvt, int64_t 
         return;
     }
     float p[MAX_MQ * TILE], ds[MAX_MQ * TILE];
+    int64_t nts[MAX_MQ];
+    for (int32_t a = 0; a < nq; a++) nts[a] = nt;
     const cart_kernels *kern = cart_kern();
-    kern->scores_mq(p, TILE, q, nq, k, stride, head_dim, nt);
-    kern->scores_mq(ds, TILE, dout, nq, v, stride, head_dim, nt);
+    kern->scores_mq(p, TILE, q, nq, k, stride, head_dim, nts);
+    kern->scores_mq(ds, TILE, dout, nq, v, stride, head_dim, nts);
     for (int32_t a = 0; a < nq; a++) probs(p + a * TILE, ds + a * TILE, nt, scale, lse[a], delta[a]);
-    kern->values_mq(dq, ds, TILE, nq, k, stride, nt, head_dim);
+    kern->values_mq(dq, ds, TILE, nq, k, stride, nts, head_dim);
     if (dkt) kern->outer_add(dkt, dvt, ds, p, TILE, q, dout, nq, skip, nt, head_dim);
 }
 

@@ -57,6 +57,10 @@ static int64_t min64(int64_t a, int64_t b) {
     return a < b ? a : b;
 }
 
+static int64_t max64(int64_t a, int64_t b) {
+    return a > b ? a : b;
+}
+
 /* Mask of the low n lanes, n clamped to [0, 16]. */
 static __mmask16 lanes(int64_t n) {
     if (n <= 0) return 0;
@@ -938,34 +942,39 @@ static ALWAYS_INLINE void scores_4x4(const int NV, float *score, int64_t ld, con
 }
 
 static ALWAYS_INLINE void scores_mq_nv(const int NV, float *score, int64_t ld, const float *const *q, int32_t nq,
-                                       const float *k, int64_t stride, int32_t head_dim, int64_t nt) {
+                                       const float *k, int64_t stride, int32_t head_dim, const int64_t *nt) {
     int32_t a = 0;
-    for (; a + 4 <= nq; a += 4) {
+    for (; a + 4 <= nq; a += 4) { /* blocks of 4 keys up to the four's most */
+        const int64_t n = max64(max64(nt[a], nt[a + 1]), max64(nt[a + 2], nt[a + 3]));
         int64_t i = 0;
-        for (; i + 4 <= nt; i += 4) scores_4x4(NV, score + a * ld + i, ld, q + a, k + i * stride, stride);
-        if (i < nt) /* the last keys, one query at a time */
-            for (int32_t b = a; b < a + 4; b++) rows_scores(score + b * ld + i, q[b], k + i * stride, stride, head_dim, nt - i);
+        for (; i + 4 <= n; i += 4) scores_4x4(NV, score + a * ld + i, ld, q + a, k + i * stride, stride);
+        for (int32_t b = a; b < a + 4; b++) /* the last keys, one query at a time */
+            if (nt[b] > i) rows_scores(score + b * ld + i, q[b], k + i * stride, stride, head_dim, nt[b] - i);
     }
-    for (; a < nq; a++) rows_scores(score + a * ld, q[a], k, stride, head_dim, nt);
+    for (; a < nq; a++) rows_scores(score + a * ld, q[a], k, stride, head_dim, nt[a]);
 }
 
 static void rows_scores_mq(float *score, int64_t ld, const float *const *q, int32_t nq, const float *k,
-                           int64_t stride, int32_t head_dim, int64_t nt) {
+                           int64_t stride, int32_t head_dim, const int64_t *nt) {
     if (head_dim == 128) scores_mq_nv(8, score, ld, q, nq, k, stride, head_dim, nt);
     else if (head_dim == 64) scores_mq_nv(4, score, ld, q, nq, k, stride, head_dim, nt);
     else if (head_dim == 32) scores_mq_nv(2, score, ld, q, nq, k, stride, head_dim, nt);
     else if (head_dim == 256) scores_mq_nv(16, score, ld, q, nq, k, stride, head_dim, nt);
-    else for (int32_t a = 0; a < nq; a++) rows_scores(score + a * ld, q[a], k, stride, head_dim, nt);
+    else for (int32_t a = 0; a < nq; a++) rows_scores(score + a * ld, q[a], k, stride, head_dim, nt[a]);
 }
 
 /* Four queries' outputs d0 .. d0 + 16 NV (NV <= 4) over the rows, in row
- * order: values_span's chains, the row's vectors loaded once for the four. */
+ * order: values_span's chains, the row's vectors loaded once for the four,
+ * query b over its first nt[b] rows (past the fewest, a masked FMA leaves
+ * the others' sums as they are). */
 static ALWAYS_INLINE void values_4q(const int NV, float *const *acc, int32_t d0, const float *p, int64_t ld,
-                                    const float *v, int64_t stride, int64_t nt) {
+                                    const float *v, int64_t stride, const int64_t *nt) {
     __m512 a[4][4];
     for (int32_t b = 0; b < 4; b++)
         for (int32_t j = 0; j < NV; j++) a[b][j] = _mm512_loadu_ps(acc[b] + d0 + 16 * j);
-    for (int64_t i = 0; i < nt; i++) {
+    const int64_t lo = min64(min64(nt[0], nt[1]), min64(nt[2], nt[3]));
+    const int64_t hi = max64(max64(nt[0], nt[1]), max64(nt[2], nt[3]));
+    for (int64_t i = 0; i < lo; i++) {
         __m512 vv[4];
         for (int32_t j = 0; j < NV; j++) vv[j] = _mm512_loadu_ps(v + i * stride + d0 + 16 * j);
         for (int32_t b = 0; b < 4; b++) {
@@ -973,22 +982,31 @@ static ALWAYS_INLINE void values_4q(const int NV, float *const *acc, int32_t d0,
             for (int32_t j = 0; j < NV; j++) a[b][j] = _mm512_fmadd_ps(w, vv[j], a[b][j]);
         }
     }
+    for (int64_t i = lo; i < hi; i++) {
+        __m512 vv[4];
+        for (int32_t j = 0; j < NV; j++) vv[j] = _mm512_loadu_ps(v + i * stride + d0 + 16 * j);
+        for (int32_t b = 0; b < 4; b++) {
+            const __mmask16 on = i < nt[b] ? (__mmask16)0xffff : 0;
+            const __m512 w = _mm512_set1_ps(p[b * ld + i]);
+            for (int32_t j = 0; j < NV; j++) a[b][j] = _mm512_mask3_fmadd_ps(w, vv[j], a[b][j], on);
+        }
+    }
     for (int32_t b = 0; b < 4; b++)
         for (int32_t j = 0; j < NV; j++) _mm512_storeu_ps(acc[b] + d0 + 16 * j, a[b][j]);
 }
 
 static void rows_values_mq(float *const *acc, const float *p, int64_t ld, int32_t nq, const float *v,
-                           int64_t stride, int64_t nt, int32_t head_dim) {
+                           int64_t stride, const int64_t *nt, int32_t head_dim) {
     int32_t a = 0;
     for (; a + 4 <= nq; a += 4)
         for (int32_t d0 = 0; d0 < head_dim; d0 += 64) {
             const int32_t nv = (head_dim - d0 < 64 ? head_dim - d0 : 64) / 16;
-            if (nv == 4) values_4q(4, acc + a, d0, p + a * ld, ld, v, stride, nt);
-            else if (nv == 3) values_4q(3, acc + a, d0, p + a * ld, ld, v, stride, nt);
-            else if (nv == 2) values_4q(2, acc + a, d0, p + a * ld, ld, v, stride, nt);
-            else values_4q(1, acc + a, d0, p + a * ld, ld, v, stride, nt);
+            if (nv == 4) values_4q(4, acc + a, d0, p + a * ld, ld, v, stride, nt + a);
+            else if (nv == 3) values_4q(3, acc + a, d0, p + a * ld, ld, v, stride, nt + a);
+            else if (nv == 2) values_4q(2, acc + a, d0, p + a * ld, ld, v, stride, nt + a);
+            else values_4q(1, acc + a, d0, p + a * ld, ld, v, stride, nt + a);
         }
-    for (; a < nq; a++) rows_values(acc[a], p + a * ld, v, stride, nt, head_dim);
+    for (; a < nq; a++) rows_values(acc[a], p + a * ld, v, stride, nt[a], head_dim);
 }
 
 /* dk[j] += ds[a][j] q[a], dv[j] += p[a][j] dout[a] for the queries in

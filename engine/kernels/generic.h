@@ -736,23 +736,25 @@ GK_INLINE void gk_scores_2x2(float *score, int64_t ld, const float *const *q, co
 }
 
 static void gk_scores_mq(float *score, int64_t ld, const float *const *q, int32_t nq, const float *k,
-                         int64_t stride, int32_t head_dim, int64_t nt) {
+                         int64_t stride, int32_t head_dim, const int64_t *nt) {
     int32_t a = 0;
-    for (; a + 2 <= nq; a += 2) {
+    for (; a + 2 <= nq; a += 2) { /* pairs of keys up to the two's most */
+        const int64_t n = nt[a] > nt[a + 1] ? nt[a] : nt[a + 1];
         int64_t i = 0;
-        for (; i + 2 <= nt; i += 2) gk_scores_2x2(score + a * ld + i, ld, q + a, k + i * stride, stride, head_dim);
-        if (i < nt)
-            for (int32_t b = a; b < a + 2; b++) gk_scores(score + b * ld + i, q[b], k + i * stride, stride, head_dim, 1);
+        for (; i + 2 <= n; i += 2) gk_scores_2x2(score + a * ld + i, ld, q + a, k + i * stride, stride, head_dim);
+        for (int32_t b = a; b < a + 2; b++)
+            if (nt[b] > i) gk_scores(score + b * ld + i, q[b], k + i * stride, stride, head_dim, nt[b] - i);
     }
-    if (a < nq) gk_scores(score + a * ld, q[a], k, stride, head_dim, nt);
+    if (a < nq) gk_scores(score + a * ld, q[a], k, stride, head_dim, nt[a]);
 }
 
 GK_INLINE void gk_values_2q(float *const *acc, int32_t d0, int32_t nvec, const float *p, int64_t ld, const float *v,
-                            int64_t stride, int64_t nt) {
+                            int64_t stride, const int64_t *nt) {
     vf a[2][32 / VW];
     for (int b = 0; b < 2; b++)
         for (int32_t j = 0; j < nvec; j++) a[b][j] = v_load(acc[b] + d0 + j * VW);
-    for (int64_t i = 0; i < nt; i++) {
+    const int64_t both = nt[0] < nt[1] ? nt[0] : nt[1], more = nt[0] < nt[1] ? 1 : 0;
+    for (int64_t i = 0; i < both; i++) {
         const vf w0 = v_set1(p[i]), w1 = v_set1(p[ld + i]);
         for (int32_t j = 0; j < nvec; j++) {
             const vf x = v_load(v + i * stride + d0 + j * VW);
@@ -760,20 +762,24 @@ GK_INLINE void gk_values_2q(float *const *acc, int32_t d0, int32_t nvec, const f
             a[1][j] = v_fma(w1, x, a[1][j]);
         }
     }
+    for (int64_t i = both; i < nt[more]; i++) { /* the one with more rows goes on alone */
+        const vf w = v_set1(p[more * ld + i]);
+        for (int32_t j = 0; j < nvec; j++) a[more][j] = v_fma(w, v_load(v + i * stride + d0 + j * VW), a[more][j]);
+    }
     for (int b = 0; b < 2; b++)
         for (int32_t j = 0; j < nvec; j++) v_store(acc[b] + d0 + j * VW, a[b][j]);
 }
 
 static void gk_values_mq(float *const *acc, const float *p, int64_t ld, int32_t nq, const float *v,
-                         int64_t stride, int64_t nt, int32_t head_dim) {
+                         int64_t stride, const int64_t *nt, int32_t head_dim) {
     int32_t a = 0;
     for (; a + 2 <= nq; a += 2)
         for (int32_t d0 = 0; d0 < head_dim; d0 += 32) {
             const int32_t nd = head_dim - d0 < 32 ? head_dim - d0 : 32;
-            if (nd == 32) gk_values_2q(acc + a, d0, 32 / VW, p + a * ld, ld, v, stride, nt);
-            else gk_values_2q(acc + a, d0, nd / VW, p + a * ld, ld, v, stride, nt);
+            if (nd == 32) gk_values_2q(acc + a, d0, 32 / VW, p + a * ld, ld, v, stride, nt + a);
+            else gk_values_2q(acc + a, d0, nd / VW, p + a * ld, ld, v, stride, nt + a);
         }
-    if (a < nq) gk_values(acc[a], p + a * ld, v, stride, nt, head_dim);
+    if (a < nq) gk_values(acc[a], p + a * ld, v, stride, nt[a], head_dim);
 }
 
 GK_INLINE void gk_outer_rows(float *dst, const float *coef, int64_t ld, const float *const *x, int32_t nq,

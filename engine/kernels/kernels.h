@@ -149,14 +149,17 @@ typedef struct cart_kernels {
                        int32_t head_dim);
 
     /* Several queries against the same rows, each query's results the bits
-     * of the one-query kernel above (the rows are read once for all):
-     * scores_mq: score[a * ld + i] = scores of q[a] against k[i], a < nq,
-     *   i < nt; values_mq: acc[a][d] += sum over i < nt of p[a * ld + i] *
-     *   v[i][d], in i order. f32 rows, head_dim a multiple of 16, <= 512. */
+     * of the one-query kernel above (the rows are read once for all), query
+     * a over its own first nt[a] rows (a causal block's queries see
+     * different numbers): scores_mq: score[a * ld + i] = scores of q[a]
+     * against k[i], a < nq, i < nt[a] (entries up to the largest nt may be
+     * written too; rows up to it must be readable); values_mq: acc[a][d] +=
+     * sum over i < nt[a] of p[a * ld + i] * v[i][d], in i order (p past
+     * nt[a] is not used). f32 rows, head_dim a multiple of 16, <= 512. */
     void (*scores_mq)(float *score, int64_t ld, const float *const *q, int32_t nq, const float *k,
-                      int64_t stride, int32_t head_dim, int64_t nt);
+                      int64_t stride, int32_t head_dim, const int64_t *nt);
     void (*values_mq)(float *const *acc, const float *p, int64_t ld, int32_t nq, const float *v,
-                      int64_t stride, int64_t nt, int32_t head_dim);
+                      int64_t stride, const int64_t *nt, int32_t head_dim);
     /* The attention backward's row gradients of a tile: for rows skip <= j
      * < nt and queries a < nq in that order, dk[j][d] += ds[a * ld + j] *
      * q[a][d] and dv[j][d] += p[a * ld + j] * dout[a][d], the product
