@@ -496,8 +496,10 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t threa
     const cart_layer_config *lg = &s->m->layers[s->layer].g;
     int64_t D = lg->head_dim, KV = lg->n_head_kv, rep = lg->n_head / lg->n_head_kv;
     int64_t HD = (int64_t)lg->n_head * D;
-    for (int64_t item = begin; item < end; item++) {
-        int64_t b = item / KV, g = item % KV;
+    for (int64_t item = begin; item < end;) {
+        /* the range's kv heads [g, g + n) of block b in one call: a decode
+         * step reads whole cache rows (attention_forward) */
+        int64_t b = item / KV, g = item % KV, n = KV - g < end - item ? KV - g : end - item;
         int64_t t = s->block_start[b];
         cart_kv *kv = s->kvs[s->stream[t]];
         int32_t dtype = cart_kv_dtype(kv);
@@ -507,7 +509,8 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t threa
         attention_forward(s->att + t * HD + g * rep * D, s->q + t * HD + g * rep * D, HD,
                           s->block_len[b], krows + (size_t)(g * D) * el,
                           vrows + (size_t)(g * D) * el, dtype, s->pos[t] + 1, lg->window, KV * D,
-                          (int32_t)rep, 1, (int32_t)D, lg->attn_scale);
+                          (int32_t)(rep * n), (int32_t)n, (int32_t)D, lg->attn_scale);
+        item += n;
     }
 }
 

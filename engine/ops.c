@@ -194,6 +194,7 @@ void softcap_backward(float *dy, const float *y, int64_t n, float cap) {
 /* ---- attention ----------------------------------------------------------- */
 
 enum { TILE = 64, LANES = 16, MAX_HEAD_DIM = 512, MAX_REP = 16, MAX_QUERIES = CART_ATTN_MAX_QUERIES, MAX_MQ = CART_ATTN_MAX_MQ };
+enum { DECODE_HEADS = MAX_QUERIES * MAX_REP }; /* query heads of one decode_f16 call */
 
 /* A dot product with LANES partial sums combined in a fixed order: the
  * compiler vectorizes it without reassociation flags, and the result does not
@@ -356,21 +357,52 @@ static void tile_forward_mq(float *out, const float *q, int64_t q_stride, int32_
     head_run_flush(&hr, kt, vt, head_dim, head_dim, scale, run_max, run_sum);
 }
 
-/* Requests the f16 rows [t0, t0 + TILE) (below end) of the keys and values
- * of one head (its head_dim values at col) into the cache: a decode step
- * reads each row of a long cache once, from DRAM, a head's slice at a
- * stride the hardware prefetchers do not follow (8 streams at 870 cached
- * tokens: +3-4%). */
-static void prefetch_tile(const void *k, const void *v, int64_t t0, int64_t end, int64_t stride, int64_t col,
-                          int32_t head_dim) {
-    const int64_t n = end - t0 < TILE ? end - t0 : TILE;
-    for (int64_t i = 0; i < n; i++) {
-        const char *kr = (const char *)k + 2 * ((t0 + i) * stride + col);
-        const char *vr = (const char *)v + 2 * ((t0 + i) * stride + col);
-        for (int32_t b = 0; b < 2 * head_dim; b += 64) {
-            __builtin_prefetch(kr + b, 0, 3);
-            __builtin_prefetch(vr + b, 0, 3);
+/* Reads one byte of each cache line of rows [r0, r0 + n) (width halves
+ * each, rows stride halves apart): a decode step's tile, read whole and in
+ * order, so that the hardware's stream prefetch brings it into L2 before
+ * its heads read it slice by slice. */
+static void touch_rows(const void *p, int64_t r0, int64_t n, int64_t stride, int64_t width) {
+    for (int64_t r = r0; r < r0 + n; r++) {
+        const volatile char *row = (const volatile char *)p + 2 * r * stride;
+        for (int64_t b = 0; b < 2 * width; b += 64) (void)row[b];
+    }
+}
+
+/* One query over an f16 cache (head_dim a multiple of 16), read where the
+ * rows are: tiles outer, the kv heads [0, n_head_kv) inner, each tile's
+ * rows first read whole (touch_rows) and then a head's slice at a time. A
+ * head at a time over the whole cache read 256-byte slices at a 2 KiB
+ * stride, which the hardware prefetchers serve slowly; software prefetch
+ * requests, in bursts or spread, were slower still (8 streams x 28 layers
+ * after 870 cached tokens, 2 threads: 69-71 ms before, 48-49 ms after).
+ * Each head's tiles, scores, softmax and values are those of
+ * attention_forward's other paths: the same bits. */
+static void decode_f16(float *out, const float *q, const void *k, const void *v, int64_t first, int64_t n_ctx,
+                       int64_t stride, int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale) {
+    const cart_kernels *kern = cart_kern();
+    const int32_t n_rep = n_head / n_head_kv;
+    float score[TILE], run_max[DECODE_HEADS], run_sum[DECODE_HEADS];
+    memset(out, 0, sizeof(float) * (size_t)n_head * (size_t)head_dim);
+    for (int32_t h = 0; h < n_head; h++) run_max[h] = -INFINITY, run_sum[h] = 0.0f;
+    for (int64_t t0 = first / TILE * TILE; t0 < n_ctx; t0 += TILE) {
+        const int64_t lo = first > t0 ? first - t0 : 0;
+        const int64_t nt = (n_ctx - t0 < TILE ? n_ctx - t0 : TILE) - lo;
+        touch_rows(k, t0 + lo, nt, stride, (int64_t)n_head_kv * head_dim);
+        touch_rows(v, t0 + lo, nt, stride, (int64_t)n_head_kv * head_dim);
+        for (int32_t g = 0; g < n_head_kv; g++) {
+            const uint16_t *kh = (const uint16_t *)k + (t0 + lo) * stride + (int64_t)g * head_dim;
+            const uint16_t *vh = (const uint16_t *)v + (t0 + lo) * stride + (int64_t)g * head_dim;
+            for (int32_t h = g * n_rep; h < (g + 1) * n_rep; h++) {
+                float *acc_h = out + (int64_t)h * head_dim;
+                kern->scores_f16(score, q + (int64_t)h * head_dim, kh, stride, head_dim, nt);
+                softmax_tile(score, nt, scale, &run_max[h], &run_sum[h], acc_h, head_dim);
+                kern->values_f16(acc_h, score, vh, stride, nt, head_dim);
+            }
         }
+    }
+    for (int32_t h = 0; h < n_head; h++) {
+        const float inv = 1.0f / run_sum[h];
+        for (int32_t d = 0; d < head_dim; d++) out[(int64_t)h * head_dim + d] *= inv;
     }
 }
 
@@ -378,6 +410,18 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                        const void *v, int32_t dtype, int64_t n_ctx0, int64_t window, int64_t stride,
                        int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale) {
     const int32_t n_rep = n_head / n_head_kv;
+    if (nq == 1 && dtype == CART_F16 && head_dim % 16 == 0) { /* decode: kv heads in passes of DECODE_HEADS queries */
+        const int32_t per = DECODE_HEADS / n_rep;
+        const int64_t first = window > 0 && n_ctx0 > window ? n_ctx0 - window : 0;
+        for (int32_t g = 0; g < n_head_kv; g += per) {
+            const int32_t n_kv = n_head_kv - g < per ? n_head_kv - g : per;
+            const int64_t at = (int64_t)g * n_rep * head_dim;
+            decode_f16(out + at, q + at, (const uint16_t *)k + (int64_t)g * head_dim,
+                       (const uint16_t *)v + (int64_t)g * head_dim, first, n_ctx0, stride, n_kv * n_rep, n_kv,
+                       head_dim, scale);
+        }
+        return;
+    }
     /* the tile's keys and values converted to f32, [TILE][head_dim] each */
     float kt[TILE * MAX_HEAD_DIM], vt[TILE * MAX_HEAD_DIM];
     float score[TILE];
@@ -399,18 +443,11 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                 run_sum[j][r] = 0.0f;
             }
         }
-        /* one query over an f16 cache: read the rows where they are (the
-         * same bits as converting a tile first) */
-        const cart_kernels *kern = cart_kern();
-        const int direct = nq == 1 && dtype == CART_F16 && head_dim % 16 == 0;
         for (int64_t t0 = tile0; t0 < n_ctx_last; t0 += TILE) {
             int64_t nt_all = n_ctx_last - t0 < TILE ? n_ctx_last - t0 : TILE;
-            if (direct) prefetch_tile(k, v, t0 + TILE, n_ctx_last, stride, (int64_t)g * head_dim, head_dim);
-            if (!direct) {
-                load_tile(kt, k, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
-                load_tile(vt, v, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
-            }
-            if (!direct && head_dim % 16 == 0) {
+            load_tile(kt, k, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
+            load_tile(vt, v, dtype, t0, nt_all, stride, (int64_t)g * head_dim, head_dim);
+            if (head_dim % 16 == 0) {
                 tile_forward_mq(out, q, q_stride, nq, g, n_rep, first, n_ctx0, t0, kt, vt, head_dim, scale,
                                 &run_max[0][0], &run_sum[0][0]);
                 continue;
@@ -420,16 +457,12 @@ void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq,
                 if (n_ctx <= t0 || first[j] >= t0 + TILE) continue;
                 int64_t lo = first[j] > t0 ? first[j] - t0 : 0;
                 int64_t nt = (n_ctx - t0 < TILE ? n_ctx - t0 : TILE) - lo;
-                const uint16_t *kh = (const uint16_t *)k + (t0 + lo) * stride + (int64_t)g * head_dim;
-                const uint16_t *vh = (const uint16_t *)v + (t0 + lo) * stride + (int64_t)g * head_dim;
                 for (int32_t r = 0; r < n_rep; r++) {
                     const float *qh = q + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
                     float *acc_h = out + j * q_stride + ((int64_t)g * n_rep + r) * head_dim;
-                    if (direct) kern->scores_f16(score, qh, kh, stride, head_dim, nt);
-                    else tile_scores(score, qh, kt + lo * head_dim, head_dim, nt);
+                    tile_scores(score, qh, kt + lo * head_dim, head_dim, nt);
                     softmax_tile(score, nt, scale, &run_max[j][r], &run_sum[j][r], acc_h, head_dim);
-                    if (direct) kern->values_f16(acc_h, score, vh, stride, nt, head_dim);
-                    else tile_values(acc_h, score, vt + lo * head_dim, nt, head_dim);
+                    tile_values(acc_h, score, vt + lo * head_dim, nt, head_dim);
                 }
             }
         }
