@@ -691,6 +691,12 @@ static ALWAYS_INLINE void gemv_span_packed(const int kind, const uint8_t *const 
     }
 }
 
+/* Requests a whole GEMV_KBL block of one row (elements esize bytes), into
+ * L2 (L2) or L1: a loop of constant length, no bound to test per line. */
+static ALWAYS_INLINE void fetch_block(const int64_t esize, const int L2, const char *q) {
+    for (int64_t b = 0; b < GEMV_KBL * esize; b += 64) _mm_prefetch(q + b, L2 ? _MM_HINT_T1 : _MM_HINT_T0);
+}
+
 /* xp[pass][step][token][16] = the activations of tokens [0, 8 * passes),
  * zero past the depth. */
 static void gemv_pack8(float *xp, const float *x, int64_t ldx, int64_t depth, int64_t passes) {
@@ -745,11 +751,13 @@ static ALWAYS_INLINE int64_t gemv_blocked(const int kind, const mm_src *w, int64
                         if (passes > 1 && p != r) continue;
                         const int64_t row = min64(g0 + GEMV_G + j + r, r1 - 1);
                         const char *q = (const char *)w->data + (uint64_t)row * w->row_bytes + k0 * esize;
-                        for (int64_t b = 0; b < kn * esize; b += 64) _mm_prefetch(q + b, _MM_HINT_T1);
+                        if (kn == GEMV_KBL) fetch_block(esize, 1, q);
+                        else for (int64_t b = 0; b < kn * esize; b += 64) _mm_prefetch(q + b, _MM_HINT_T1);
                     }
                     for (int r = 0; r < 2 && j + 2 + r < gn; r++) { /* the next pair's, L2 to L1 */
                         const char *q = (const char *)wr[r] + 2 * w->row_bytes;
-                        for (int64_t b = 0; b < kn * esize; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
+                        if (kn == GEMV_KBL) fetch_block(esize, 0, q);
+                        else for (int64_t b = 0; b < kn * esize; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
                     }
                     gemv_span_packed(kind, wr, xs, kn, acc);
                     for (int r = 0; r < 2; r++)
