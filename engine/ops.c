@@ -685,7 +685,7 @@ void attention_tile_backward(float *dq, float *dkt, float *dvt, int64_t skip, co
     rows_values(dq, ds, k, stride, nt, head_dim);
     if (!dkt) return;
     if (head_dim % 16 == 0) {
-        cart_kern()->outer_add(dkt, dvt, ds, p, TILE, &q, &dout, 1, skip, nt, head_dim);
+        cart_kern()->outer_add(dkt, dvt, ds, p, TILE, &q, &dout, 1, skip, &nt, head_dim);
         return;
     }
     for (int64_t j = skip; j < nt; j++) {
@@ -697,21 +697,19 @@ void attention_tile_backward(float *dq, float *dkt, float *dvt, int64_t skip, co
 void attention_tiles_backward(float *const *dq, float *dkt, float *dvt, int64_t skip,
                               const float *const *dout, const float *delta, const float *lse,
                               const float *const *q, const float *k, const float *v, int64_t stride,
-                              int64_t nt, int32_t nq, int32_t head_dim, float scale) {
+                              const int64_t *nt, int32_t nq, int32_t head_dim, float scale) {
     if (head_dim % 16 != 0 || nq > MAX_MQ) {
         for (int32_t a = 0; a < nq; a++)
             attention_tile_backward(dq[a], dkt, dvt, skip, dout[a], delta[a], lse[a], q[a], k, v, stride,
-                                    nt, head_dim, scale);
+                                    nt[a], head_dim, scale);
         return;
     }
     float p[MAX_MQ * TILE], ds[MAX_MQ * TILE];
-    int64_t nts[MAX_MQ];
-    for (int32_t a = 0; a < nq; a++) nts[a] = nt;
     const cart_kernels *kern = cart_kern();
-    kern->scores_mq(p, TILE, q, nq, k, stride, head_dim, nts);
-    kern->scores_mq(ds, TILE, dout, nq, v, stride, head_dim, nts);
-    for (int32_t a = 0; a < nq; a++) probs(p + a * TILE, ds + a * TILE, nt, scale, lse[a], delta[a]);
-    kern->values_mq(dq, ds, TILE, nq, k, stride, nts, head_dim);
+    kern->scores_mq(p, TILE, q, nq, k, stride, head_dim, nt);
+    kern->scores_mq(ds, TILE, dout, nq, v, stride, head_dim, nt);
+    for (int32_t a = 0; a < nq; a++) probs(p + a * TILE, ds + a * TILE, nt[a], scale, lse[a], delta[a]);
+    kern->values_mq(dq, ds, TILE, nq, k, stride, nt, head_dim);
     if (dkt) kern->outer_add(dkt, dvt, ds, p, TILE, q, dout, nq, skip, nt, head_dim);
 }
 

@@ -185,12 +185,14 @@ void attention_heads_forward(float *const *out, float *const *lse, const float *
 
 /* Up to CART_ATTN_MAX_MQ query heads against the same tile, in order: for
  * each a < nq what attention_tile_backward does with dq[a], dout[a],
- * delta[a], lse[a], q[a] (the same bits, the rows added to in query order),
- * the tile's rows read once for all of them. */
+ * delta[a], lse[a], q[a] over the tile's first nt[a] rows (the same bits,
+ * the rows added to in query order), the tile's rows read once for all of
+ * them: a causal segment's diagonal tile, whose queries each see one row
+ * more than the one before, goes as one call. */
 void attention_tiles_backward(float *const *dq, float *dkt, float *dvt, int64_t skip,
                               const float *const *dout, const float *delta, const float *lse,
                               const float *const *q, const float *k, const float *v, int64_t stride,
-                              int64_t nt, int32_t nq, int32_t head_dim, float scale);
+                              const int64_t *nt, int32_t nq, int32_t head_dim, float scale);
 
 /* dout . out, as attention_head_backward computes it. */
 float attention_delta(const float *dout, const float *out, int32_t head_dim);

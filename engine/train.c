@@ -296,7 +296,7 @@ enum { BTILE = 64, QB = CART_ATTN_MAX_MQ };
  * a tile, gathered so the tile is read once for all of them. */
 typedef struct qblock {
     int32_t n;
-    int64_t lo, hi;
+    int64_t lo, nt[QB]; /* the tile's rows lo .. lo + nt[a] for query a */
     float *dq[QB];
     const float *q[QB], *dout[QB];
     float delta[QB], lse[QB];
@@ -317,7 +317,7 @@ static void qblock_flush(qblock *b, const btile *bt) {
     int64_t lo = b->lo, sk = bt->skip > lo ? bt->skip - lo : 0;
     attention_tiles_backward(b->dq, bt->dkt ? bt->dkt + lo * bt->D : NULL, bt->dkt ? bt->dvt + lo * bt->D : NULL,
                              sk, b->dout, b->delta, b->lse, b->q, bt->k + lo * bt->stride,
-                             bt->v + lo * bt->stride, bt->stride, b->hi - lo, b->n, bt->D, bt->scale);
+                             bt->v + lo * bt->stride, bt->stride, b->nt, b->n, bt->D, bt->scale);
     b->n = 0;
 }
 
@@ -327,9 +327,9 @@ static void qblock_add(qblock *b, const btile *bt, const pass *s, int64_t t, int
     const int32_t D = bt->D, H = s->m->layers[s->layer].g.n_head;
     const int64_t HD = (int64_t)H * D;
     for (int32_t r = 0; r < rep; r++) {
-        if (b->n == QB || (b->n && (b->lo != lo || b->hi != hi))) qblock_flush(b, bt);
+        if (b->n == QB || (b->n && b->lo != lo)) qblock_flush(b, bt);
         int64_t h = g * rep + r, at = t * HD + h * D;
-        b->lo = lo, b->hi = hi;
+        b->lo = lo, b->nt[b->n] = hi - lo;
         b->dq[b->n] = s->dq + at;
         b->q[b->n] = s->a->q + at;
         b->dout[b->n] = s->datt + at;

@@ -1021,16 +1021,21 @@ static void rows_values_mq(float *const *acc, const float *p, int64_t ld, int32_
  * order, 16 NV outputs of two rows in registers across the queries (NV a
  * constant); products and sums rounded apart, as kernels.h says. */
 static ALWAYS_INLINE void outer_rows(const int NV, const int R, float *dst, const float *coef, int64_t ld,
-                                     const float *const *x, int32_t nq, int64_t j, int32_t d0, int32_t head_dim) {
+                                     const float *const *x, int32_t nq, const int64_t *nt, int64_t j, int32_t d0,
+                                     int32_t head_dim) {
     __m512 acc[2][8];
     for (int32_t r = 0; r < R; r++)
         for (int32_t e = 0; e < NV; e++) acc[r][e] = _mm512_loadu_ps(dst + (j + r) * head_dim + d0 + 16 * e);
     for (int32_t a = 0; a < nq; a++) {
+        if (nt[a] <= j) continue; /* query a sees neither row */
+        /* a query that sees row j but not j + 1 leaves the second's sums as they are */
+        const __mmask16 on1 = R == 2 && nt[a] > j + 1 ? (__mmask16)0xffff : 0;
         __m512 c[2];
         for (int32_t r = 0; r < R; r++) c[r] = _mm512_set1_ps(coef[a * ld + j + r]);
         for (int32_t e = 0; e < NV; e++) {
             const __m512 xv = _mm512_loadu_ps(x[a] + d0 + 16 * e);
-            for (int32_t r = 0; r < R; r++) acc[r][e] = _mm512_add_ps(acc[r][e], _mm512_mul_ps(c[r], xv));
+            acc[0][e] = _mm512_add_ps(acc[0][e], _mm512_mul_ps(c[0], xv));
+            if (R == 2) acc[1][e] = _mm512_mask_add_ps(acc[1][e], on1, acc[1][e], _mm512_mul_ps(c[1], xv));
         }
     }
     for (int32_t r = 0; r < R; r++)
@@ -1038,14 +1043,16 @@ static ALWAYS_INLINE void outer_rows(const int NV, const int R, float *dst, cons
 }
 
 static ALWAYS_INLINE void outer_span(const int NV, float *dst, const float *coef, int64_t ld, const float *const *x,
-                                     int32_t nq, int64_t skip, int64_t nt, int32_t d0, int32_t head_dim) {
+                                     int32_t nq, int64_t skip, const int64_t *nt, int32_t d0, int32_t head_dim) {
+    int64_t most = 0;
+    for (int32_t a = 0; a < nq; a++) most = max64(most, nt[a]);
     int64_t j = skip;
-    for (; j + 2 <= nt; j += 2) outer_rows(NV, 2, dst, coef, ld, x, nq, j, d0, head_dim);
-    if (j < nt) outer_rows(NV, 1, dst, coef, ld, x, nq, j, d0, head_dim);
+    for (; j + 2 <= most; j += 2) outer_rows(NV, 2, dst, coef, ld, x, nq, nt, j, d0, head_dim);
+    if (j < most) outer_rows(NV, 1, dst, coef, ld, x, nq, nt, j, d0, head_dim);
 }
 
 static void outer_one(float *dst, const float *coef, int64_t ld, const float *const *x, int32_t nq, int64_t skip,
-                      int64_t nt, int32_t head_dim) {
+                      const int64_t *nt, int32_t head_dim) {
     for (int32_t d0 = 0; d0 < head_dim; d0 += 128) {
         const int32_t nv = (head_dim - d0 < 128 ? head_dim - d0 : 128) / 16;
         switch (nv) {
@@ -1063,7 +1070,7 @@ static void outer_one(float *dst, const float *coef, int64_t ld, const float *co
 
 static void outer_add_512(float *dk, float *dv, const float *ds, const float *p, int64_t ld,
                           const float *const *q, const float *const *dout, int32_t nq, int64_t skip,
-                          int64_t nt, int32_t head_dim) {
+                          const int64_t *nt, int32_t head_dim) {
     outer_one(dk, ds, ld, q, nq, skip, nt, head_dim);
     outer_one(dv, p, ld, dout, nq, skip, nt, head_dim);
 }

@@ -783,16 +783,18 @@ static void gk_values_mq(float *const *acc, const float *p, int64_t ld, int32_t 
 }
 
 GK_INLINE void gk_outer_rows(float *dst, const float *coef, int64_t ld, const float *const *x, int32_t nq,
-                             int64_t j, int rows, int32_t d0, int32_t nvec, int32_t head_dim) {
+                             const int64_t *nt, int64_t j, int rows, int32_t d0, int32_t nvec, int32_t head_dim) {
     vf acc[2][32 / VW];
     for (int r = 0; r < rows; r++)
         for (int32_t e = 0; e < nvec; e++) acc[r][e] = v_load(dst + (j + r) * head_dim + d0 + e * VW);
     for (int32_t a = 0; a < nq; a++) {
-        const vf c0 = v_set1(coef[a * ld + j]), c1 = v_set1(rows > 1 ? coef[a * ld + j + 1] : 0.0f);
+        if (nt[a] <= j) continue; /* query a sees neither row */
+        const int both = rows > 1 && nt[a] > j + 1;
+        const vf c0 = v_set1(coef[a * ld + j]), c1 = v_set1(both ? coef[a * ld + j + 1] : 0.0f);
         for (int32_t e = 0; e < nvec; e++) { /* the product rounded, then the sum */
             const vf xv = v_load(x[a] + d0 + e * VW);
             acc[0][e] = v_add(acc[0][e], v_mul(c0, xv));
-            if (rows > 1) acc[1][e] = v_add(acc[1][e], v_mul(c1, xv));
+            if (both) acc[1][e] = v_add(acc[1][e], v_mul(c1, xv));
         }
     }
     for (int r = 0; r < rows; r++)
@@ -800,18 +802,20 @@ GK_INLINE void gk_outer_rows(float *dst, const float *coef, int64_t ld, const fl
 }
 
 static void gk_outer_one(float *dst, const float *coef, int64_t ld, const float *const *x, int32_t nq, int64_t skip,
-                         int64_t nt, int32_t head_dim) {
+                         const int64_t *nt, int32_t head_dim) {
+    int64_t most = 0;
+    for (int32_t a = 0; a < nq; a++) most = nt[a] > most ? nt[a] : most;
     for (int32_t d0 = 0; d0 < head_dim; d0 += 32) {
         const int32_t nvec = (head_dim - d0 < 32 ? head_dim - d0 : 32) / VW;
         int64_t j = skip;
-        for (; j + 2 <= nt; j += 2) gk_outer_rows(dst, coef, ld, x, nq, j, 2, d0, nvec, head_dim);
-        if (j < nt) gk_outer_rows(dst, coef, ld, x, nq, j, 1, d0, nvec, head_dim);
+        for (; j + 2 <= most; j += 2) gk_outer_rows(dst, coef, ld, x, nq, nt, j, 2, d0, nvec, head_dim);
+        if (j < most) gk_outer_rows(dst, coef, ld, x, nq, nt, j, 1, d0, nvec, head_dim);
     }
 }
 
 static void gk_outer_add(float *dk, float *dv, const float *ds, const float *p, int64_t ld,
                          const float *const *q, const float *const *dout, int32_t nq, int64_t skip,
-                         int64_t nt, int32_t head_dim) {
+                         const int64_t *nt, int32_t head_dim) {
     gk_outer_one(dk, ds, ld, q, nq, skip, nt, head_dim);
     gk_outer_one(dv, p, ld, dout, nq, skip, nt, head_dim);
 }

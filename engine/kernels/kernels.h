@@ -160,14 +160,14 @@ typedef struct cart_kernels {
                       int64_t stride, int32_t head_dim, const int64_t *nt);
     void (*values_mq)(float *const *acc, const float *p, int64_t ld, int32_t nq, const float *v,
                       int64_t stride, const int64_t *nt, int32_t head_dim);
-    /* The attention backward's row gradients of a tile: for rows skip <= j
-     * < nt and queries a < nq in that order, dk[j][d] += ds[a * ld + j] *
-     * q[a][d] and dv[j][d] += p[a * ld + j] * dout[a][d], the product
-     * rounded, then the sum (no fused multiply-add); dk and dv hold nt rows
-     * of head_dim floats, contiguous. */
+    /* The attention backward's row gradients of a tile: for rows j >= skip
+     * and the queries a < nq with j < nt[a] in that order, dk[j][d] +=
+     * ds[a * ld + j] * q[a][d] and dv[j][d] += p[a * ld + j] * dout[a][d],
+     * the product rounded, then the sum (no fused multiply-add); dk and dv
+     * hold rows of head_dim floats, contiguous, up to the largest nt. */
     void (*outer_add)(float *dk, float *dv, const float *ds, const float *p, int64_t ld,
                       const float *const *q, const float *const *dout, int32_t nq, int64_t skip,
-                      int64_t nt, int32_t head_dim);
+                      const int64_t *nt, int32_t head_dim);
 
     /* Integer products of packed block weights and quantized activations
      * (qdot.h): the contract's arithmetic for every qk_supported type. */

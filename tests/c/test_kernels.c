@@ -263,7 +263,8 @@ static void test_attention_matches_scalar_on_every_level(void) {
  * one-query ones, query by query: the same bits, for head sizes with
  * and without a specialized kernel (and one that is no multiple of 16),
  * 1..8 queries, key counts around the 4 x 4 blocks, and queries that see
- * different numbers of segment rows. */
+ * different numbers of segment rows and (even query counts: a causal
+ * diagonal) of the backward tile's rows. */
 static double multi_query_case(int32_t isa, int32_t D, int32_t nq, int64_t na, int64_t nb_max, int64_t skip,
                                uint64_t *seed) {
     enum { MQ = CART_ATTN_MAX_MQ };
@@ -278,6 +279,8 @@ static double multi_query_case(int32_t isa, int32_t D, int32_t nq, int64_t na, i
     int64_t nb[MQ];
     float delta[MQ], dq1[MQ * 512] = {0}, dq2[MQ * 512] = {0};
     const int64_t nt = na < 64 ? na : 64; /* the backward's tile */
+    int64_t nts[MQ]; /* the queries' rows of it: all of them, or one more each (a causal diagonal) */
+    for (int32_t a = 0; a < nq; a++) nts[a] = nq % 2 ? nt : nt - (nq - 1 - a) / 2 > 0 ? nt - (nq - 1 - a) / 2 : 1;
     float *dk1 = calloc((size_t)(64 * D), 4), *dv1 = calloc((size_t)(64 * D), 4);
     float *dk2 = calloc((size_t)(64 * D), 4), *dv2 = calloc((size_t)(64 * D), 4);
     CHECK_OK(cart_isa_set(CART_ISA_SCALAR)); /* the reference: one query at a time, plain C */
@@ -289,13 +292,13 @@ static double multi_query_case(int32_t isa, int32_t D, int32_t nq, int64_t na, i
         outp[a] = out2 + a * D, lsep[a] = lse2 + a, qp[a] = q + a * D, dp[a] = dout + a * D, dqp[a] = dq2 + a * D;
         delta[a] = attention_delta(dout + a * D, out1 + a * D, D);
         attention_tile_backward(dq1 + a * D, dk1, dv1, skip, dout + a * D, delta[a], lse1[a], q + a * D, k, v, stride,
-                                nt, D, 0.125f);
+                                nts[a], D, 0.125f);
     }
     CHECK_OK(cart_isa_set(isa));
     attention_heads_forward(outp, lsep, qp, nq, k, v, na, stride, k + na * stride, v + na * stride, nb, stride, D,
                             0.125f);
     double d = fmax(bit_diff(out1, out2, (int64_t)nq * D), bit_diff(lse1, lse2, nq));
-    attention_tiles_backward(dqp, dk2, dv2, skip, dp, delta, lse1, qp, k, v, stride, nt, nq, D, 0.125f);
+    attention_tiles_backward(dqp, dk2, dv2, skip, dp, delta, lse1, qp, k, v, stride, nts, nq, D, 0.125f);
     d = fmax(d, bit_diff(dq1, dq2, (int64_t)nq * D));
     d = fmax(d, fmax(bit_diff(dk1, dk2, nt * D), bit_diff(dv1, dv2, nt * D)));
     free(k), free(v), free(q), free(dout), free(dk1), free(dv1), free(dk2), free(dv2);
