@@ -47,7 +47,7 @@ enum {
     GEMV_ROWS = 48,  /* weight rows per GEMV task: whole GEMV passes of 8, 6, 4, 3, 2 and 1 */
 };
 
-int64_t mm_scratch_floats(const mm_src *w, int32_t path, int64_t mv) {
+int64_t mm_scratch_floats(const mm_src *w, int32_t path, int64_t mv, int64_t n) {
     const int dequant = w->kind == MM_W_DEQUANT;
     switch (path) {
     case MM_PATH_FORWARD:
@@ -55,7 +55,7 @@ int64_t mm_scratch_floats(const mm_src *w, int32_t path, int64_t mv) {
     case MM_PATH_BACKWARD:
         return (int64_t)MM_BWD_BLOCK + mm_bwd_cols(w);
     default:
-        return dequant ? (int64_t)MM_GEMV_MAXR * MM_GEMV_KB : GEMV_PASS_N * ((w->cols + 15) & ~(int64_t)15);
+        return dequant ? (int64_t)MM_GEMV_MAXR * MM_GEMV_KB : n * ((w->cols + 15) & ~(int64_t)15);
     }
 }
 
@@ -331,7 +331,7 @@ static int forward_gemv(float *y, int64_t ldy, const float *x, int64_t ldx, cons
     job j = {.k = k, .w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
     workspace ws;
     int64_t rounded = j.round != MM_ROUND_NONE ? n * w->cols : 0;
-    if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_GEMV, k->mv), rounded) != CART_OK)
+    if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_GEMV, k->mv, n), rounded) != CART_OK)
         return CART_E_NOMEM;
     if (rounded) {
         k->round_rows(j.packed, x, ldx, w->cols, j.round, 0, n);
@@ -351,7 +351,7 @@ static int forward_gemm(float *y, int64_t ldy, const float *x, int64_t ldx, cons
     job j = {.k = k, .w = w, .out = y, .ldo = ldy, .in = x, .ldi = ldx, .n = n, .round = round_for(w->dtype)};
     workspace ws;
     const int64_t per = block_tokens(k, n);
-    if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_FORWARD, k->mv),
+    if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_FORWARD, k->mv, n),
                       per * min64(w->cols, MM_DEPTH)) != CART_OK)
         return CART_E_NOMEM;
     for (int64_t i0 = 0; i0 < n; i0 += per)
@@ -387,7 +387,7 @@ static int backward_run(float *dx, int64_t ldx, const float *dy, int64_t ldy, co
     job j = {.k = k, .w = w, .ldo = ldx, .ldi = ldy, .round = MM_ROUND_NONE};
     const int64_t per = block_tokens(k, n);
     workspace ws;
-    if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_BACKWARD, k->mv),
+    if (workspace_for(&j, &ws, threads, mm_scratch_floats(w, MM_PATH_BACKWARD, k->mv, n),
                       per * min64(w->rows, MM_DEPTH)) != CART_OK)
         return CART_E_NOMEM;
     for (int64_t i0 = 0; i0 < n; i0 += per)
@@ -645,7 +645,7 @@ static int many_gemv(many_job *j, const float *x, int64_t ldx, int64_t n, cart_p
     const int32_t threads = cart_pool_size(pool);
     int64_t scratch = 0;
     for (int32_t k = 0; k < j->count; k++) {
-        int64_t need = mm_scratch_floats(&j->src[k], MM_PATH_GEMV, j->k->mv);
+        int64_t need = mm_scratch_floats(&j->src[k], MM_PATH_GEMV, j->k->mv, n);
         if (need > scratch) scratch = need;
     }
     int32_t round = round_for(j->src[0].dtype);

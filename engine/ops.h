@@ -117,7 +117,9 @@ enum { CART_ATTN_MAX_QUERIES = 32 };
  * result does not depend on the block it runs in. Query head h reads kv head
  * h / (n_head / n_head_kv); head_dim <= 512 and n_head / n_head_kv <= 16.
  * scale multiplies the scores. The rows are read in tiles of 64, converted
- * once per tile for all the queries, with a running maximum per query: no
+ * once per tile for all the queries (one query over an f16 cache reads them
+ * where they are, each tile's rows whole for all the call's kv heads, so
+ * pass a block's heads in one call), with a running maximum per query: no
  * buffer of size n_ctx, and a query's result is the same bits whatever nq
  * and its place in the block are. */
 void attention_forward(float *out, const float *q, int64_t q_stride, int32_t nq, const void *k,

@@ -691,10 +691,14 @@ static ALWAYS_INLINE void gemv_span_packed(const int kind, const uint8_t *const 
     }
 }
 
-/* Requests a whole GEMV_KBL block of one row (elements esize bytes), into
- * L2 (L2) or L1: a loop of constant length, no bound to test per line. */
-static ALWAYS_INLINE void fetch_block(const int64_t esize, const int L2, const char *q) {
-    for (int64_t b = 0; b < GEMV_KBL * esize; b += 64) _mm_prefetch(q + b, L2 ? _MM_HINT_T1 : _MM_HINT_T0);
+/* Requests kn elements (esize bytes each) of one row into L2 (L2) or L1; a
+ * whole GEMV_KBL block as a loop of constant length, no bound to test per
+ * line. */
+static ALWAYS_INLINE void fetch_piece(const int64_t esize, const int L2, const char *q, int64_t kn) {
+    if (kn == GEMV_KBL)
+        for (int64_t b = 0; b < GEMV_KBL * esize; b += 64) _mm_prefetch(q + b, L2 ? _MM_HINT_T1 : _MM_HINT_T0);
+    else
+        for (int64_t b = 0; b < kn * esize; b += 64) _mm_prefetch(q + b, L2 ? _MM_HINT_T1 : _MM_HINT_T0);
 }
 
 /* xp[pass][step][token][16] = the activations of tokens [0, 8 * passes),
@@ -718,7 +722,7 @@ static void gemv_pack8(float *xp, const float *x, int64_t ldx, int64_t depth, in
  * all of it into L1 in the first pass; each pair's piece is fetched into L1
  * while the pair before it multiplies: +5% at 64 streams);
  * the depth goes in blocks of GEMV_KBL, the activations packed once into xp
- * (16 x depth rounded up to 16 floats: mm_scratch_floats). A (row, token)'s
+ * (n x depth rounded up to 16 floats: mm_scratch_floats). A (row, token)'s
  * 16 lane sums wait in `part` between blocks, so each lane is the same chain
  * of FMAs as in gemv_tile and a stream's bits do not depend on the batch.
  * Returns the tokens done (a multiple of 8); the rest go to gemv_kind. */
@@ -751,13 +755,11 @@ static ALWAYS_INLINE int64_t gemv_blocked(const int kind, const mm_src *w, int64
                         if (passes > 1 && p != r) continue;
                         const int64_t row = min64(g0 + GEMV_G + j + r, r1 - 1);
                         const char *q = (const char *)w->data + (uint64_t)row * w->row_bytes + k0 * esize;
-                        if (kn == GEMV_KBL) fetch_block(esize, 1, q);
-                        else for (int64_t b = 0; b < kn * esize; b += 64) _mm_prefetch(q + b, _MM_HINT_T1);
+                        fetch_piece(esize, 1, q, kn);
                     }
                     for (int r = 0; r < 2 && j + 2 + r < gn; r++) { /* the next pair's, L2 to L1 */
                         const char *q = (const char *)wr[r] + 2 * w->row_bytes;
-                        if (kn == GEMV_KBL) fetch_block(esize, 0, q);
-                        else for (int64_t b = 0; b < kn * esize; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
+                        fetch_piece(esize, 0, q, kn);
                     }
                     gemv_span_packed(kind, wr, xs, kn, acc);
                     for (int r = 0; r < 2; r++)
@@ -975,6 +977,17 @@ static void rows_scores_mq(float *score, int64_t ld, const float *const *q, int3
  * order: values_span's chains, the row's vectors loaded once for the four,
  * query b over its first nt[b] rows (past the fewest, a masked FMA leaves
  * the others' sums as they are). */
+static ALWAYS_INLINE void values_4q_row(const int NV, const int MASKED, __m512 a[4][4], const float *p, int64_t ld,
+                                        const float *vrow, int64_t i, const int64_t *nt) {
+    __m512 vv[4];
+    for (int32_t j = 0; j < NV; j++) vv[j] = _mm512_loadu_ps(vrow + 16 * j);
+    for (int32_t b = 0; b < 4; b++) {
+        const __mmask16 on = !MASKED || i < nt[b] ? (__mmask16)0xffff : 0;
+        const __m512 w = _mm512_set1_ps(p[b * ld + i]);
+        for (int32_t j = 0; j < NV; j++) a[b][j] = _mm512_mask3_fmadd_ps(w, vv[j], a[b][j], on);
+    }
+}
+
 static ALWAYS_INLINE void values_4q(const int NV, float *const *acc, int32_t d0, const float *p, int64_t ld,
                                     const float *v, int64_t stride, const int64_t *nt) {
     __m512 a[4][4];
@@ -982,23 +995,8 @@ static ALWAYS_INLINE void values_4q(const int NV, float *const *acc, int32_t d0,
         for (int32_t j = 0; j < NV; j++) a[b][j] = _mm512_loadu_ps(acc[b] + d0 + 16 * j);
     const int64_t lo = min64(min64(nt[0], nt[1]), min64(nt[2], nt[3]));
     const int64_t hi = max64(max64(nt[0], nt[1]), max64(nt[2], nt[3]));
-    for (int64_t i = 0; i < lo; i++) {
-        __m512 vv[4];
-        for (int32_t j = 0; j < NV; j++) vv[j] = _mm512_loadu_ps(v + i * stride + d0 + 16 * j);
-        for (int32_t b = 0; b < 4; b++) {
-            const __m512 w = _mm512_set1_ps(p[b * ld + i]);
-            for (int32_t j = 0; j < NV; j++) a[b][j] = _mm512_fmadd_ps(w, vv[j], a[b][j]);
-        }
-    }
-    for (int64_t i = lo; i < hi; i++) {
-        __m512 vv[4];
-        for (int32_t j = 0; j < NV; j++) vv[j] = _mm512_loadu_ps(v + i * stride + d0 + 16 * j);
-        for (int32_t b = 0; b < 4; b++) {
-            const __mmask16 on = i < nt[b] ? (__mmask16)0xffff : 0;
-            const __m512 w = _mm512_set1_ps(p[b * ld + i]);
-            for (int32_t j = 0; j < NV; j++) a[b][j] = _mm512_mask3_fmadd_ps(w, vv[j], a[b][j], on);
-        }
-    }
+    for (int64_t i = 0; i < lo; i++) values_4q_row(NV, 0, a, p, ld, v + i * stride + d0, i, nt);
+    for (int64_t i = lo; i < hi; i++) values_4q_row(NV, 1, a, p, ld, v + i * stride + d0, i, nt);
     for (int32_t b = 0; b < 4; b++)
         for (int32_t j = 0; j < NV; j++) _mm512_storeu_ps(acc[b] + d0 + 16 * j, a[b][j]);
 }

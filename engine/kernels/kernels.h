@@ -74,8 +74,9 @@ typedef enum mm_path { MM_PATH_FORWARD = 0, MM_PATH_BACKWARD = 1, MM_PATH_GEMV =
 /* Floats of per-thread scratch the kernels of `path` need for w with weight
  * panels mv wide (64-byte aligned): forward, a packed panel and, for block
  * types, the rows it came from; backward, packed panels for a block of rows
- * and one widened row; GEMV, dequantized chunks of the rows of one pass. */
-int64_t mm_scratch_floats(const mm_src *w, int32_t path, int64_t mv);
+ * and one widened row; GEMV over n tokens, dequantized chunks of the rows of
+ * one pass, or for float kinds the n tokens' activations packed. */
+int64_t mm_scratch_floats(const mm_src *w, int32_t path, int64_t mv, int64_t n);
 
 /* Columns one backward task covers: MM_BWD_COLS, or a whole block for
  * 256-element block types; and the weight rows it packs at a time. */
