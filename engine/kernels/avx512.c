@@ -694,11 +694,18 @@ static ALWAYS_INLINE void gemv_span_packed(const int kind, const uint8_t *const 
 /* Requests kn elements (esize bytes each) of one row into L2 (L2) or L1; a
  * whole GEMV_KBL block as a loop of constant length, no bound to test per
  * line. */
+static ALWAYS_INLINE void fetch_lines(const int L2, const char *q, int64_t bytes) {
+    if (L2) /* the hint must be a constant to every compiler, clang too */
+        for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(q + b, _MM_HINT_T1);
+    else
+        for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
+}
+
 static ALWAYS_INLINE void fetch_piece(const int64_t esize, const int L2, const char *q, int64_t kn) {
     if (kn == GEMV_KBL)
-        for (int64_t b = 0; b < GEMV_KBL * esize; b += 64) _mm_prefetch(q + b, L2 ? _MM_HINT_T1 : _MM_HINT_T0);
+        fetch_lines(L2, q, GEMV_KBL * esize);
     else
-        for (int64_t b = 0; b < kn * esize; b += 64) _mm_prefetch(q + b, L2 ? _MM_HINT_T1 : _MM_HINT_T0);
+        fetch_lines(L2, q, kn * esize);
 }
 
 /* xp[pass][step][token][16] = the activations of tokens [0, 8 * passes),
