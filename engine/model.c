@@ -808,7 +808,7 @@ static int forward_layer(forward_state *s) {
                    .x_out = s->x, .on = s->tmp, .xm = s->xn, .msum = s->tmp2, .mn = s->tmp2, .fs = s->tmp,
                    .fn = s->tmp, .x_post = s->x, .pl_in = s->pl_in, .pl_g = s->pl_h, .pl_h = s->pl_h,
                    .pl_r = s->tmp, .pn = s->tmp};
-    const layer_exec ex = {s, infer_linear, infer_attend, infer_moe, 0};
+    const layer_exec ex = {s, infer_linear, infer_attend, infer_moe, 0, s->pool};
     return arch_of(s->c->arch)->layer_forward(&ex, s->m, s->layer, &io, s->T);
 }
 

@@ -652,7 +652,7 @@ static int layer_forward(pass *s, float *x_out) {
                    .f_rstd = a->f_rstd, .fn = s->tmp, .fs_rstd = a->fs_rstd, .x_post = a->x_post,
                    .pl_in = s->pl_in, .pl_g = a->pl_g, .pl_h = s->tmp, .pl_r = a->pl_r, .pn = s->tmp,
                    .pl_rstd = a->pl_rstd};
-    const layer_exec ex = {s, train_linear, train_attend, train_moe, 1};
+    const layer_exec ex = {s, train_linear, train_attend, train_moe, 1, cart_default_pool()};
     return arch_of(s->c->arch)->layer_forward(&ex, s->m, s->layer, &io, s->T);
 }
 

@@ -482,18 +482,19 @@ static int load_layers(cart_model *m, model_loader *ld) {
 /* The FFN's output on its way into the residual: the dense branch f (on
  * MoE layers post_ffw_norm_1(f) + post_ffw_norm_2(msum)) through
  * post_ffw_norm, added to x_mid into x_post. */
-static void ffn_residual(const cart_model *m, const layer_weights *L, const layer_io *io, int64_t T) {
+static void ffn_residual(const layer_exec *ex, const cart_model *m, const layer_weights *L, const layer_io *io,
+                         int64_t T) {
     const int64_t E = m->cfg.n_embd;
     const float eps = m->cfg.rms_eps;
     if (L->g.moe) {
-        rmsnorm_forward_keep(io->fs, io->f_rstd, io->f, L->post_ffn_norm_1, T, E, eps);
-        rmsnorm_forward_keep(io->mn, io->m_rstd, io->msum, L->post_ffn_norm_2, T, E, eps);
+        layer_norm(ex, io->fs, io->f_rstd, io->f, L->post_ffn_norm_1, T, E, eps);
+        layer_norm(ex, io->mn, io->m_rstd, io->msum, L->post_ffn_norm_2, T, E, eps);
         for (int64_t i = 0; i < T * E; i++) io->fs[i] += io->mn[i];
     } else if (io->fs != io->f) {
         memcpy(io->fs, io->f, sizeof(float) * (size_t)(T * E));
     }
-    rmsnorm_forward_keep(io->fn, io->fs_rstd, io->fs, L->post_ffn_norm, T, E, eps);
-    layer_add(io->x_post, io->fn, io->x_mid, T * E);
+    layer_norm(ex, io->fn, io->fs_rstd, io->fs, L->post_ffn_norm, T, E, eps);
+    layer_add(ex, io->x_post, io->fn, io->x_mid, T * E);
 }
 
 /* x_out += per_layer_post_norm(proj(gelu(inp_gate(x_post)) * the layer's
@@ -507,7 +508,7 @@ static int per_layer_input(const layer_exec *ex, const cart_model *m, int32_t la
     for (int64_t t = 0; t < T; t++)
         layer_geglu(ex, io->pl_h + t * Ep, io->pl_g + t * Ep, io->pl_in + t * PL + (int64_t)layer * Ep, Ep);
     if ((rc = layer_linear1(ex, io->pl_r, E, io->pl_h, Ep, &L->pl_proj))) return rc;
-    rmsnorm_forward_keep(io->pn, io->pl_rstd, io->pl_r, L->pl_post_norm, T, E, m->cfg.rms_eps);
+    layer_norm(ex, io->pn, io->pl_rstd, io->pl_r, L->pl_post_norm, T, E, m->cfg.rms_eps);
     for (int64_t i = 0; i < T * E; i++) io->x_out[i] += io->pn[i];
     return CART_OK;
 }
@@ -522,17 +523,17 @@ static int layer_forward(const layer_exec *ex, const cart_model *m, int32_t laye
     const int64_t E = c->n_embd, F = L->g.n_ff;
     int rc;
     if ((rc = layer_attention(ex, m, layer, io, T))) return rc;
-    rmsnorm_forward_keep(io->on, io->o_rstd, io->o, L->post_attn_norm, T, E, c->rms_eps);
-    layer_add(io->x_mid, io->on, io->x_in, T * E);
+    layer_norm(ex, io->on, io->o_rstd, io->o, L->post_attn_norm, T, E, c->rms_eps);
+    layer_add(ex, io->x_mid, io->on, io->x_in, T * E);
     if (L->g.moe) {
-        rmsnorm_forward_keep(io->xm, io->xm_rstd, io->x_mid, L->pre_ffn_norm_2, T, E, c->rms_eps);
+        layer_norm(ex, io->xm, io->xm_rstd, io->x_mid, L->pre_ffn_norm_2, T, E, c->rms_eps);
         if ((rc = ex->moe(ex->ctx))) return rc;
     }
-    rmsnorm_forward_keep(io->xn2, io->rstd2, io->x_mid, L->ffn_norm, T, E, c->rms_eps);
+    layer_norm(ex, io->xn2, io->rstd2, io->x_mid, L->ffn_norm, T, E, c->rms_eps);
     if ((rc = layer_gate_up(ex, m, layer, io))) return rc;
     layer_geglu(ex, io->h, io->gate, io->up, T * F);
     if ((rc = layer_linear1(ex, io->f, E, io->h, F, &L->wdown))) return rc;
-    ffn_residual(m, L, io, T);
+    ffn_residual(ex, m, L, io, T);
     if (io->x_out != io->x_post) memcpy(io->x_out, io->x_post, sizeof(float) * (size_t)(T * E));
     if (c->n_embd_per_layer > 0 && (rc = per_layer_input(ex, m, layer, io, T))) return rc;
     if (L->out_scale != 1.0f)

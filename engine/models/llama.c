@@ -167,13 +167,13 @@ static int layer_forward(const layer_exec *ex, const cart_model *m, int32_t laye
     const int64_t E = c->n_embd, F = L->g.n_ff;
     int rc;
     if ((rc = layer_attention(ex, m, layer, io, T))) return rc;
-    layer_add(io->x_mid, io->x_in, io->o, T * E);
-    rmsnorm_forward_keep(io->xn2, io->rstd2, io->x_mid, L->ffn_norm, T, E, c->rms_eps);
+    layer_add(ex, io->x_mid, io->x_in, io->o, T * E);
+    layer_norm(ex, io->xn2, io->rstd2, io->x_mid, L->ffn_norm, T, E, c->rms_eps);
     if ((rc = layer_gate_up(ex, m, layer, io))) return rc;
     if (io->h != io->gate) memcpy(io->h, io->gate, sizeof(float) * (size_t)(T * F));
-    swiglu_forward(io->h, io->up, T * F);
+    layer_swiglu(ex, io->h, io->up, T * F);
     if ((rc = layer_linear1(ex, io->f, E, io->h, F, &L->wdown))) return rc;
-    layer_add(io->x_out, io->x_mid, io->f, T * E);
+    layer_add(ex, io->x_out, io->x_mid, io->f, T * E);
     return CART_OK;
 }
 

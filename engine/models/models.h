@@ -75,6 +75,7 @@ typedef struct layer_exec {
      * router reads) -> io->msum. */
     int (*moe)(void *ctx);
     int exact_gelu; /* gemma4's GELU: exact (1) or GGML's f16 table (0) */
+    cart_pool *pool; /* what the element and row steps run on */
 } layer_exec;
 
 /* An architecture (see the top of this file). */
@@ -101,10 +102,18 @@ const arch_ops *arch_by_name(const char *name, size_t len);
 /* The steps the blocks share (steps.c). */
 /* y[t, :] += b over rows of n. */
 void layer_add_bias(float *y, const float *b, int64_t rows, int64_t n);
+/* The element and row steps below split their work over ex->pool, with
+ * the same bits at any thread count. */
 /* y = a + b, element by element (y may be a or b). */
-void layer_add(float *y, const float *a, const float *b, int64_t n);
+void layer_add(const layer_exec *ex, float *y, const float *a, const float *b, int64_t n);
+/* h = silu(h) * up (ops.h's swiglu_forward). */
+void layer_swiglu(const layer_exec *ex, float *h, const float *up, int64_t n);
 /* h = gelu(gate) * up through ex's GELU (h may be gate). */
 void layer_geglu(const layer_exec *ex, float *h, const float *gate, const float *up, int64_t n);
+/* y = RMSNorm(x) * w over rows of dim (ops.h's rmsnorm_forward_keep; rstd
+ * may be NULL, y may be x). */
+void layer_norm(const layer_exec *ex, float *y, float *rstd, const float *x, const float *w, int64_t rows,
+                int64_t dim, float eps);
 /* One product through ex. */
 int layer_linear1(const layer_exec *ex, float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w);
 /* Every architecture's attention half up to its output projection:

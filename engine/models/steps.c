@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "../ops.h"
+#include "../pool.h"
 #include "models.h"
 
 void layer_add_bias(float *y, const float *b, int64_t rows, int64_t n) {
@@ -11,17 +12,74 @@ void layer_add_bias(float *y, const float *b, int64_t rows, int64_t n) {
         for (int64_t i = 0; i < n; i++) y[t * n + i] += b[i];
 }
 
-void layer_add(float *y, const float *a, const float *b, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+/* ---- the element and row steps, split over ex->pool ----------------------
+ * Parts of STEP_GRAIN elements (a multiple of every kernel's vector and
+ * chunk width, so an element takes the same path whatever the split) or of
+ * whole groups of NORM_GROUP rows (a row's norm depends on that row only):
+ * the same bits at any thread count. A pass too small for two parts runs
+ * inline. */
+enum { STEP_GRAIN = 4096, NORM_GROUP = 8, NORM_FLOATS = 16384 };
+
+typedef enum { STEP_ADD, STEP_SWIGLU, STEP_GEGLU, STEP_GEGLU_TABLE, STEP_NORM } step_kind;
+
+typedef struct step_job {
+    step_kind kind;
+    float *y, *rstd;
+    const float *a, *b, *w;
+    int64_t n, per, dim; /* elements (rows for STEP_NORM), per part, row width */
+    float eps;
+} step_job;
+
+static void step_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    const step_job *j = ctx;
+    const int64_t lo = begin * j->per, hi = end * j->per < j->n ? end * j->per : j->n, m = hi - lo;
+    (void)thread;
+    switch (j->kind) {
+    case STEP_ADD:
+        for (int64_t i = lo; i < hi; i++) j->y[i] = j->a[i] + j->b[i];
+        break;
+    case STEP_SWIGLU: swiglu_forward(j->y + lo, j->b + lo, m); break;
+    case STEP_GEGLU: geglu_forward(j->y + lo, j->a + lo, j->b + lo, m); break;
+    case STEP_GEGLU_TABLE:
+        if (j->y != j->a) memcpy(j->y + lo, j->a + lo, sizeof(float) * (size_t)m);
+        geglu_forward_table(j->y + lo, j->b + lo, m);
+        break;
+    case STEP_NORM:
+        rmsnorm_forward_keep(j->y + lo * j->dim, j->rstd ? j->rstd + lo : NULL, j->a + lo * j->dim, j->w, m,
+                             j->dim, j->eps);
+        break;
+    }
+}
+
+static void step_run(const layer_exec *ex, step_job *j) {
+    if (j->kind == STEP_NORM) {
+        const int64_t groups = (NORM_FLOATS / (j->dim > 0 ? j->dim : 1) + NORM_GROUP - 1) / NORM_GROUP;
+        j->per = NORM_GROUP * (groups > 0 ? groups : 1);
+    } else {
+        j->per = STEP_GRAIN;
+    }
+    cart_pool_for(ex->pool, (j->n + j->per - 1) / j->per, 1, step_task, j);
+}
+
+void layer_add(const layer_exec *ex, float *y, const float *a, const float *b, int64_t n) {
+    step_job j = {.kind = STEP_ADD, .y = y, .a = a, .b = b, .n = n};
+    step_run(ex, &j);
+}
+
+void layer_swiglu(const layer_exec *ex, float *h, const float *up, int64_t n) {
+    step_job j = {.kind = STEP_SWIGLU, .y = h, .b = up, .n = n};
+    step_run(ex, &j);
 }
 
 void layer_geglu(const layer_exec *ex, float *h, const float *gate, const float *up, int64_t n) {
-    if (ex->exact_gelu) {
-        geglu_forward(h, gate, up, n);
-        return;
-    }
-    if (h != gate) memcpy(h, gate, sizeof(float) * (size_t)n);
-    geglu_forward_table(h, up, n);
+    step_job j = {.kind = ex->exact_gelu ? STEP_GEGLU : STEP_GEGLU_TABLE, .y = h, .a = gate, .b = up, .n = n};
+    step_run(ex, &j);
+}
+
+void layer_norm(const layer_exec *ex, float *y, float *rstd, const float *x, const float *w, int64_t rows,
+                int64_t dim, float eps) {
+    step_job j = {.kind = STEP_NORM, .y = y, .rstd = rstd, .a = x, .w = w, .n = rows, .dim = dim, .eps = eps};
+    step_run(ex, &j);
 }
 
 int layer_linear1(const layer_exec *ex, float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w) {
@@ -37,7 +95,7 @@ int layer_attention(const layer_exec *ex, const cart_model *m, int32_t layer, co
     const int64_t E = c->n_embd, HD = (int64_t)L->g.n_head * L->g.head_dim;
     const int64_t KD = (int64_t)L->g.n_head_kv * L->g.head_dim;
     int rc;
-    rmsnorm_forward_keep(io->xn1, io->rstd1, io->x_in, L->attn_norm, T, E, c->rms_eps);
+    layer_norm(ex, io->xn1, io->rstd1, io->x_in, L->attn_norm, T, E, c->rms_eps);
     float *qkv[3] = {io->q, io->k, io->v};
     const int64_t qkv_ld[3] = {HD, KD, KD};
     const cart_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
