@@ -489,7 +489,7 @@ static void ffn_residual(const layer_exec *ex, const cart_model *m, const layer_
     if (L->g.moe) {
         layer_norm(ex, io->fs, io->f_rstd, io->f, L->post_ffn_norm_1, T, E, eps);
         layer_norm(ex, io->mn, io->m_rstd, io->msum, L->post_ffn_norm_2, T, E, eps);
-        for (int64_t i = 0; i < T * E; i++) io->fs[i] += io->mn[i];
+        layer_add(ex, io->fs, io->fs, io->mn, T * E);
     } else if (io->fs != io->f) {
         memcpy(io->fs, io->f, sizeof(float) * (size_t)(T * E));
     }
@@ -509,7 +509,7 @@ static int per_layer_input(const layer_exec *ex, const cart_model *m, int32_t la
         layer_geglu(ex, io->pl_h + t * Ep, io->pl_g + t * Ep, io->pl_in + t * PL + (int64_t)layer * Ep, Ep);
     if ((rc = layer_linear1(ex, io->pl_r, E, io->pl_h, Ep, &L->pl_proj))) return rc;
     layer_norm(ex, io->pn, io->pl_rstd, io->pl_r, L->pl_post_norm, T, E, m->cfg.rms_eps);
-    for (int64_t i = 0; i < T * E; i++) io->x_out[i] += io->pn[i];
+    layer_add(ex, io->x_out, io->x_out, io->pn, T * E);
     return CART_OK;
 }
 
