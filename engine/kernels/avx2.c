@@ -445,7 +445,10 @@ QK_PRIM void qf_store(float *p, qf v, int n) {
     memcpy(p, t, (size_t)n * sizeof(float));
 }
 
-#define QK_T 2
+/* 4 tokens a tile: each unit's fields are unpacked once for 4 tokens, not 2
+ * (measured on an Intel Xeon, one thread: q4_K GEMM 80-86 -> 95-100
+ * GOP/s, q8_0 73-81 -> 93-94; a 512-token prefill 5-8% faster). */
+#define QK_T 4
 #define QK_FN qk_groups_avx2
 #include "qgeneric.h"
 
