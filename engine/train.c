@@ -148,6 +148,8 @@ typedef struct pass {
     moe_scratch ms;     /* gemma4 MoE models only */
     float *block;       /* the allocation behind tmp, pl_in and ms */
     acts *a;            /* the current layer's activations */
+    float *kh, *vh;     /* [G, p + T, D] the current layer's keys and values by kv head:
+                           the prefix rows, then the tokens' (heads_pack_range) */
     /* backward scratch */
     float *datt;        /* [T, HD] gradient of the attention output */
     float *dq;          /* [T, HD] */
@@ -242,8 +244,36 @@ static int64_t first_segment_row(const att_geom *ag, int64_t t, int64_t s0) {
     return t - ag->window + 1;
 }
 
-/* Forward attention for items [begin, end): item = token block * G + kv
- * head, a block being FWD_TOKENS consecutive tokens. Tokens of a block that
+/* n rows of D floats from src (rows stride apart) to dst, D apart. */
+static void gather_rows(float *dst, const float *src, int64_t stride, int64_t n, int32_t D) {
+    for (int64_t j = 0; j < n; j++) memcpy(dst + j * D, src + j * stride, sizeof(float) * (size_t)D);
+}
+
+/* kh and vh for kv heads [begin, end) of the current layer. Attention reads
+ * a head's rows contiguous: in place, rows of all the heads lie a multiple
+ * of 4 KiB apart, so that each row of a tile is another page and the same
+ * few L1 sets (measured on one multi-query call of 8 heads over 456 rows
+ * in cache: 43.5 GFLOP/s in place, 81.7 contiguous). */
+static void heads_pack_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
+    pass *s = ctx;
+    const att_geom ag = att_geometry(s);
+    const int64_t n = s->p + s->T;
+    for (int64_t g = begin; g < end; g++) {
+        float *kd = s->kh + g * n * ag.D, *vd = s->vh + g * n * ag.D;
+        if (s->p) {
+            gather_rows(kd, ag.pk + g * ag.D, ag.KD, s->p, ag.D);
+            gather_rows(vd, ag.pv + g * ag.D, ag.KD, s->p, ag.D);
+        }
+        gather_rows(kd + s->p * ag.D, s->a->k + g * ag.D, ag.KD, s->T, ag.D);
+        gather_rows(vd + s->p * ag.D, s->a->v + g * ag.D, ag.KD, s->T, ag.D);
+    }
+}
+
+/* Forward attention for items [begin, end): item = kv head * blocks +
+ * token block, a block being FWD_TOKENS consecutive tokens; head-major, so
+ * a thread's run of items reads one kv head's rows, which stay in L2, not
+ * every head's for each block (measured: the scores kernel in a training
+ * step took about twice its time in cache). Tokens of a block that
  * see the same prefix rows and the same first segment row run together
  * (attention_heads_forward: each head the bits of its own pass). */
 /* FWD_HEADS: room for one token's heads of a KV head (at most 16, which
@@ -253,11 +283,12 @@ enum { FWD_TOKENS = 4, FWD_HEADS = CART_ATTN_MAX_MQ > 16 ? CART_ATTN_MAX_MQ : 16
 static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
     const att_geom ag = att_geometry(s);
-    const int32_t D = ag.D, G = ag.G, rep = ag.rep;
-    const int64_t KD = ag.KD, HD = ag.HD;
-    const float *pk = ag.pk, *pv = ag.pv;
+    const int32_t D = ag.D, rep = ag.rep;
+    const int64_t HD = ag.HD;
+    const int64_t blocks = (s->T + FWD_TOKENS - 1) / FWD_TOKENS;
     for (int64_t item = begin; item < end; item++) {
-        int64_t tb = item / G * FWD_TOKENS, g = item % G;
+        int64_t tb = item % blocks * FWD_TOKENS, g = item / blocks;
+        const float *kh = s->kh + g * (s->p + s->T) * D, *vh = s->vh + g * (s->p + s->T) * D;
         int64_t te = tb + FWD_TOKENS < s->T ? tb + FWD_TOKENS : s->T;
         for (int64_t t = tb; t < te;) {
             int64_t s0 = s->seg_start[t];
@@ -277,9 +308,8 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t threa
                 }
             }
             int64_t na = j0 < s->p ? s->p - j0 : 0;
-            attention_heads_forward(out, lse, q, n, na ? pk + j0 * KD + g * D : NULL, na ? pv + j0 * KD + g * D : NULL,
-                                    na, KD, s->a->k + u0 * KD + g * D, s->a->v + u0 * KD + g * D, nb, KD, D,
-                                    ag.scale);
+            attention_heads_forward(out, lse, q, n, na ? kh + j0 * D : NULL, na ? vh + j0 * D : NULL, na, D,
+                                    kh + (s->p + u0) * D, vh + (s->p + u0) * D, nb, D, D, ag.scale);
         }
     }
 }
@@ -344,13 +374,13 @@ static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int3
     const att_geom ag = att_geometry(s);
     const int32_t D = ag.D, rep = ag.rep;
     const int64_t KD = ag.KD;
-    const float *pk = ag.pk, *pv = ag.pv;
     float *gk = s->grad_cart ? cart_cartridge_grad(s->grad_cart, s->layer, 0) : NULL;
     float *gv = s->grad_cart ? cart_cartridge_grad(s->grad_cart, s->layer, 1) : NULL;
     int64_t frozen = s->cart ? cart_cartridge_frozen(s->cart) : 0;
     float dkt[BTILE * 512], dvt[BTILE * 512]; /* head_dim <= 512 */
     qblock b = {0};
     for (int64_t g = begin; g < end; g++) {
+        const float *kh = s->kh + g * (s->p + s->T) * D, *vh = s->vh + g * (s->p + s->T) * D;
         /* the cartridge rows: a token sees those from its first prefix row on */
         for (int64_t t0 = 0; t0 < s->p; t0 += BTILE) {
             int64_t nt = s->p - t0 < BTILE ? s->p - t0 : BTILE;
@@ -360,8 +390,7 @@ static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int3
                 memset(dkt, 0, sizeof(float) * (size_t)(nt * D));
                 memset(dvt, 0, sizeof(float) * (size_t)(nt * D));
             }
-            btile bt = {pk + t0 * KD + g * D, pv + t0 * KD + g * D, want ? dkt : NULL, want ? dvt : NULL,
-                        skip, KD, D, ag.scale};
+            btile bt = {kh + t0 * D, vh + t0 * D, want ? dkt : NULL, want ? dvt : NULL, skip, D, D, ag.scale};
             for (int64_t t = 0; t < s->T; t++) {
                 int64_t j0 = first_prefix_row(s, &ag, t, s->seg_start[t]);
                 int64_t lo = j0 > t0 ? j0 - t0 : 0; /* within the tile */
@@ -383,7 +412,7 @@ static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int3
                 int64_t width = s1 - t0 < BTILE ? s1 - t0 : BTILE;
                 memset(dkt, 0, sizeof(float) * (size_t)(width * D));
                 memset(dvt, 0, sizeof(float) * (size_t)(width * D));
-                btile bt = {s->a->k + t0 * KD + g * D, s->a->v + t0 * KD + g * D, dkt, dvt, 0, KD, D, ag.scale};
+                btile bt = {kh + (s->p + t0) * D, vh + (s->p + t0) * D, dkt, dvt, 0, D, D, ag.scale};
                 for (int64_t t = t0; t < s1; t++) {
                     int64_t u0 = first_segment_row(&ag, t, s0);
                     int64_t lo = u0 > t0 ? u0 - t0 : 0;
@@ -626,6 +655,7 @@ static int train_attend(void *ctx) {
     pass *s = ctx;
     cart_pool *pool = cart_default_pool();
     cart_pool_for(pool, s->T, 16, qk_prepare_range, s);
+    cart_pool_for(pool, s->L->g.n_head_kv, 1, heads_pack_range, s);
     cart_pool_for(pool, (s->T + FWD_TOKENS - 1) / FWD_TOKENS * s->L->g.n_head_kv, 1, attention_range, s);
     return CART_OK;
 }
@@ -795,6 +825,7 @@ static int layer_backward_gemma4(pass *s, float *dx, back_scratch *b) {
     memset(s->dk, 0, sizeof(float) * (size_t)(T * KD));
     memset(s->dv, 0, sizeof(float) * (size_t)(T * KD));
     cart_pool_for(pool, T * g->n_head, 64, delta_range, s);
+    cart_pool_for(pool, g->n_head_kv, 1, heads_pack_range, s);
     cart_pool_for(pool, g->n_head_kv, 1, attention_backward_range, s);
     cart_pool_for(pool, T, 16, qk_backward_range, s); /* dv: now of v_raw */
     memset(b->dxn, 0, sizeof(float) * (size_t)(T * E));
@@ -844,6 +875,7 @@ static int layer_backward(pass *s, float *dx, back_scratch *b) {
     memset(s->dk, 0, sizeof(float) * (size_t)(T * KD));
     memset(s->dv, 0, sizeof(float) * (size_t)(T * KD));
     cart_pool_for(pool, T * c->n_head, 64, delta_range, s);
+    cart_pool_for(pool, c->n_head_kv, 1, heads_pack_range, s);
     cart_pool_for(pool, c->n_head_kv, 1, attention_backward_range, s);
     cart_pool_for(pool, T, 16, qk_backward_range, s);
     if (s->dqn_w && c->qk_norm) /* the tokens' shares, in token order */
@@ -1031,6 +1063,14 @@ static int pass_init(pass *s, cart_trainer *t, const cart_cartridge *c, int64_t 
     s->angles[0] = cart_malloc(sizeof(float) * (size_t)(n * tables), "RoPE table");
     if (!s->seg_start || !s->angles[0]) return CART_E_NOMEM;
     s->angles[1] = s->angles[0] + n * m->rope_n_rot[0];
+    int64_t kd = 0; /* the widest layer's keys */
+    for (int32_t l = 0; l < s->c->n_layer; l++) {
+        const cart_layer_config *g = &m->layers[l].g;
+        if ((int64_t)g->n_head_kv * g->head_dim > kd) kd = (int64_t)g->n_head_kv * g->head_dim;
+    }
+    s->kh = cart_malloc(sizeof(float) * (size_t)(2 * (s->p + n) * kd), "attention rows by head");
+    if (!s->kh) return CART_E_NOMEM;
+    s->vh = s->kh + (s->p + n) * kd;
     if (s->c->arch != CART_ARCH_GEMMA4) return CART_OK;
     const int64_t E = s->c->n_embd, PL = (int64_t)s->c->n_layer * s->c->n_embd_per_layer;
     const int64_t K = s->c->n_expert_used, FE = s->c->n_ff_exp, NE = s->c->n_expert;
@@ -1057,6 +1097,7 @@ static int pass_init(pass *s, cart_trainer *t, const cart_cartridge *c, int64_t 
 static void pass_free(pass *s) {
     free(s->seg_start);
     free(s->angles[0]);
+    free(s->kh);
     free(s->block);
 }
 
