@@ -39,9 +39,11 @@ enum {
     MM_KC = 256,          /* reduction depth of one packed weight panel; a multiple of
                              every block size, so a panel never splits a quantization block */
     MM_FWD_ROWS = 64,     /* weight rows per forward task; a multiple of every level's mv */
-    MM_BWD_COLS = 64,     /* weight columns per backward task for plain dtypes */
+    MM_BWD_COLS = 256,    /* weight columns per backward task for plain dtypes: a row's
+                             piece is 512 bytes of f16, not the 128 of 64 columns, which
+                             the packing waited on one row (a page) apart */
     MM_BWD_BLOCK = 32768, /* floats of weight one backward task packs at a time (128 KiB,
-                             in L2): 512 rows of 64 columns */
+                             in L2): 128 rows of 256 columns */
     MM_DEPTH = 4096,      /* reduction elements per packed activation block; longer
                              reductions run in several blocks */
     MM_GEMV_KB = 1024,    /* elements per dequantized chunk of a weight row in the GEMV */
