@@ -249,6 +249,11 @@ static void gather_rows(float *dst, const float *src, int64_t stride, int64_t n,
     for (int64_t j = 0; j < n; j++) memcpy(dst + j * D, src + j * stride, sizeof(float) * (size_t)D);
 }
 
+/* kv head g's rows in kh or vh (base): the prefix's, then the tokens'. */
+static float *head_rows(const pass *s, float *base, int64_t g, int32_t D) {
+    return base + g * (s->p + s->T) * D;
+}
+
 /* kh and vh for kv heads [begin, end) of the current layer. Attention reads
  * a head's rows contiguous: in place, rows of all the heads lie a multiple
  * of 4 KiB apart, so that each row of a tile is another page and the same
@@ -257,9 +262,8 @@ static void gather_rows(float *dst, const float *src, int64_t stride, int64_t n,
 static void heads_pack_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
     const att_geom ag = att_geometry(s);
-    const int64_t n = s->p + s->T;
     for (int64_t g = begin; g < end; g++) {
-        float *kd = s->kh + g * n * ag.D, *vd = s->vh + g * n * ag.D;
+        float *kd = head_rows(s, s->kh, g, ag.D), *vd = head_rows(s, s->vh, g, ag.D);
         if (s->p) {
             gather_rows(kd, ag.pk + g * ag.D, ag.KD, s->p, ag.D);
             gather_rows(vd, ag.pv + g * ag.D, ag.KD, s->p, ag.D);
@@ -271,9 +275,8 @@ static void heads_pack_range(void *ctx, int64_t begin, int64_t end, int32_t thre
 
 /* Forward attention for items [begin, end): item = kv head * blocks +
  * token block, a block being FWD_TOKENS consecutive tokens; head-major, so
- * a thread's run of items reads one kv head's rows, which stay in L2, not
- * every head's for each block (measured: the scores kernel in a training
- * step took about twice its time in cache). Tokens of a block that
+ * a thread's run of items reads one kv head's rows (heads_pack_range),
+ * which stay in L2, not every head's for each block. Tokens of a block that
  * see the same prefix rows and the same first segment row run together
  * (attention_heads_forward: each head the bits of its own pass). */
 /* FWD_HEADS: room for one token's heads of a KV head (at most 16, which
@@ -288,7 +291,7 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int32_t threa
     const int64_t blocks = (s->T + FWD_TOKENS - 1) / FWD_TOKENS;
     for (int64_t item = begin; item < end; item++) {
         int64_t tb = item % blocks * FWD_TOKENS, g = item / blocks;
-        const float *kh = s->kh + g * (s->p + s->T) * D, *vh = s->vh + g * (s->p + s->T) * D;
+        const float *kh = head_rows(s, s->kh, g, D), *vh = head_rows(s, s->vh, g, D);
         int64_t te = tb + FWD_TOKENS < s->T ? tb + FWD_TOKENS : s->T;
         for (int64_t t = tb; t < te;) {
             int64_t s0 = s->seg_start[t];
@@ -380,7 +383,7 @@ static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int3
     float dkt[BTILE * 512], dvt[BTILE * 512]; /* head_dim <= 512 */
     qblock b = {0};
     for (int64_t g = begin; g < end; g++) {
-        const float *kh = s->kh + g * (s->p + s->T) * D, *vh = s->vh + g * (s->p + s->T) * D;
+        const float *kh = head_rows(s, s->kh, g, D), *vh = head_rows(s, s->vh, g, D);
         /* the cartridge rows: a token sees those from its first prefix row on */
         for (int64_t t0 = 0; t0 < s->p; t0 += BTILE) {
             int64_t nt = s->p - t0 < BTILE ? s->p - t0 : BTILE;
