@@ -936,6 +936,90 @@ static void rows_values_f16(float *acc, const float *p, const uint16_t *v, int64
     values_rows(1, acc, p, v, stride, nt, head_dim);
 }
 
+/* NQ (2 or 4) queries against up to 16 / NQ keys of f16 rows: the 16
+ * accumulators of scores_block, query a's key i in acc[a * 16 / NQ + i],
+ * each the same chain and tree as scores_block gives it alone, every key
+ * vector widened once for the NQ queries. */
+static ALWAYS_INLINE void scores_f16_nq(const int NQ, const int NV, float *score, int64_t ld, const float *const *q,
+                                        const uint16_t *k, int64_t stride, int32_t m) {
+    const int KB = 16 / NQ;
+    __m512 acc[16];
+    for (int32_t i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int32_t v = 0; v < NV; v++) {
+        __m512 qv[4];
+        for (int32_t a = 0; a < NQ; a++) qv[a] = _mm512_loadu_ps(q[a] + 16 * v);
+        for (int32_t i = 0; i < KB; i++) {
+            if (i >= m) break;
+            const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + i * stride + 16 * v)));
+            for (int32_t a = 0; a < NQ; a++) acc[a * KB + i] = _mm512_fmadd_ps(qv[a], kv, acc[a * KB + i]);
+        }
+    }
+    float sums[16];
+    _mm512_storeu_ps(sums, lane_sums(acc));
+    for (int32_t a = 0; a < NQ; a++) memcpy(score + a * ld, sums + a * KB, sizeof(float) * (size_t)m);
+}
+
+static ALWAYS_INLINE void scores_f16_rep(const int NQ, const int NV, float *score, int64_t ld, const float *const *q,
+                                         const uint16_t *k, int64_t stride, int64_t nt) {
+    const int KB = 16 / NQ;
+    int64_t i = 0;
+    for (; i + KB <= nt; i += KB) scores_f16_nq(NQ, NV, score + i, ld, q, k + i * stride, stride, KB);
+    if (i < nt) scores_f16_nq(NQ, NV, score + i, ld, q, k + i * stride, stride, (int32_t)(nt - i));
+}
+
+/* nq queries over the same nt f16 rows (a decode step's query heads of one
+ * kv head): fours, then twos, then one at a time, each score the bits of
+ * rows_scores_f16. */
+static void rows_scores_f16_mq(float *score, int64_t ld, const float *const *q, int32_t nq, const uint16_t *k,
+                               int64_t stride, int32_t head_dim, int64_t nt) {
+    int32_t a = 0;
+    if (head_dim == 128) {
+        for (; a + 4 <= nq; a += 4) scores_f16_rep(4, 8, score + a * ld, ld, q + a, k, stride, nt);
+        for (; a + 2 <= nq; a += 2) scores_f16_rep(2, 8, score + a * ld, ld, q + a, k, stride, nt);
+    } else if (head_dim == 64) {
+        for (; a + 4 <= nq; a += 4) scores_f16_rep(4, 4, score + a * ld, ld, q + a, k, stride, nt);
+        for (; a + 2 <= nq; a += 2) scores_f16_rep(2, 4, score + a * ld, ld, q + a, k, stride, nt);
+    }
+    for (; a < nq; a++) rows_scores_f16(score + a * ld, q[a], k, stride, head_dim, nt);
+}
+
+/* NQ queries' outputs d0 .. d0 + 16 NV over nt f16 rows, in row order:
+ * values_span's chains, each row vector widened once for the NQ queries. */
+static ALWAYS_INLINE void values_f16_nq(const int NQ, const int NV, float *const *acc, int32_t d0, const float *p,
+                                        int64_t ld, const uint16_t *v, int64_t stride, int64_t nt) {
+    __m512 a[4][8];
+    for (int32_t b = 0; b < NQ; b++)
+        for (int32_t j = 0; j < NV; j++) a[b][j] = _mm512_loadu_ps(acc[b] + d0 + 16 * j);
+    for (int64_t i = 0; i < nt; i++) {
+        __m512 w[4];
+        for (int32_t b = 0; b < NQ; b++) w[b] = _mm512_set1_ps(p[b * ld + i]);
+        for (int32_t j = 0; j < NV; j++) {
+            const __m512 vv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + i * stride + d0 + 16 * j)));
+            for (int32_t b = 0; b < NQ; b++) a[b][j] = _mm512_fmadd_ps(w[b], vv, a[b][j]);
+        }
+    }
+    for (int32_t b = 0; b < NQ; b++)
+        for (int32_t j = 0; j < NV; j++) _mm512_storeu_ps(acc[b] + d0 + 16 * j, a[b][j]);
+}
+
+/* nq queries' value sums over the same nt f16 rows: 16 outputs' chains in
+ * registers per query (two queries by 128 outputs or four by 64 at a
+ * time), each output the bits of rows_values_f16. */
+static void rows_values_f16_mq(float *const *acc, const float *p, int64_t ld, int32_t nq, const uint16_t *v,
+                               int64_t stride, int64_t nt, int32_t head_dim) {
+    int32_t a = 0;
+    if (head_dim % 64 == 0) {
+        for (; a + 4 <= nq; a += 4)
+            for (int32_t d0 = 0; d0 < head_dim; d0 += 64) values_f16_nq(4, 4, acc + a, d0, p + a * ld, ld, v, stride, nt);
+        for (; a + 2 <= nq; a += 2)
+            for (int32_t d0 = 0; d0 < head_dim; d0 += 128) {
+                if (head_dim - d0 >= 128) values_f16_nq(2, 8, acc + a, d0, p + a * ld, ld, v, stride, nt);
+                else values_f16_nq(2, 4, acc + a, d0, p + a * ld, ld, v, stride, nt);
+            }
+    }
+    for (; a < nq; a++) rows_values_f16(acc[a], p + a * ld, v, stride, nt, head_dim);
+}
+
 /* Four queries against four keys: the 16 accumulators of scores_block, one
  * per (query, key), so each score is the same chain and tree; query a's four
  * scores are the 128-bit lane a of the sums. */
@@ -1359,6 +1443,8 @@ static const cart_kernels table = {
     .values_f16 = rows_values_f16,
     .scores_mq = rows_scores_mq,
     .values_mq = rows_values_mq,
+    .scores_f16_mq = rows_scores_f16_mq,
+    .values_f16_mq = rows_values_f16_mq,
     .outer_add = outer_add_512,
     .expf_n = expf_n_512,
     .expf_shift_n = expf_shift_n_512,

@@ -782,6 +782,66 @@ static void gk_values_mq(float *const *acc, const float *p, int64_t ld, int32_t 
     if (a < nq) gk_values(acc[a], p + a * ld, v, stride, nt[a], head_dim);
 }
 
+/* Two queries over the same f16 rows: each row's vectors widened once for
+ * both, each score the chain and tree of gk_scores_kind. */
+GK_INLINE void gk_scores_f16_2q(float *score, int64_t ld, const float *const *q, const uint8_t *k, int64_t stride,
+                                int32_t head_dim, int64_t nt) {
+    for (int64_t i = 0; i < nt; i++) {
+        const uint8_t *ki = k + (uint64_t)(i * stride * 2);
+        vf acc[2][GK_NA];
+        for (int b = 0; b < 2; b++)
+            for (int a = 0; a < GK_NA; a++) acc[b][a] = v_zero();
+        for (int32_t d = 0; d < head_dim; d += 16)
+#pragma GCC unroll 16
+            for (int a = 0; a < GK_NA; a++) {
+                const vf kv = gk_load_w(MM_W_F16, ki, d + a * VW);
+                acc[0][a] = v_fma(v_load(q[0] + d + a * VW), kv, acc[0][a]);
+                acc[1][a] = v_fma(v_load(q[1] + d + a * VW), kv, acc[1][a]);
+            }
+        score[i] = gk_tree_score(acc[0]);
+        score[ld + i] = gk_tree_score(acc[1]);
+    }
+}
+
+static void gk_scores_f16_mq(float *score, int64_t ld, const float *const *q, int32_t nq, const uint16_t *k,
+                             int64_t stride, int32_t head_dim, int64_t nt) {
+    int32_t a = 0;
+    for (; a + 2 <= nq; a += 2) gk_scores_f16_2q(score + a * ld, ld, q + a, (const uint8_t *)k, stride, head_dim, nt);
+    if (a < nq) gk_scores_f16(score + a * ld, q[a], k, stride, head_dim, nt);
+}
+
+/* Two queries' outputs d0 .. d0 + nvec VW over the same f16 rows: the
+ * chains of gk_values_kind, each row vector widened once for both. */
+GK_INLINE void gk_values_f16_2q(float *const *acc, int32_t d0, int32_t nvec, const float *p, int64_t ld,
+                                const uint8_t *v, int64_t stride, int64_t nt) {
+    vf a[2][32 / VW];
+    for (int b = 0; b < 2; b++)
+        for (int32_t j = 0; j < nvec; j++) a[b][j] = v_load(acc[b] + d0 + j * VW);
+    for (int64_t i = 0; i < nt; i++) {
+        const vf w0 = v_set1(p[i]), w1 = v_set1(p[ld + i]);
+        const uint8_t *vi = v + (uint64_t)(i * stride * 2);
+        for (int32_t j = 0; j < nvec; j++) {
+            const vf x = gk_load_w(MM_W_F16, vi, d0 + j * VW);
+            a[0][j] = v_fma(w0, x, a[0][j]);
+            a[1][j] = v_fma(w1, x, a[1][j]);
+        }
+    }
+    for (int b = 0; b < 2; b++)
+        for (int32_t j = 0; j < nvec; j++) v_store(acc[b] + d0 + j * VW, a[b][j]);
+}
+
+static void gk_values_f16_mq(float *const *acc, const float *p, int64_t ld, int32_t nq, const uint16_t *v,
+                             int64_t stride, int64_t nt, int32_t head_dim) {
+    int32_t a = 0;
+    for (; a + 2 <= nq; a += 2)
+        for (int32_t d0 = 0; d0 < head_dim; d0 += 32) {
+            const int32_t nd = head_dim - d0 < 32 ? head_dim - d0 : 32;
+            if (nd == 32) gk_values_f16_2q(acc + a, d0, 32 / VW, p + a * ld, ld, (const uint8_t *)v, stride, nt);
+            else gk_values_f16_2q(acc + a, d0, nd / VW, p + a * ld, ld, (const uint8_t *)v, stride, nt);
+        }
+    if (a < nq) gk_values_f16(acc[a], p + a * ld, v, stride, nt, head_dim);
+}
+
 GK_INLINE void gk_outer_rows(float *dst, const float *coef, int64_t ld, const float *const *x, int32_t nq,
                              const int64_t *nt, int64_t j, int rows, int32_t d0, int32_t nvec, int32_t head_dim) {
     vf acc[2][32 / VW];
@@ -879,6 +939,8 @@ static const cart_kernels gk_table = {
     .values_f16 = gk_values_f16,
     .scores_mq = gk_scores_mq,
     .values_mq = gk_values_mq,
+    .scores_f16_mq = gk_scores_f16_mq,
+    .values_f16_mq = gk_values_f16_mq,
     .outer_add = gk_outer_add,
     .expf_n = GK_EXPF_N,
     .expf_shift_n = gk_expf_shift_n,

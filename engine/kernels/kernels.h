@@ -163,6 +163,13 @@ typedef struct cart_kernels {
                       int64_t stride, int32_t head_dim, const int64_t *nt);
     void (*values_mq)(float *const *acc, const float *p, int64_t ld, int32_t nq, const float *v,
                       int64_t stride, const int64_t *nt, int32_t head_dim);
+    /* scores_mq and values_mq over f16 rows, every query over the same nt
+     * rows (a decode step's query heads of one kv head), each result the
+     * bits of scores_f16 / values_f16 for that query alone. */
+    void (*scores_f16_mq)(float *score, int64_t ld, const float *const *q, int32_t nq, const uint16_t *k,
+                          int64_t stride, int32_t head_dim, int64_t nt);
+    void (*values_f16_mq)(float *const *acc, const float *p, int64_t ld, int32_t nq, const uint16_t *v,
+                          int64_t stride, int64_t nt, int32_t head_dim);
     /* The attention backward's row gradients of a tile: for rows j >= skip
      * and the queries a < nq with j < nt[a] in that order, dk[j][d] +=
      * ds[a * ld + j] * q[a][d] and dv[j][d] += p[a * ld + j] * dout[a][d],

@@ -175,6 +175,7 @@ static const att_case att_cases[] = {
     {CART_F16, 1, 8, 2, 64, 150, 0},  {CART_F16, 5, 4, 4, 128, 70, 0}, {CART_F32, 1, 4, 1, 128, 200, 0},
     {CART_F32, 16, 2, 2, 64, 33, 0},  {CART_F16, 3, 6, 3, 80, 64, 0},  {CART_F16, 2, 2, 1, 8, 20, 0},
     {CART_F16, 1, 4, 2, 64, 150, 40}, {CART_F32, 16, 2, 1, 32, 130, 70}, {CART_F16, 5, 4, 2, 512, 90, 17},
+    {CART_F16, 1, 16, 8, 128, 300, 0}, {CART_F16, 1, 12, 4, 128, 77, 0},  {CART_F16, 1, 8, 1, 256, 70, 0},
 };
 
 /* attention_forward for one case at the active level into out. */
@@ -320,6 +321,57 @@ static void test_multi_query_attention_is_each_query_alone(void) {
                                                          (int64_t)(nq % 3), &seed));
         char what[128];
         snprintf(what, sizeof what, "%s: %d multi-query cases vs each query alone (forward, backward)",
+                 cart_isa_name(isa), cases);
+        CHECK_MAXDIFF(what, worst, 0.0);
+    }
+    CHECK_OK(cart_isa_set(cart_isa_best()));
+}
+
+/* The decode kernels over an f16 cache (scores_f16_mq, values_f16_mq: a
+ * step's query heads of one kv head) at every level against the same
+ * level's one-query kernels, query by query: the same bits, for 1..16
+ * queries, head sizes with and without a specialized kernel, and row
+ * counts around the kernels' blocks. */
+static double f16_multi_query_case(const cart_kernels *kern, int32_t D, int32_t nq, int64_t nt, uint64_t *seed) {
+    enum { NQ = 16 };
+    const int64_t stride = 3 * (int64_t)D + 16; /* rows of a wider cache */
+    uint16_t *k = malloc(2 * (size_t)(nt * stride)), *v = malloc(2 * (size_t)(nt * stride));
+    for (int64_t j = 0; j < nt * stride; j++)
+        k[j] = cart_f32_to_f16(lcg_uniform(seed) * 2.0f), v[j] = cart_f32_to_f16(lcg_uniform(seed));
+    float q[NQ * 256], p[NQ * 80], s1[NQ * 80], s2[NQ * 80], acc1[NQ * 256], acc2[NQ * 256];
+    const float *qp[NQ];
+    float *accp[NQ];
+    for (int32_t j = 0; j < NQ * D; j++) q[j] = lcg_uniform(seed) * 2.0f, acc1[j] = acc2[j] = lcg_uniform(seed);
+    for (int32_t j = 0; j < NQ * 80; j++) p[j] = lcg_uniform(seed) + 1.0f;
+    for (int32_t a = 0; a < nq; a++) {
+        qp[a] = q + a * D, accp[a] = acc2 + a * D;
+        kern->scores_f16(s1 + a * 80, q + a * D, k, stride, D, nt);
+        kern->values_f16(acc1 + a * D, p + a * 80, v, stride, nt, D);
+    }
+    kern->scores_f16_mq(s2, 80, qp, nq, k, stride, D, nt);
+    kern->values_f16_mq(accp, p, 80, nq, v, stride, nt, D);
+    double d = bit_diff(acc1, acc2, (int64_t)nq * D);
+    for (int32_t a = 0; a < nq; a++) d = fmax(d, bit_diff(s1 + a * 80, s2 + a * 80, nt));
+    free(k), free(v);
+    return d;
+}
+
+static void test_f16_decode_kernels_are_each_query_alone(void) {
+    static const int32_t dims[] = {64, 128, 256, 80, 16};
+    static const int64_t nts[] = {1, 3, 4, 7, 8, 9, 15, 16, 17, 63, 64};
+    for (int32_t isa = 0; isa < CART_ISA_COUNT; isa++) {
+        if (!cart_isa_supported(isa)) continue;
+        CHECK_OK(cart_isa_set(isa));
+        const cart_kernels *kern = cart_kern();
+        uint64_t seed = 9;
+        double worst = 0;
+        int cases = 0;
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (int32_t nq = 1; nq <= 16; nq++)
+                for (size_t ti = 0; ti < sizeof nts / sizeof nts[0]; ti++, cases++)
+                    worst = fmax(worst, f16_multi_query_case(kern, dims[di], nq, nts[ti], &seed));
+        char what[128];
+        snprintf(what, sizeof what, "%s: %d f16 decode multi-query cases vs each query alone (scores, values)",
                  cart_isa_name(isa), cases);
         CHECK_MAXDIFF(what, worst, 0.0);
     }
@@ -605,6 +657,7 @@ int main(void) {
     RUN(test_softmax_steps_match_the_definition_on_every_level);
     RUN(test_attention_matches_scalar_on_every_level);
     RUN(test_multi_query_attention_is_each_query_alone);
+    RUN(test_f16_decode_kernels_are_each_query_alone);
     RUN(test_products_match_scalar_on_every_level);
     return check_finish("kernels");
 }
