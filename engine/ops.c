@@ -2,6 +2,8 @@
  * ops.c - RMSNorm, RoPE, SwiGLU and tiled causal attention (see ops.h).
  */
 #include <math.h>
+#include <stdlib.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -368,19 +370,36 @@ static void touch_rows(const void *p, int64_t r0, int64_t n, int64_t stride, int
     }
 }
 
+/* The request decode_f16 sends for kv head g's share of the next tile
+ * (rows [t1, t1 + nt1)): its rows [nt1 g / n, nt1 (g + 1) / n), every
+ * head's columns, so that the heads' shares together are the tile, each in
+ * address order. NULL when the share is empty. */
+static const cart_fetch *next_share(cart_fetch *f, const void *rows, int64_t t1, int64_t nt1, int32_t g, int32_t n,
+                                    int64_t stride, int32_t head_dim) {
+    const int64_t a = nt1 * g / n, b = nt1 * (g + 1) / n;
+    if (b <= a) return NULL;
+    *f = (cart_fetch){.base = (const char *)rows + 2 * (t1 + a) * stride, .pitch = 2 * stride,
+                      .rows = (int32_t)(b - a), .lines = (int32_t)((2 * (int64_t)n * head_dim + 63) / 64)};
+    return f;
+}
+
 /* One query over an f16 cache (head_dim a multiple of 16), read where the
- * rows are: tiles outer, the kv heads [0, n_head_kv) inner, each tile's
- * rows first read whole (touch_rows) and then a head's slice at a time. A
+ * rows are: tiles outer, the kv heads [0, n_head_kv) inner. The first tile
+ * is read whole and in order (touch_rows), so that the hardware's stream
+ * prefetch brings it into L2 before its heads read it slice by slice; each
+ * later tile is requested into L2 while the one before it computes (each kv
+ * head's kernels send their share, spread over their rows: next_share). A
  * head at a time over the whole cache read 256-byte slices at a 2 KiB
- * stride, which the hardware prefetchers serve slowly; software prefetch
- * requests, in bursts or spread, were slower still (8 streams x 28 layers
- * after 870 cached tokens, 2 threads: 69-71 ms before, 48-49 ms after).
- * A kv head's query heads go through the multi-query f16 kernels
- * together, which widen each row vector once for all of them (16 streams x
- * 28 layers after 900 cached tokens, 2 threads, the attention alone: 93 ->
- * 88 ms per step at avx512, 110 -> 97 at avx2). Each head's tiles, scores,
- * softmax and values are those of attention_forward's other paths: the
- * same bits. */
+ * stride, which the hardware prefetchers serve slowly, and requests in
+ * bursts or per head slice were slower than the whole-tile reads; the
+ * spread requests in address order overlap the reads with the arithmetic
+ * (16 streams x 28 layers after 900 cached tokens, 2 threads, the
+ * attention alone: 88-89 -> 78-84 ms per step; one stream after 4096: 37
+ * -> 31-32 ms). A kv head's query heads go through the multi-query f16
+ * kernels together, which widen each row vector once for all of them (93
+ * -> 88 ms at avx512, 110 -> 97 at avx2 in the first case). Each head's
+ * tiles, scores, softmax and values are those of attention_forward's other
+ * paths: the same bits. */
 static void decode_f16(float *out, const float *q, const void *k, const void *v, int64_t first, int64_t n_ctx,
                        int64_t stride, int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale) {
     const cart_kernels *kern = cart_kern();
@@ -388,11 +407,15 @@ static void decode_f16(float *out, const float *q, const void *k, const void *v,
     float score[MAX_REP * TILE], run_max[DECODE_HEADS], run_sum[DECODE_HEADS];
     memset(out, 0, sizeof(float) * (size_t)n_head * (size_t)head_dim);
     for (int32_t h = 0; h < n_head; h++) run_max[h] = -INFINITY, run_sum[h] = 0.0f;
-    for (int64_t t0 = first / TILE * TILE; t0 < n_ctx; t0 += TILE) {
+    const int64_t tile0 = first / TILE * TILE;
+    for (int64_t t0 = tile0; t0 < n_ctx; t0 += TILE) {
         const int64_t lo = first > t0 ? first - t0 : 0;
         const int64_t nt = (n_ctx - t0 < TILE ? n_ctx - t0 : TILE) - lo;
-        touch_rows(k, t0 + lo, nt, stride, (int64_t)n_head_kv * head_dim);
-        touch_rows(v, t0 + lo, nt, stride, (int64_t)n_head_kv * head_dim);
+        const int64_t t1 = t0 + TILE, nt1 = n_ctx - t1 < TILE ? n_ctx - t1 : TILE;
+        if (t0 == tile0) {
+            touch_rows(k, t0 + lo, nt, stride, (int64_t)n_head_kv * head_dim);
+            touch_rows(v, t0 + lo, nt, stride, (int64_t)n_head_kv * head_dim);
+        }
         for (int32_t g = 0; g < n_head_kv; g++) {
             const uint16_t *kh = (const uint16_t *)k + (t0 + lo) * stride + (int64_t)g * head_dim;
             const uint16_t *vh = (const uint16_t *)v + (t0 + lo) * stride + (int64_t)g * head_dim;
@@ -402,12 +425,15 @@ static void decode_f16(float *out, const float *q, const void *k, const void *v,
                 qg[r] = q + (int64_t)(g * n_rep + r) * head_dim;
                 acc[r] = out + (int64_t)(g * n_rep + r) * head_dim;
             }
-            kern->scores_f16_mq(score, TILE, qg, n_rep, kh, stride, head_dim, nt);
+            cart_fetch fk, fv;
+            kern->scores_f16_mq(score, TILE, qg, n_rep, kh, stride, head_dim, nt,
+                                next_share(&fk, k, t1, nt1, g, n_head_kv, stride, head_dim));
             for (int32_t r = 0; r < n_rep; r++) {
                 const int32_t h = g * n_rep + r;
                 softmax_tile(score + r * TILE, nt, scale, &run_max[h], &run_sum[h], acc[r], head_dim);
             }
-            kern->values_f16_mq(acc, score, TILE, n_rep, vh, stride, nt, head_dim);
+            kern->values_f16_mq(acc, score, TILE, n_rep, vh, stride, nt, head_dim,
+                                next_share(&fv, v, t1, nt1, g, n_head_kv, stride, head_dim));
         }
     }
     for (int32_t h = 0; h < n_head; h++) {

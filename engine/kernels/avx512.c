@@ -959,39 +959,45 @@ static ALWAYS_INLINE void scores_f16_nq(const int NQ, const int NV, float *score
     for (int32_t a = 0; a < NQ; a++) memcpy(score + a * ld, sums + a * KB, sizeof(float) * (size_t)m);
 }
 
-static ALWAYS_INLINE void scores_f16_rep(const int NQ, const int NV, float *score, int64_t ld, const float *const *q,
-                                         const uint16_t *k, int64_t stride, int64_t nt) {
-    const int KB = 16 / NQ;
-    int64_t i = 0;
-    for (; i + KB <= nt; i += KB) scores_f16_nq(NQ, NV, score + i, ld, q, k + i * stride, stride, KB);
-    if (i < nt) scores_f16_nq(NQ, NV, score + i, ld, q, k + i * stride, stride, (int32_t)(nt - i));
+/* Keys [i0, i0 + n) of the queries [a0, nq): fours, then twos (NV vectors
+ * of head_dim; 0: no block kernel for this head size), then one at a time. */
+static ALWAYS_INLINE void scores_f16_keys(const int NV, float *score, int64_t ld, const float *const *q, int32_t nq,
+                                          const uint16_t *k, int64_t stride, int32_t head_dim, int64_t i0, int64_t n) {
+    int32_t a = 0;
+    for (; NV && a + 4 <= nq; a += 4)
+        for (int64_t i = i0; i < i0 + n; i += 4)
+            scores_f16_nq(4, NV, score + a * ld + i, ld, q + a, k + i * stride, stride, (int32_t)min64(4, i0 + n - i));
+    for (; NV && a + 2 <= nq; a += 2)
+        for (int64_t i = i0; i < i0 + n; i += 8)
+            scores_f16_nq(2, NV, score + a * ld + i, ld, q + a, k + i * stride, stride, (int32_t)min64(8, i0 + n - i));
+    for (; a < nq; a++) rows_scores_f16(score + a * ld + i0, q[a], k + i0 * stride, stride, head_dim, n);
 }
 
 /* nq queries over the same nt f16 rows (a decode step's query heads of one
- * kv head): fours, then twos, then one at a time, each score the bits of
- * rows_scores_f16. */
+ * kv head), 16 keys at a time, each with its share of `next` requested
+ * first; each score the bits of rows_scores_f16. */
 static void rows_scores_f16_mq(float *score, int64_t ld, const float *const *q, int32_t nq, const uint16_t *k,
-                               int64_t stride, int32_t head_dim, int64_t nt) {
-    int32_t a = 0;
-    if (head_dim == 128) {
-        for (; a + 4 <= nq; a += 4) scores_f16_rep(4, 8, score + a * ld, ld, q + a, k, stride, nt);
-        for (; a + 2 <= nq; a += 2) scores_f16_rep(2, 8, score + a * ld, ld, q + a, k, stride, nt);
-    } else if (head_dim == 64) {
-        for (; a + 4 <= nq; a += 4) scores_f16_rep(4, 4, score + a * ld, ld, q + a, k, stride, nt);
-        for (; a + 2 <= nq; a += 2) scores_f16_rep(2, 4, score + a * ld, ld, q + a, k, stride, nt);
+                               int64_t stride, int32_t head_dim, int64_t nt, const cart_fetch *next) {
+    for (int64_t i = 0; i < nt; i += 8) {
+        const int64_t n = min64(8, nt - i);
+        fetch_share(next, i, n, nt);
+        if (head_dim == 128) scores_f16_keys(8, score, ld, q, nq, k, stride, head_dim, i, n);
+        else if (head_dim == 64) scores_f16_keys(4, score, ld, q, nq, k, stride, head_dim, i, n);
+        else scores_f16_keys(0, score, ld, q, nq, k, stride, head_dim, i, n);
     }
-    for (; a < nq; a++) rows_scores_f16(score + a * ld, q[a], k, stride, head_dim, nt);
 }
 
 /* NQ queries' outputs d0 .. d0 + 16 NV over nt f16 rows, in row order:
  * values_span's chains, each row vector widened once for the NQ queries. */
 static ALWAYS_INLINE void values_f16_nq(const int NQ, const int NV, float *const *acc, int32_t d0, const float *p,
-                                        int64_t ld, const uint16_t *v, int64_t stride, int64_t nt) {
+                                        int64_t ld, const uint16_t *v, int64_t stride, int64_t nt,
+                                        const cart_fetch *next) {
     __m512 a[4][8];
     for (int32_t b = 0; b < NQ; b++)
         for (int32_t j = 0; j < NV; j++) a[b][j] = _mm512_loadu_ps(acc[b] + d0 + 16 * j);
     for (int64_t i = 0; i < nt; i++) {
         __m512 w[4];
+        fetch_share(next, i, 1, nt);
         for (int32_t b = 0; b < NQ; b++) w[b] = _mm512_set1_ps(p[b * ld + i]);
         for (int32_t j = 0; j < NV; j++) {
             const __m512 vv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + i * stride + d0 + 16 * j)));
@@ -1004,20 +1010,28 @@ static ALWAYS_INLINE void values_f16_nq(const int NQ, const int NV, float *const
 
 /* nq queries' value sums over the same nt f16 rows: 16 outputs' chains in
  * registers per query (two queries by 128 outputs or four by 64 at a
- * time), each output the bits of rows_values_f16. */
+ * time), each output the bits of rows_values_f16. `next` is requested over
+ * the first pass's rows, or 16 rows at a time when no pass has more than
+ * one query (the chains go on from the stored sums: the same bits). */
 static void rows_values_f16_mq(float *const *acc, const float *p, int64_t ld, int32_t nq, const uint16_t *v,
-                               int64_t stride, int64_t nt, int32_t head_dim) {
+                               int64_t stride, int64_t nt, int32_t head_dim, const cart_fetch *next) {
     int32_t a = 0;
     if (head_dim % 64 == 0) {
         for (; a + 4 <= nq; a += 4)
-            for (int32_t d0 = 0; d0 < head_dim; d0 += 64) values_f16_nq(4, 4, acc + a, d0, p + a * ld, ld, v, stride, nt);
+            for (int32_t d0 = 0; d0 < head_dim; d0 += 64, next = NULL)
+                values_f16_nq(4, 4, acc + a, d0, p + a * ld, ld, v, stride, nt, next);
         for (; a + 2 <= nq; a += 2)
-            for (int32_t d0 = 0; d0 < head_dim; d0 += 128) {
-                if (head_dim - d0 >= 128) values_f16_nq(2, 8, acc + a, d0, p + a * ld, ld, v, stride, nt);
-                else values_f16_nq(2, 4, acc + a, d0, p + a * ld, ld, v, stride, nt);
+            for (int32_t d0 = 0; d0 < head_dim; d0 += 128, next = NULL) {
+                if (head_dim - d0 >= 128) values_f16_nq(2, 8, acc + a, d0, p + a * ld, ld, v, stride, nt, next);
+                else values_f16_nq(2, 4, acc + a, d0, p + a * ld, ld, v, stride, nt, next);
             }
     }
-    for (; a < nq; a++) rows_values_f16(acc[a], p + a * ld, v, stride, nt, head_dim);
+    if (a == nq) return;
+    for (int64_t i = 0; i < nt; i += 16) {
+        const int64_t n = min64(16, nt - i);
+        fetch_share(next, i, n, nt);
+        for (int32_t b = a; b < nq; b++) rows_values_f16(acc[b], p + b * ld + i, v + i * stride, stride, n, head_dim);
+    }
 }
 
 /* Four queries against four keys: the 16 accumulators of scores_block, one

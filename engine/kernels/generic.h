@@ -803,21 +803,29 @@ GK_INLINE void gk_scores_f16_2q(float *score, int64_t ld, const float *const *q,
     }
 }
 
+/* 16 rows at a time, each with its share of `next` requested first. */
 static void gk_scores_f16_mq(float *score, int64_t ld, const float *const *q, int32_t nq, const uint16_t *k,
-                             int64_t stride, int32_t head_dim, int64_t nt) {
-    int32_t a = 0;
-    for (; a + 2 <= nq; a += 2) gk_scores_f16_2q(score + a * ld, ld, q + a, (const uint8_t *)k, stride, head_dim, nt);
-    if (a < nq) gk_scores_f16(score + a * ld, q[a], k, stride, head_dim, nt);
+                             int64_t stride, int32_t head_dim, int64_t nt, const cart_fetch *next) {
+    for (int64_t i = 0; i < nt; i += 16) {
+        const int64_t n = nt - i < 16 ? nt - i : 16;
+        const uint16_t *ki = k + i * stride;
+        fetch_share(next, i, n, nt);
+        int32_t a = 0;
+        for (; a + 2 <= nq; a += 2)
+            gk_scores_f16_2q(score + a * ld + i, ld, q + a, (const uint8_t *)ki, stride, head_dim, n);
+        if (a < nq) gk_scores_f16(score + a * ld + i, q[a], ki, stride, head_dim, n);
+    }
 }
 
 /* Two queries' outputs d0 .. d0 + nvec VW over the same f16 rows: the
  * chains of gk_values_kind, each row vector widened once for both. */
 GK_INLINE void gk_values_f16_2q(float *const *acc, int32_t d0, int32_t nvec, const float *p, int64_t ld,
-                                const uint8_t *v, int64_t stride, int64_t nt) {
+                                const uint8_t *v, int64_t stride, int64_t nt, const cart_fetch *next) {
     vf a[2][32 / VW];
     for (int b = 0; b < 2; b++)
         for (int32_t j = 0; j < nvec; j++) a[b][j] = v_load(acc[b] + d0 + j * VW);
     for (int64_t i = 0; i < nt; i++) {
+        fetch_share(next, i, 1, nt);
         const vf w0 = v_set1(p[i]), w1 = v_set1(p[ld + i]);
         const uint8_t *vi = v + (uint64_t)(i * stride * 2);
         for (int32_t j = 0; j < nvec; j++) {
@@ -830,16 +838,23 @@ GK_INLINE void gk_values_f16_2q(float *const *acc, int32_t d0, int32_t nvec, con
         for (int32_t j = 0; j < nvec; j++) v_store(acc[b] + d0 + j * VW, a[b][j]);
 }
 
+/* `next` goes out over the first pass's rows, or 16 rows at a time for a
+ * lone query (whose chains go on from the stored sums: the same bits). */
 static void gk_values_f16_mq(float *const *acc, const float *p, int64_t ld, int32_t nq, const uint16_t *v,
-                             int64_t stride, int64_t nt, int32_t head_dim) {
+                             int64_t stride, int64_t nt, int32_t head_dim, const cart_fetch *next) {
     int32_t a = 0;
     for (; a + 2 <= nq; a += 2)
-        for (int32_t d0 = 0; d0 < head_dim; d0 += 32) {
+        for (int32_t d0 = 0; d0 < head_dim; d0 += 32, next = NULL) {
             const int32_t nd = head_dim - d0 < 32 ? head_dim - d0 : 32;
-            if (nd == 32) gk_values_f16_2q(acc + a, d0, 32 / VW, p + a * ld, ld, (const uint8_t *)v, stride, nt);
-            else gk_values_f16_2q(acc + a, d0, nd / VW, p + a * ld, ld, (const uint8_t *)v, stride, nt);
+            if (nd == 32) gk_values_f16_2q(acc + a, d0, 32 / VW, p + a * ld, ld, (const uint8_t *)v, stride, nt, next);
+            else gk_values_f16_2q(acc + a, d0, nd / VW, p + a * ld, ld, (const uint8_t *)v, stride, nt, next);
         }
-    if (a < nq) gk_values_f16(acc[a], p + a * ld, v, stride, nt, head_dim);
+    if (a == nq) return;
+    for (int64_t i = 0; i < nt; i += 16) {
+        const int64_t n = nt - i < 16 ? nt - i : 16;
+        fetch_share(next, i, n, nt);
+        gk_values_f16(acc[a], p + a * ld + i, v + i * stride, stride, n, head_dim);
+    }
 }
 
 GK_INLINE void gk_outer_rows(float *dst, const float *coef, int64_t ld, const float *const *x, int32_t nq,

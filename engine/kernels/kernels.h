@@ -82,6 +82,32 @@ int64_t mm_scratch_floats(const mm_src *w, int32_t path, int64_t mv, int64_t n);
 
 /* Columns one backward task covers: MM_BWD_COLS, or a whole block for
  * 256-element block types; and the weight rows it packs at a time. */
+/* Cache rows a decode kernel requests into L2 while it works (the next
+ * tile of an f16 cache): `rows` rows `pitch` bytes apart, the first `lines`
+ * 64-byte lines of each. The kernel spreads the requests over its own rows
+ * (fetch_share), so that they go out while it computes, in address order,
+ * which the L2's stream prefetcher then follows. */
+typedef struct cart_fetch {
+    const char *base;
+    int64_t pitch;
+    int32_t rows, lines;
+} cart_fetch;
+
+/* Requests the share of f's lines that belongs to rows [i, i + n) of the
+ * kernel's nt (nothing when f is NULL). Always inlined: GCC 12 takes a
+ * function whose only effect is __builtin_prefetch for one without effects
+ * and drops its calls. */
+static inline __attribute__((always_inline)) void fetch_share(const cart_fetch *f, int64_t i, int64_t n,
+                                                              int64_t nt) {
+    if (!f) return;
+    const int64_t total = (int64_t)f->rows * f->lines, end = total * (i + n) / nt;
+    int64_t l = total * i / nt, r = l / f->lines, c = l % f->lines;
+    for (; l < end; l++) {
+        __builtin_prefetch(f->base + r * f->pitch + 64 * c, 0, 2);
+        if (++c == f->lines) c = 0, r++;
+    }
+}
+
 static inline int64_t mm_bwd_cols(const mm_src *w) {
     return w->block_size > MM_BWD_COLS ? w->block_size : MM_BWD_COLS;
 }
@@ -165,11 +191,12 @@ typedef struct cart_kernels {
                       int64_t stride, const int64_t *nt, int32_t head_dim);
     /* scores_mq and values_mq over f16 rows, every query over the same nt
      * rows (a decode step's query heads of one kv head), each result the
-     * bits of scores_f16 / values_f16 for that query alone. */
+     * bits of scores_f16 / values_f16 for that query alone; meanwhile they
+     * request `next` (may be NULL) spread over the rows (fetch_share). */
     void (*scores_f16_mq)(float *score, int64_t ld, const float *const *q, int32_t nq, const uint16_t *k,
-                          int64_t stride, int32_t head_dim, int64_t nt);
+                          int64_t stride, int32_t head_dim, int64_t nt, const cart_fetch *next);
     void (*values_f16_mq)(float *const *acc, const float *p, int64_t ld, int32_t nq, const uint16_t *v,
-                          int64_t stride, int64_t nt, int32_t head_dim);
+                          int64_t stride, int64_t nt, int32_t head_dim, const cart_fetch *next);
     /* The attention backward's row gradients of a tile: for rows j >= skip
      * and the queries a < nq with j < nt[a] in that order, dk[j][d] +=
      * ds[a * ld + j] * q[a][d] and dv[j][d] += p[a * ld + j] * dout[a][d],
