@@ -2,8 +2,6 @@
  * ops.c - RMSNorm, RoPE, SwiGLU and tiled causal attention (see ops.h).
  */
 #include <math.h>
-#include <stdlib.h>
-#include <stdio.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -394,8 +392,8 @@ static const cart_fetch *next_share(cart_fetch *f, const void *rows, int64_t t1,
  * bursts or per head slice were slower than the whole-tile reads; the
  * spread requests in address order overlap the reads with the arithmetic
  * (16 streams x 28 layers after 900 cached tokens, 2 threads, the
- * attention alone: 88-89 -> 78-84 ms per step; one stream after 4096: 37
- * -> 31-32 ms). A kv head's query heads go through the multi-query f16
+ * attention alone: 89-90 -> 79-80 ms per step at avx512; one stream after
+ * 4096: 35.5 -> 32.1 ms). A kv head's query heads go through the multi-query f16
  * kernels together, which widen each row vector once for all of them (93
  * -> 88 ms at avx512, 110 -> 97 at avx2 in the first case). Each head's
  * tiles, scores, softmax and values are those of attention_forward's other

@@ -959,8 +959,8 @@ static ALWAYS_INLINE void scores_f16_nq(const int NQ, const int NV, float *score
     for (int32_t a = 0; a < NQ; a++) memcpy(score + a * ld, sums + a * KB, sizeof(float) * (size_t)m);
 }
 
-/* Keys [i0, i0 + n) of the queries [a0, nq): fours, then twos (NV vectors
- * of head_dim; 0: no block kernel for this head size), then one at a time. */
+/* Keys [i0, i0 + n) of the nq queries: fours, then twos (NV vectors of
+ * head_dim; 0: no block kernel for this head size), then one at a time. */
 static ALWAYS_INLINE void scores_f16_keys(const int NV, float *score, int64_t ld, const float *const *q, int32_t nq,
                                           const uint16_t *k, int64_t stride, int32_t head_dim, int64_t i0, int64_t n) {
     int32_t a = 0;
@@ -974,7 +974,7 @@ static ALWAYS_INLINE void scores_f16_keys(const int NV, float *score, int64_t ld
 }
 
 /* nq queries over the same nt f16 rows (a decode step's query heads of one
- * kv head), 16 keys at a time, each with its share of `next` requested
+ * kv head), 8 keys at a time, each with its share of `next` requested
  * first; each score the bits of rows_scores_f16. */
 static void rows_scores_f16_mq(float *score, int64_t ld, const float *const *q, int32_t nq, const uint16_t *k,
                                int64_t stride, int32_t head_dim, int64_t nt, const cart_fetch *next) {

@@ -80,8 +80,6 @@ typedef enum mm_path { MM_PATH_FORWARD = 0, MM_PATH_BACKWARD = 1, MM_PATH_GEMV =
  * one pass, or for float kinds the n tokens' activations packed. */
 int64_t mm_scratch_floats(const mm_src *w, int32_t path, int64_t mv, int64_t n);
 
-/* Columns one backward task covers: MM_BWD_COLS, or a whole block for
- * 256-element block types; and the weight rows it packs at a time. */
 /* Cache rows a decode kernel requests into L2 while it works (the next
  * tile of an f16 cache): `rows` rows `pitch` bytes apart, the first `lines`
  * 64-byte lines of each. The kernel spreads the requests over its own rows
@@ -108,6 +106,8 @@ static inline __attribute__((always_inline)) void fetch_share(const cart_fetch *
     }
 }
 
+/* Columns one backward task covers: MM_BWD_COLS, or a whole block for
+ * 256-element block types; and the weight rows it packs at a time. */
 static inline int64_t mm_bwd_cols(const mm_src *w) {
     return w->block_size > MM_BWD_COLS ? w->block_size : MM_BWD_COLS;
 }
