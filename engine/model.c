@@ -780,7 +780,7 @@ static int infer_attend(void *ctx) {
     forward_state *s = ctx;
     const cart_layer_config *g = &s->m->layers[s->layer].g;
     const int64_t HD = (int64_t)g->n_head * g->head_dim, KD = (int64_t)g->n_head_kv * g->head_dim;
-    cart_pool_for(s->pool, s->T, 16, qk_prepare_range, s);
+    cart_pool_for(s->pool, s->T, 4, qk_prepare_range, s);
     if (s->q_out) {
         for (int64_t j = 0; j < s->n_q_rows; j++)
             memcpy(s->q_out + j * HD, s->q + s->q_rows[j] * HD, sizeof(float) * (size_t)HD);

@@ -53,7 +53,12 @@ static void step_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
 
 static void step_run(const layer_exec *ex, step_job *j) {
     if (j->kind == STEP_NORM) {
-        const int64_t groups = (NORM_FLOATS / (j->dim > 0 ? j->dim : 1) + NORM_GROUP - 1) / NORM_GROUP;
+        /* NORM_FLOATS a part, but no more groups than give each thread one
+         * (a decode step's 16 rows of 1024: two parts of 8, not one) */
+        int64_t groups = (NORM_FLOATS / (j->dim > 0 ? j->dim : 1) + NORM_GROUP - 1) / NORM_GROUP;
+        const int64_t threads = cart_pool_size(ex->pool);
+        const int64_t each = (j->n + NORM_GROUP * threads - 1) / (NORM_GROUP * threads);
+        if (groups > each) groups = each;
         j->per = NORM_GROUP * (groups > 0 ? groups : 1);
     } else {
         j->per = STEP_GRAIN;
