@@ -434,70 +434,6 @@ static void attention_backward_range(void *ctx, int64_t begin, int64_t end, int3
     }
 }
 
-/* ---- the backward's element and row steps, split over the pool ----------
- * As the forward's (models/steps.c): parts of whole EXP_GRAIN elements (a
- * multiple of ops.c's exponential chunks and every vector width, so an
- * element takes the same path whatever the split) or of whole rows (a
- * row's norm gradient depends on that row only): the same bits at any
- * thread count. On one thread they ran between the GEMMs while the other
- * waited (about 6% of a training step). */
-enum { EXP_GRAIN = 4096, ZERO_GRAIN = 65536, NORM_PART = 8 };
-
-typedef enum { BSTEP_ZERO, BSTEP_SWIGLU, BSTEP_GEGLU, BSTEP_NORM } bstep_kind;
-
-typedef struct bstep {
-    bstep_kind kind;
-    float *y, *y2;                     /* zero: y; swiglu/geglu: dgate, dup; norm: dx */
-    const float *dy, *a, *b, *w, *rstd; /* dh, gate, up; norm: dy, x (a), rstd, w */
-    int64_t n, per, dim;               /* elements or rows, per part, row width */
-} bstep;
-
-static void bstep_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
-    const bstep *j = ctx;
-    const int64_t lo = begin * j->per, hi = end * j->per < j->n ? end * j->per : j->n, m = hi - lo;
-    (void)thread;
-    switch (j->kind) {
-    case BSTEP_ZERO: memset(j->y + lo, 0, sizeof(float) * (size_t)m); break;
-    case BSTEP_SWIGLU:
-    case BSTEP_GEGLU: /* the gradients add into zeros, as the serial steps did */
-        memset(j->y + lo, 0, sizeof(float) * (size_t)m);
-        if (j->y2) memset(j->y2 + lo, 0, sizeof(float) * (size_t)m);
-        if (j->kind == BSTEP_SWIGLU) swiglu_backward(j->y + lo, j->y2 + lo, j->dy + lo, j->a + lo, j->b + lo, m);
-        else geglu_backward(j->y + lo, j->y2 ? j->y2 + lo : NULL, j->dy + lo, j->a + lo, j->b + lo, m);
-        break;
-    case BSTEP_NORM:
-        rmsnorm_backward(j->y + lo * j->dim, j->dy + lo * j->dim, j->a + lo * j->dim, j->rstd + lo, j->w, m,
-                         j->dim);
-        break;
-    }
-}
-
-static void bstep_run(cart_pool *pool, bstep *j) {
-    j->per = j->kind == BSTEP_ZERO ? ZERO_GRAIN : j->kind == BSTEP_NORM ? NORM_PART : EXP_GRAIN;
-    cart_pool_for(pool, (j->n + j->per - 1) / j->per, 1, bstep_task, j);
-}
-
-/* p[0 .. n) = 0 */
-static void par_zero(cart_pool *pool, float *p, int64_t n) {
-    bstep j = {.kind = BSTEP_ZERO, .y = p, .n = n};
-    bstep_run(pool, &j);
-}
-
-/* dgate, dup = the gradients of swiglu (geglu: gelu) into zeroed buffers */
-static void par_glu_backward(cart_pool *pool, int geglu, float *dgate, float *dup, const float *dh,
-                             const float *gate, const float *up, int64_t n) {
-    bstep j = {.kind = geglu ? BSTEP_GEGLU : BSTEP_SWIGLU, .y = dgate, .y2 = dup, .dy = dh, .a = gate, .b = up,
-               .n = n};
-    bstep_run(pool, &j);
-}
-
-/* rmsnorm_backward over rows [0, rows), in parts of NORM_PART rows */
-static void par_norm_backward(cart_pool *pool, float *dx, const float *dy, const float *x, const float *rstd,
-                              const float *w, int64_t rows, int64_t dim) {
-    bstep j = {.kind = BSTEP_NORM, .y = dx, .dy = dy, .a = x, .rstd = rstd, .w = w, .n = rows, .dim = dim};
-    bstep_run(pool, &j);
-}
-
 /* delta = dout . out for every token and head (the backward's softmax term). */
 static void delta_range(void *ctx, int64_t begin, int64_t end, int32_t thread) {
     pass *s = ctx;
@@ -819,7 +755,6 @@ static int moe_backward(pass *s, const float *dmsum, float *dxm, float *dlogits,
 }
 
 /* dx holds the gradient of the layer's output; on return, of its input. */
-/* dx holds the gradient of the layer's output; on return, of its input. */
 static int layer_backward_gemma4(pass *s, float *dx, back_scratch *b) {
     const cart_model_config *c = s->c;
     const layer_weights *L = &s->m->layers[s->layer];
@@ -835,73 +770,73 @@ static int layer_backward_gemma4(pass *s, float *dx, back_scratch *b) {
     if (c->n_embd_per_layer > 0) {
         /* x_out = x_post + norm(proj(gelu(pl_g) * c)): into x_post's gradient */
         const int64_t Ep = c->n_embd_per_layer, PL = (int64_t)c->n_layer * Ep;
-        par_zero(pool, b->dy, T * E);
-        par_norm_backward(pool, b->dy, dx, a->pl_r, a->pl_rstd, L->pl_post_norm, T, E);
+        step_zero(pool, b->dy, T * E);
+        step_norm_backward(pool, b->dy, dx, a->pl_r, a->pl_rstd, L->pl_post_norm, T, E);
         float *dh = b->dh; /* [T, Ep] */
-        par_zero(pool, dh, T * Ep);
+        step_zero(pool, dh, T * Ep);
         if ((rc = cart_matmul_backward(dh, Ep, b->dy, E, &L->pl_proj, T, pool))) return rc;
         float *dg = b->dgate;
-        par_zero(pool, dg, T * Ep);
+        step_zero(pool, dg, T * Ep);
         for (int64_t t = 0; t < T; t++)
             geglu_backward(dg + t * Ep, NULL, dh + t * Ep, a->pl_g + t * Ep,
                            s->pl_in + t * PL + (int64_t)s->layer * Ep, Ep);
         if ((rc = cart_matmul_backward(dx, E, dg, Ep, &L->pl_gate, T, pool))) return rc;
     }
     /* x_post = x_mid + norm(fs): dx is now d x_post, and d x_mid's start */
-    par_zero(pool, b->dy, T * E);
-    par_norm_backward(pool, b->dy, dx, a->fs, a->fs_rstd, L->post_ffn_norm, T, E); /* d fs */
+    step_zero(pool, b->dy, T * E);
+    step_norm_backward(pool, b->dy, dx, a->fs, a->fs_rstd, L->post_ffn_norm, T, E); /* d fs */
     float *df = b->dz; /* d f, the dense branch's down output */
-    par_zero(pool, df, T * E);
+    step_zero(pool, df, T * E);
     if (g->moe) {
         moe_scratch *ms = &s->ms;
-        par_norm_backward(pool, df, b->dy, a->f, a->f_rstd, L->post_ffn_norm_1, T, E);
+        step_norm_backward(pool, df, b->dy, a->f, a->f_rstd, L->post_ffn_norm_1, T, E);
         float *dmsum = b->dxn;
-        par_zero(pool, dmsum, T * E);
-        par_norm_backward(pool, dmsum, b->dy, a->msum, a->m_rstd, L->post_ffn_norm_2, T, E);
+        step_zero(pool, dmsum, T * E);
+        step_norm_backward(pool, dmsum, b->dy, a->msum, a->m_rstd, L->post_ffn_norm_2, T, E);
         /* b->dy is free again: the experts' input gradient */
         float *dxm = b->dy;
-        par_zero(pool, dxm, T * E);
+        step_zero(pool, dxm, T * E);
         if ((rc = moe_backward(s, dmsum, dxm, ms->dlogits, ms))) return rc;
-        par_norm_backward(pool, dx, dxm, a->x_mid, a->xm_rstd, L->pre_ffn_norm_2, T, E);
+        step_norm_backward(pool, dx, dxm, a->x_mid, a->xm_rstd, L->pre_ffn_norm_2, T, E);
         /* the router: logits = W (rmsnorm(x_mid) / sqrt(E) * scale) */
         float *drin = b->dxn;
-        par_zero(pool, drin, T * E);
+        step_zero(pool, drin, T * E);
         if ((rc = cart_matmul_backward(drin, E, ms->dlogits, c->n_expert, &L->router, T, pool))) return rc;
         const float inv_sqrt = 1.0f / sqrtf((float)E);
         for (int64_t t = 0; t < T; t++)
             for (int64_t i = 0; i < E; i++) drin[t * E + i] *= inv_sqrt * L->router_scale[i];
-        par_norm_backward(pool, dx, drin, a->x_mid, a->rin_rstd, NULL, T, E);
+        step_norm_backward(pool, dx, drin, a->x_mid, a->rin_rstd, NULL, T, E);
     } else {
         memcpy(df, b->dy, sizeof(float) * (size_t)(T * E));
     }
     /* the dense branch: f = down(gelu(gate) * up) of xn2 = norm(x_mid) */
-    par_zero(pool, b->dh, T * F);
+    step_zero(pool, b->dh, T * F);
     if ((rc = cart_matmul_backward(b->dh, F, df, E, &L->wdown, T, pool))) return rc;
-    par_glu_backward(pool, 1, b->dgate, b->dup, b->dh, a->gate, a->up, T * F);
-    par_zero(pool, b->dxn, T * E);
+    step_glu_backward(pool, 1, b->dgate, b->dup, b->dh, a->gate, a->up, T * F);
+    step_zero(pool, b->dxn, T * E);
     if ((rc = cart_matmul_backward(b->dxn, E, b->dgate, F, &L->wgate, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, b->dup, F, &L->wup, T, pool))) return rc;
-    par_norm_backward(pool, dx, b->dxn, a->x_mid, a->rstd2, L->ffn_norm, T, E); /* dx: now d x_mid */
+    step_norm_backward(pool, dx, b->dxn, a->x_mid, a->rstd2, L->ffn_norm, T, E); /* dx: now d x_mid */
     /* x_mid = x_in + norm(o(att)) */
-    par_zero(pool, b->dy, T * E);
-    par_norm_backward(pool, b->dy, dx, a->o, a->o_rstd, L->post_attn_norm, T, E);
-    par_zero(pool, s->datt, T * HD);
+    step_zero(pool, b->dy, T * E);
+    step_norm_backward(pool, b->dy, dx, a->o, a->o_rstd, L->post_attn_norm, T, E);
+    step_zero(pool, s->datt, T * HD);
     if ((rc = cart_matmul_backward(s->datt, HD, b->dy, E, &L->wo, T, pool))) return rc;
-    par_zero(pool, s->dq, T * HD);
-    par_zero(pool, s->dk, T * KD);
-    par_zero(pool, s->dv, T * KD);
+    step_zero(pool, s->dq, T * HD);
+    step_zero(pool, s->dk, T * KD);
+    step_zero(pool, s->dv, T * KD);
     cart_pool_for(pool, T * g->n_head, 64, delta_range, s);
     cart_pool_for(pool, g->n_head_kv, 1, heads_pack_range, s);
     cart_pool_for(pool, g->n_head_kv, 1, attention_backward_range, s);
     cart_pool_for(pool, T, 16, qk_backward_range, s); /* dv: now of v_raw */
-    par_zero(pool, b->dxn, T * E);
+    step_zero(pool, b->dxn, T * E);
     if (L->wv.rows == 0) /* v_raw = k_raw */
         for (int64_t i = 0; i < T * KD; i++) s->dk[i] += s->dv[i];
     else if ((rc = cart_matmul_backward(b->dxn, E, s->dv, KD, &L->wv, T, pool)))
         return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, s->dq, HD, &L->wq, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, s->dk, KD, &L->wk, T, pool))) return rc;
-    par_norm_backward(pool, dx, b->dxn, a->x_in, a->rstd1, L->attn_norm, T, E);
+    step_norm_backward(pool, dx, b->dxn, a->x_in, a->rstd1, L->attn_norm, T, E);
     return CART_OK;
 }
 
@@ -919,25 +854,25 @@ static int layer_backward(pass *s, float *dx, back_scratch *b) {
     cart_pool *pool = cart_default_pool();
     int rc;
     /* feed-forward: x_out = x_mid + down(silu(gate) * up) */
-    par_zero(pool, b->dh, T * F);
+    step_zero(pool, b->dh, T * F);
     if ((rc = cart_matmul_backward(b->dh, F, dx, E, &L->wdown, T, pool))) return rc;
     if ((rc = weight_grad(&s->ws, G->wdown, dx, E, a->h, F, E, F, T))) return rc;
-    par_glu_backward(pool, 0, b->dgate, b->dup, b->dh, a->gate, a->up, T * F);
-    par_zero(pool, b->dxn, T * E);
+    step_glu_backward(pool, 0, b->dgate, b->dup, b->dh, a->gate, a->up, T * F);
+    step_zero(pool, b->dxn, T * E);
     if ((rc = cart_matmul_backward(b->dxn, E, b->dgate, F, &L->wgate, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, b->dup, F, &L->wup, T, pool))) return rc;
     if (G->wgate || G->wup) weight_grad_input(&s->ws, a->xn2, E, E, T);
     if ((rc = weight_grad_with(&s->ws, G->wgate, b->dgate, F, F, E, T))) return rc;
     if ((rc = weight_grad_with(&s->ws, G->wup, b->dup, F, F, E, T))) return rc;
     norm_weight_grad(G->ffn_norm, b->dxn, a->x_mid, a->rstd2, T, E);
-    par_norm_backward(pool, dx, b->dxn, a->x_mid, a->rstd2, L->ffn_norm, T, E); /* dx: now d x_mid */
+    step_norm_backward(pool, dx, b->dxn, a->x_mid, a->rstd2, L->ffn_norm, T, E); /* dx: now d x_mid */
     /* attention: x_mid = x_in + o(att) */
-    par_zero(pool, s->datt, T * HD);
+    step_zero(pool, s->datt, T * HD);
     if ((rc = cart_matmul_backward(s->datt, HD, dx, E, &L->wo, T, pool))) return rc;
     if ((rc = weight_grad(&s->ws, G->wo, dx, E, a->att, HD, E, HD, T))) return rc;
-    par_zero(pool, s->dq, T * HD);
-    par_zero(pool, s->dk, T * KD);
-    par_zero(pool, s->dv, T * KD);
+    step_zero(pool, s->dq, T * HD);
+    step_zero(pool, s->dk, T * KD);
+    step_zero(pool, s->dv, T * KD);
     cart_pool_for(pool, T * c->n_head, 64, delta_range, s);
     cart_pool_for(pool, c->n_head_kv, 1, heads_pack_range, s);
     cart_pool_for(pool, c->n_head_kv, 1, attention_backward_range, s);
@@ -948,7 +883,7 @@ static int layer_backward(pass *s, float *dx, back_scratch *b) {
                 if (G->q_norm) G->q_norm[d] += s->dqn_w[t * c->head_dim + d];
                 if (G->k_norm) G->k_norm[d] += s->dkn_w[t * c->head_dim + d];
             }
-    par_zero(pool, b->dxn, T * E);
+    step_zero(pool, b->dxn, T * E);
     if ((rc = cart_matmul_backward(b->dxn, E, s->dq, HD, &L->wq, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, s->dk, KD, &L->wk, T, pool))) return rc;
     if ((rc = cart_matmul_backward(b->dxn, E, s->dv, KD, &L->wv, T, pool))) return rc;
@@ -957,7 +892,7 @@ static int layer_backward(pass *s, float *dx, back_scratch *b) {
     if ((rc = weight_grad_with(&s->ws, G->wk, s->dk, KD, KD, E, T))) return rc;
     if ((rc = weight_grad_with(&s->ws, G->wv, s->dv, KD, KD, E, T))) return rc;
     norm_weight_grad(G->attn_norm, b->dxn, a->x_in, a->rstd1, T, E);
-    par_norm_backward(pool, dx, b->dxn, a->x_in, a->rstd1, L->attn_norm, T, E);
+    step_norm_backward(pool, dx, b->dxn, a->x_in, a->rstd1, L->attn_norm, T, E);
     return CART_OK;
 }
 
@@ -1237,7 +1172,7 @@ static int check_targets(const pass *s, const cart_distill_targets *tg, int64_t 
 typedef struct head_work {
     entry_ref *refs; /* [n targets] sorted by row */
     int64_t *rows;   /* [n_rows] distinct rows, ascending */
-    int64_t *first;  /* [n_rows + 1] each row's first target in refs */
+    int64_t *first;  /* [n_rows] each row's first target in refs */
     double *losses;  /* [chunk] each row's unscaled loss */
     int64_t n_rows;
     int64_t chunk;                   /* rows per pass through the head */
@@ -1263,7 +1198,7 @@ static int head_work_init(head_work *w, cart_trainer *t, const cart_distill_targ
     memset(w, 0, sizeof *w);
     w->refs = cart_malloc(sizeof(entry_ref) * (size_t)tg->n, "target order");
     w->rows = cart_malloc(sizeof(int64_t) * (size_t)tg->n, "target rows");
-    w->first = cart_malloc(sizeof(int64_t) * (size_t)(tg->n + 1), "target rows");
+    w->first = cart_malloc(sizeof(int64_t) * (size_t)tg->n, "target rows");
     if (!w->refs || !w->rows || !w->first) return CART_E_NOMEM;
     for (int64_t e = 0; e < tg->n; e++) w->refs[e] = (entry_ref){tg->position[e] - 1, e};
     qsort(w->refs, (size_t)tg->n, sizeof *w->refs, compare_refs);
@@ -1272,7 +1207,6 @@ static int head_work_init(head_work *w, cart_trainer *t, const cart_distill_targ
             w->first[w->n_rows] = e;
             w->rows[w->n_rows++] = w->refs[e].row;
         }
-    w->first[w->n_rows] = tg->n;
     w->chunk = chunk < w->n_rows ? chunk : w->n_rows;
     size_t R = (size_t)w->chunk;
     w->losses = cart_malloc(sizeof(double) * R, "head rows");

@@ -114,6 +114,15 @@ void layer_geglu(const layer_exec *ex, float *h, const float *gate, const float 
  * may be NULL, y may be x). */
 void layer_norm(const layer_exec *ex, float *y, float *rstd, const float *x, const float *w, int64_t rows,
                 int64_t dim, float eps);
+/* The training backward's steps, split over pool the same way: y = 0;
+ * dgate, dup = the gradients of swiglu (geglu: exact GELU; dup may be
+ * NULL) from dh, into zeroed buffers; dx += rmsnorm_backward over rows of
+ * dim (ops.h). */
+void step_zero(cart_pool *pool, float *y, int64_t n);
+void step_glu_backward(cart_pool *pool, int geglu, float *dgate, float *dup, const float *dh, const float *gate,
+                       const float *up, int64_t n);
+void step_norm_backward(cart_pool *pool, float *dx, const float *dy, const float *x, const float *rstd,
+                        const float *w, int64_t rows, int64_t dim);
 /* One product through ex. */
 int layer_linear1(const layer_exec *ex, float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w);
 /* Every architecture's attention half up to its output projection:

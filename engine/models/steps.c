@@ -20,13 +20,17 @@ void layer_add_bias(float *y, const float *b, int64_t rows, int64_t n) {
  * inline. */
 enum { STEP_GRAIN = 4096, NORM_GROUP = 8, NORM_FLOATS = 16384 };
 
-typedef enum { STEP_ADD, STEP_SWIGLU, STEP_GEGLU, STEP_GEGLU_TABLE, STEP_NORM } step_kind;
+typedef enum {
+    STEP_ADD, STEP_SWIGLU, STEP_GEGLU, STEP_GEGLU_TABLE, STEP_NORM,
+    /* the training backward's: zeroing, the GLUs' gradients, the norm's */
+    STEP_ZERO, STEP_SWIGLU_BACK, STEP_GEGLU_BACK, STEP_NORM_BACK
+} step_kind;
 
 typedef struct step_job {
     step_kind kind;
-    float *y, *rstd;
-    const float *a, *b, *w;
-    int64_t n, per, dim; /* elements (rows for STEP_NORM), per part, row width */
+    float *y, *rstd, *y2; /* the GLUs' backward: y dgate, y2 dup */
+    const float *a, *b, *w, *dy; /* the backward: a gate or x, b up, dy dh or the norm's dy */
+    int64_t n, per, dim; /* elements (rows for the norms), per part, row width */
     float eps;
 } step_job;
 
@@ -48,22 +52,37 @@ static void step_task(void *ctx, int64_t begin, int64_t end, int32_t thread) {
         rmsnorm_forward_keep(j->y + lo * j->dim, j->rstd ? j->rstd + lo : NULL, j->a + lo * j->dim, j->w, m,
                              j->dim, j->eps);
         break;
+    case STEP_ZERO: memset(j->y + lo, 0, sizeof(float) * (size_t)m); break;
+    case STEP_SWIGLU_BACK:
+    case STEP_GEGLU_BACK: /* the gradients add into zeros */
+        memset(j->y + lo, 0, sizeof(float) * (size_t)m);
+        if (j->y2) memset(j->y2 + lo, 0, sizeof(float) * (size_t)m);
+        if (j->kind == STEP_SWIGLU_BACK) swiglu_backward(j->y + lo, j->y2 + lo, j->dy + lo, j->a + lo, j->b + lo, m);
+        else geglu_backward(j->y + lo, j->y2 ? j->y2 + lo : NULL, j->dy + lo, j->a + lo, j->b + lo, m);
+        break;
+    case STEP_NORM_BACK:
+        rmsnorm_backward(j->y + lo * j->dim, j->dy + lo * j->dim, j->a + lo * j->dim, j->rstd + lo, j->w, m, j->dim);
+        break;
     }
 }
 
-static void step_run(const layer_exec *ex, step_job *j) {
-    if (j->kind == STEP_NORM) {
+static void step_run_on(cart_pool *pool, step_job *j) {
+    if (j->kind == STEP_NORM || j->kind == STEP_NORM_BACK) {
         /* NORM_FLOATS a part, but no more groups than give each thread one
          * (a decode step's 16 rows of 1024: two parts of 8, not one) */
         int64_t groups = (NORM_FLOATS / (j->dim > 0 ? j->dim : 1) + NORM_GROUP - 1) / NORM_GROUP;
-        const int64_t threads = cart_pool_size(ex->pool);
+        const int64_t threads = cart_pool_size(pool);
         const int64_t each = (j->n + NORM_GROUP * threads - 1) / (NORM_GROUP * threads);
         if (groups > each) groups = each;
         j->per = NORM_GROUP * (groups > 0 ? groups : 1);
     } else {
         j->per = STEP_GRAIN;
     }
-    cart_pool_for(ex->pool, (j->n + j->per - 1) / j->per, 1, step_task, j);
+    cart_pool_for(pool, (j->n + j->per - 1) / j->per, 1, step_task, j);
+}
+
+static void step_run(const layer_exec *ex, step_job *j) {
+    step_run_on(ex->pool, j);
 }
 
 void layer_add(const layer_exec *ex, float *y, const float *a, const float *b, int64_t n) {
@@ -85,6 +104,25 @@ void layer_norm(const layer_exec *ex, float *y, float *rstd, const float *x, con
                 int64_t dim, float eps) {
     step_job j = {.kind = STEP_NORM, .y = y, .rstd = rstd, .a = x, .w = w, .n = rows, .dim = dim, .eps = eps};
     step_run(ex, &j);
+}
+
+void step_zero(cart_pool *pool, float *y, int64_t n) {
+    step_job j = {.kind = STEP_ZERO, .y = y, .n = n};
+    step_run_on(pool, &j);
+}
+
+void step_glu_backward(cart_pool *pool, int geglu, float *dgate, float *dup, const float *dh, const float *gate,
+                       const float *up, int64_t n) {
+    step_job j = {.kind = geglu ? STEP_GEGLU_BACK : STEP_SWIGLU_BACK, .y = dgate, .y2 = dup, .dy = dh,
+                  .a = gate, .b = up, .n = n};
+    step_run_on(pool, &j);
+}
+
+void step_norm_backward(cart_pool *pool, float *dx, const float *dy, const float *x, const float *rstd,
+                        const float *w, int64_t rows, int64_t dim) {
+    step_job j = {.kind = STEP_NORM_BACK, .y = dx, .dy = dy, .a = x, .rstd = (float *)rstd, .w = w, .n = rows,
+                  .dim = dim};
+    step_run_on(pool, &j);
 }
 
 int layer_linear1(const layer_exec *ex, float *y, int64_t ldy, const float *x, int64_t ldx, const cart_weight *w) {
