@@ -25,6 +25,7 @@
 #define GK_NV 2
 #define GK_GEMV_T 4
 #define GK_GEMV_R(t) ((t) == 1 ? 4 : (t) == 4 ? 1 : (t) == 2 ? 3 : 2)
+#define GK_BLOCKED_T 4 /* tokens per pass of the blocked GEMV: 8 ymm sums, 2 weights, 1 token */
 
 typedef __m256 vf;
 
@@ -36,6 +37,16 @@ V_INLINE vf v_load(const float *p) { return _mm256_loadu_ps(p); }
 V_INLINE void v_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
 V_INLINE vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 V_INLINE vf v_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+
+/* gk_tree_gemv's sum of 16 lanes, its additions in its order on vectors:
+ * s[l] + s[l + 8] for l < 8, then + 4, + 2, + 1. */
+#define GK_TREE16 1
+V_INLINE float v_tree16(const vf *acc) {
+    const __m256 v = _mm256_add_ps(acc[0], acc[1]);
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
 
 V_INLINE vf v_load_f16(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));

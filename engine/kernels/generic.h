@@ -26,6 +26,9 @@
  *                     to q as gk_unpack does, 0 to leave it to plain C
  *   gk_dequant(w, dst, src, nb)   1 when it dequantized nb blocks of w's
  *                     dtype to cart_to_f32's values, 0 to leave it to cart_to_f32
+ * and, optionally:
+ *   GK_TREE16, v_tree16(acc)   gk_tree_gemv's additions on vectors
+ *   GK_BLOCKED_T      tokens per pass of the blocked GEMV (gk_gemv_blocked)
  *
  * Everything here follows the arithmetic kernels.h fixes, so the table gives
  * the bits of every other level. Tails shorter than a vector go through
@@ -335,14 +338,19 @@ static void gk_backward_cols(const mm_src *w, float *dx, int64_t ldx, const floa
 
 /* ---- sums of 16 lanes ----------------------------------------------------- */
 
-/* The GEMV tree: s[l] += s[l + 8], then + 4, + 2, + 1. */
+/* The GEMV tree: s[l] += s[l + 8], then + 4, + 2, + 1 (a level may give
+ * the same additions on vectors: v_tree16). */
 GK_INLINE float gk_tree_gemv(const vf *acc) {
+#ifdef GK_TREE16
+    return v_tree16(acc);
+#else
     float s[16];
 #pragma GCC unroll 16
     for (int a = 0; a < GK_NA; a++) v_store(s + a * VW, acc[a]);
     for (int width = 8; width >= 1; width /= 2)
         for (int l = 0; l < width; l++) s[l] += s[l + width];
     return s[0];
+#endif
 }
 
 /* The score tree: ((s0+s2)+(s1+s3)) per group of four, then (G0+G1)+(G2+G3). */
@@ -631,9 +639,107 @@ GK_INLINE void gk_gemv_kind(const int kind, const mm_src *w, int64_t r0, int64_t
     }
 }
 
+#ifdef GK_BLOCKED_T
+/* The blocked GEMV of float weights for batches of 2 GK_BLOCKED_T tokens
+ * or more (lockstep decode of many streams), as the avx512 level has it:
+ * rows go GK_BG at a time, every pass of GK_BLOCKED_T tokens over a group
+ * before the next group, so a row comes from DRAM once however many passes
+ * (the next group requested into L2 a row per pass, the next row of this
+ * one into L1); the depth goes in blocks of GK_BKL, the activations packed
+ * once. A (row, token)'s 16 lane sums wait in `part` between blocks: each
+ * lane is the same chain of fused multiply-adds as in gk_gemv_span (the
+ * same zero-padded tail), so a stream's bits do not depend on the batch. */
+enum { GK_BG = 32, GK_BKL = 256 };
+
+/* xp[pass][step][token][16] = tokens [0, GK_BLOCKED_T * passes) of x,
+ * zero past the depth. */
+static void gk_gemv_pack(float *xp, const float *x, int64_t ldx, int64_t depth, int64_t passes) {
+    const int64_t steps = (depth + 15) / 16, T = GK_BLOCKED_T;
+    for (int64_t t = 0; t < T * passes; t++) {
+        float *dst = xp + (t / T) * steps * 16 * T + (t % T) * 16;
+        for (int64_t s = 0; s < steps; s++) {
+            const int64_t kn = gk_min(16, depth - 16 * s);
+            memcpy(dst + s * 16 * T, x + t * ldx + 16 * s, (size_t)kn * 4);
+            memset(dst + s * 16 * T + kn, 0, (size_t)(16 - kn) * 4);
+        }
+    }
+}
+
+/* acc[t] += lane-wise products of weight row wr and the pass's packed
+ * tokens xs over kn elements from k = 0 (a short last step zero-padded as
+ * gk_gemv_span pads it). */
+GK_INLINE void gk_span_packed(const int kind, const uint8_t *wr, const float *xs, int64_t kn,
+                              vf acc[GK_BLOCKED_T][GK_NA]) {
+    const int64_t esize = kind == MM_W_F32 ? 4 : 2;
+    for (int64_t k = 0; k < kn; k += 16, xs += 16 * GK_BLOCKED_T) {
+        vf wv[GK_NA];
+        if (k + 16 <= kn) {
+#pragma GCC unroll 16
+            for (int a = 0; a < GK_NA; a++) wv[a] = gk_load_w(kind, wr, k + a * VW);
+        } else {
+            float wpad[16];
+            memset(wpad, 0, sizeof wpad);
+            gk_widen(kind, wpad, wr + k * esize, kn - k);
+            for (int a = 0; a < GK_NA; a++) wv[a] = v_load(wpad + a * VW);
+        }
+        for (int t = 0; t < GK_BLOCKED_T; t++)
+#pragma GCC unroll 16
+            for (int a = 0; a < GK_NA; a++)
+                acc[t][a] = v_fma(wv[a], v_load(xs + 16 * t + a * VW), acc[t][a]);
+    }
+}
+
+/* Rows [r0, r1) for the first GK_BLOCKED_T * passes of n tokens; returns
+ * that count (the rest go to gk_gemv_kind). xp: mm_scratch_floats' room. */
+GK_INLINE int64_t gk_gemv_blocked(const int kind, const mm_src *w, int64_t r0, int64_t r1, const float *x,
+                                  int64_t ldx, int64_t n, float *y, int64_t ldy, float *xp) {
+    const int64_t esize = kind == MM_W_F32 ? 4 : 2, depth = w->cols, T = GK_BLOCKED_T;
+    const int64_t passes = n / T, steps = (depth + 15) / 16;
+    gk_gemv_pack(xp, x, ldx, depth, passes);
+    vf part[GK_BG][GK_BLOCKED_T][GK_NA];
+    for (int64_t g0 = r0; g0 < r1; g0 += GK_BG) {
+        const int64_t gn = gk_min(GK_BG, r1 - g0);
+        for (int64_t p = 0; p < passes; p++) {
+            for (int64_t j = 0; j < gn; j++)
+                for (int t = 0; t < GK_BLOCKED_T; t++)
+                    for (int a = 0; a < GK_NA; a++) part[j][t][a] = v_zero();
+            for (int64_t k0 = 0; k0 < depth; k0 += GK_BKL) {
+                const int64_t kn = gk_min(GK_BKL, depth - k0);
+                const float *xs = xp + p * steps * 16 * T + (k0 / 16) * 16 * T;
+                for (int64_t j = 0; j < gn; j++) {
+                    const uint8_t *wr = w->data + (uint64_t)(g0 + j) * w->row_bytes + (uint64_t)(k0 * esize);
+                    if (g0 + GK_BG + j < r1 && j % passes == p) /* the next group's row, into L2 */
+                        for (int64_t b = 0; b < kn * esize; b += 64)
+                            __builtin_prefetch(wr + (uint64_t)GK_BG * w->row_bytes + b, 0, 2);
+                    if (j + 1 < gn) /* the next row's piece, into L1 */
+                        for (int64_t b = 0; b < kn * esize; b += 64) __builtin_prefetch(wr + w->row_bytes + b, 0, 3);
+                    vf acc[GK_BLOCKED_T][GK_NA]; /* in registers: part may alias xs to the compiler */
+                    for (int t = 0; t < GK_BLOCKED_T; t++)
+                        for (int a = 0; a < GK_NA; a++) acc[t][a] = part[j][t][a];
+                    gk_span_packed(kind, wr, xs, kn, acc);
+                    for (int t = 0; t < GK_BLOCKED_T; t++)
+                        for (int a = 0; a < GK_NA; a++) part[j][t][a] = acc[t][a];
+                }
+            }
+            for (int64_t j = 0; j < gn; j++)
+                for (int t = 0; t < GK_BLOCKED_T; t++) y[(T * p + t) * ldy + g0 + j] = gk_tree_gemv(part[j][t]);
+        }
+    }
+    return T * passes;
+}
+#endif
+
 static void gk_gemv_rows(const mm_src *w, float *y, int64_t ldy, const float *x, int64_t ldx,
                          int64_t n, int64_t r0, int64_t r1, float *scratch) {
-    for (int64_t t0 = 0; t0 < n; t0 += GK_GEMV_T) {
+    int64_t first = 0;
+#ifdef GK_BLOCKED_T
+    if (n >= 2 * GK_BLOCKED_T) {
+        if (w->kind == MM_W_F16) first = gk_gemv_blocked(MM_W_F16, w, r0, r1, x, ldx, n, y, ldy, scratch);
+        else if (w->kind == MM_W_BF16) first = gk_gemv_blocked(MM_W_BF16, w, r0, r1, x, ldx, n, y, ldy, scratch);
+        else if (w->kind == MM_W_F32) first = gk_gemv_blocked(MM_W_F32, w, r0, r1, x, ldx, n, y, ldy, scratch);
+    }
+#endif
+    for (int64_t t0 = first; t0 < n; t0 += GK_GEMV_T) {
         const int64_t nt = gk_min(GK_GEMV_T, n - t0);
         const float *xt = x + t0 * ldx;
         float *yt = y + t0 * ldy;

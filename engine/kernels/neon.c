@@ -23,6 +23,7 @@
 #define GK_NV 4
 #define GK_GEMV_T 4
 #define GK_GEMV_R(t) ((t) == 1 ? 4 : (t) == 4 ? 1 : (t) == 2 ? 3 : 2)
+#define GK_BLOCKED_T 4 /* tokens per pass of the blocked GEMV: 16 q-register sums */
 
 typedef float32x4_t vf;
 
