@@ -48,6 +48,18 @@ V_INLINE float v_tree16(const vf *acc) {
     return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
 
+/* gk_tree_score's sum, likewise: (s[i] + s[i + 2]) + (s[i + 1] + s[i + 3])
+ * per group of four (lanes 0 and 4 of each vector), then (G0 + G1) + (G2 + G3). */
+V_INLINE float v_tree_score(const vf *acc) {
+    __m256 u = _mm256_add_ps(acc[0], _mm256_permute_ps(acc[0], _MM_SHUFFLE(1, 0, 3, 2)));
+    __m256 w = _mm256_add_ps(acc[1], _mm256_permute_ps(acc[1], _MM_SHUFFLE(1, 0, 3, 2)));
+    u = _mm256_add_ps(u, _mm256_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
+    w = _mm256_add_ps(w, _mm256_permute_ps(w, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m128 g01 = _mm_add_ss(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+    const __m128 g23 = _mm_add_ss(_mm256_castps256_ps128(w), _mm256_extractf128_ps(w, 1));
+    return _mm_cvtss_f32(_mm_add_ss(g01, g23));
+}
+
 V_INLINE vf v_load_f16(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
 }

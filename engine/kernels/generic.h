@@ -27,7 +27,8 @@
  *   gk_dequant(w, dst, src, nb)   1 when it dequantized nb blocks of w's
  *                     dtype to cart_to_f32's values, 0 to leave it to cart_to_f32
  * and, optionally:
- *   GK_TREE16, v_tree16(acc)   gk_tree_gemv's additions on vectors
+ *   GK_TREE16, v_tree16(acc), v_tree_score(acc)   gk_tree_gemv's and
+ *                     gk_tree_score's additions on vectors
  *   GK_BLOCKED_T      tokens per pass of the blocked GEMV (gk_gemv_blocked)
  *
  * Everything here follows the arithmetic kernels.h fixes, so the table gives
@@ -353,14 +354,19 @@ GK_INLINE float gk_tree_gemv(const vf *acc) {
 #endif
 }
 
-/* The score tree: ((s0+s2)+(s1+s3)) per group of four, then (G0+G1)+(G2+G3). */
+/* The score tree: ((s0+s2)+(s1+s3)) per group of four, then (G0+G1)+(G2+G3)
+ * (a level may give the same additions on vectors: v_tree_score). */
 GK_INLINE float gk_tree_score(const vf *acc) {
+#ifdef GK_TREE16
+    return v_tree_score(acc);
+#else
     float s[16], g[4];
 #pragma GCC unroll 16
     for (int a = 0; a < GK_NA; a++) v_store(s + a * VW, acc[a]);
     for (int j = 0; j < 4; j++)
         g[j] = (s[4 * j] + s[4 * j + 2]) + (s[4 * j + 1] + s[4 * j + 3]);
     return (g[0] + g[1]) + (g[2] + g[3]);
+#endif
 }
 
 /* ---- GEMV ----------------------------------------------------------------- */
@@ -963,22 +969,22 @@ static void gk_values_f16_mq(float *const *acc, const float *p, int64_t ld, int3
     }
 }
 
-GK_INLINE void gk_outer_rows(float *dst, const float *coef, int64_t ld, const float *const *x, int32_t nq,
-                             const int64_t *nt, int64_t j, int rows, int32_t d0, int32_t nvec, int32_t head_dim) {
+GK_INLINE void gk_outer_rows(const int R, float *dst, const float *coef, int64_t ld, const float *const *x,
+                             int32_t nq, const int64_t *nt, int64_t j, int32_t d0, int32_t nvec, int32_t head_dim) {
     vf acc[2][32 / VW];
-    for (int r = 0; r < rows; r++)
+    for (int r = 0; r < R; r++)
         for (int32_t e = 0; e < nvec; e++) acc[r][e] = v_load(dst + (j + r) * head_dim + d0 + e * VW);
     for (int32_t a = 0; a < nq; a++) {
         if (nt[a] <= j) continue; /* query a sees neither row */
-        const int both = rows > 1 && nt[a] > j + 1;
+        const int both = R > 1 && nt[a] > j + 1;
         const vf c0 = v_set1(coef[a * ld + j]), c1 = v_set1(both ? coef[a * ld + j + 1] : 0.0f);
         for (int32_t e = 0; e < nvec; e++) { /* the product rounded, then the sum */
             const vf xv = v_load(x[a] + d0 + e * VW);
             acc[0][e] = v_add(acc[0][e], v_mul(c0, xv));
-            if (both) acc[1][e] = v_add(acc[1][e], v_mul(c1, xv));
+            if (R > 1 && both) acc[R - 1][e] = v_add(acc[R - 1][e], v_mul(c1, xv));
         }
     }
-    for (int r = 0; r < rows; r++)
+    for (int r = 0; r < R; r++)
         for (int32_t e = 0; e < nvec; e++) v_store(dst + (j + r) * head_dim + d0 + e * VW, acc[r][e]);
 }
 
@@ -989,8 +995,10 @@ static void gk_outer_one(float *dst, const float *coef, int64_t ld, const float 
     for (int32_t d0 = 0; d0 < head_dim; d0 += 32) {
         const int32_t nvec = (head_dim - d0 < 32 ? head_dim - d0 : 32) / VW;
         int64_t j = skip;
-        for (; j + 2 <= most; j += 2) gk_outer_rows(dst, coef, ld, x, nq, nt, j, 2, d0, nvec, head_dim);
-        if (j < most) gk_outer_rows(dst, coef, ld, x, nq, nt, j, 1, d0, nvec, head_dim);
+        if (nvec == 32 / VW) /* a whole slice: a constant count, so the sums stay in registers */
+            for (; j + 2 <= most; j += 2) gk_outer_rows(2, dst, coef, ld, x, nq, nt, j, d0, 32 / VW, head_dim);
+        for (; j + 2 <= most; j += 2) gk_outer_rows(2, dst, coef, ld, x, nq, nt, j, d0, nvec, head_dim);
+        if (j < most) gk_outer_rows(1, dst, coef, ld, x, nq, nt, j, d0, nvec, head_dim);
     }
 }
 
