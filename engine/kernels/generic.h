@@ -981,7 +981,7 @@ GK_INLINE void gk_outer_rows(const int R, float *dst, const float *coef, int64_t
         for (int32_t e = 0; e < nvec; e++) { /* the product rounded, then the sum */
             const vf xv = v_load(x[a] + d0 + e * VW);
             acc[0][e] = v_add(acc[0][e], v_mul(c0, xv));
-            if (R > 1 && both) acc[R - 1][e] = v_add(acc[R - 1][e], v_mul(c1, xv));
+            if (both) acc[1][e] = v_add(acc[1][e], v_mul(c1, xv));
         }
     }
     for (int r = 0; r < R; r++)
