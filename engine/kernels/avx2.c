@@ -309,6 +309,11 @@ typedef struct { __m256i a, b; } qi;
 typedef struct { __m256 a, b; } qf;
 
 #define QK_PRIM static inline __attribute__((always_inline))
+/* Keeps a running sum in its register: without it GCC reassociates a
+ * chain of integer adds into a tree over all of a run's products, which
+ * then live on the stack (measured on the Xeon: q4_K GEMM 97 -> 110-117
+ * GOP/s on one thread). Integer sums are exact, so the bits are the same. */
+#define QK_KEEP(v) __asm__("" : "+x"(v))
 
 QK_PRIM qb qb_load(const uint8_t *p) {
     qb r = {_mm256_load_si256((const __m256i *)(const void *)p), _mm256_load_si256((const __m256i *)(const void *)(p + 32))};
@@ -357,6 +362,8 @@ QK_PRIM __m256i qk_madd(__m256i acc, __m256i u, __m256i sx) {
 QK_PRIM qi qi_dot(qi acc, qb u, const int8_t *x) {
     const __m256i bx = qk_bcast4(x);
     qi r = {qk_madd(acc.a, u.a, bx), qk_madd(acc.b, u.b, bx)};
+    QK_KEEP(r.a);
+    QK_KEEP(r.b);
     return r;
 }
 /* 16 lanes of two int16 partial sums (qgeneric.h's QK_DOT16 path): the
@@ -370,6 +377,8 @@ QK_PRIM qh qh_dot(qh acc, qb u, const int8_t *x) {
     const __m256i bx = qk_bcast4(x);
     qh r = {_mm256_add_epi16(acc.a, _mm256_maddubs_epi16(u.a, bx)),
             _mm256_add_epi16(acc.b, _mm256_maddubs_epi16(u.b, bx))};
+    QK_KEEP(r.a);
+    QK_KEEP(r.b);
     return r;
 }
 QK_PRIM qi qi_add_qh(qi acc, qh h) {
@@ -383,6 +392,8 @@ QK_PRIM qi qi_dots(qi acc, qs w, const int8_t *x) {
     const __m256i bx = qk_bcast4(x);
     qi r = {qk_madd(acc.a, _mm256_abs_epi8(w.a), _mm256_sign_epi8(bx, w.a)),
             qk_madd(acc.b, _mm256_abs_epi8(w.b), _mm256_sign_epi8(bx, w.b))};
+    QK_KEEP(r.a);
+    QK_KEEP(r.b);
     return r;
 }
 QK_PRIM qi qi_dots_end(qi acc, int32_t xsum) {

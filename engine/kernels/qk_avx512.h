@@ -16,6 +16,9 @@
 #include <string.h>
 
 #define QK_PRIM static inline __attribute__((always_inline))
+/* Keeps a running sum of added products in its register (see avx2.c's
+ * QK_KEEP: GCC would reassociate the chain into a tree through the stack). */
+#define QK_KEEP(v) __asm__("" : "+v"(v))
 
 typedef __m512i qb;
 typedef __m512i qi;
@@ -60,10 +63,16 @@ QK_PRIM qi qk_madd(qi acc, __m512i u, __m512i sx) {
     const __m512i pairs = _mm512_maddubs_epi16(u, sx);
     return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 }
-QK_PRIM qi qi_dot(qi acc, qb u, const int8_t *x) { return qk_madd(acc, u, qk_bcast4(x)); }
+QK_PRIM qi qi_dot(qi acc, qb u, const int8_t *x) {
+    qi r = qk_madd(acc, u, qk_bcast4(x));
+    QK_KEEP(r);
+    return r;
+}
 QK_PRIM qi qi_dots(qi acc, qs w, const int8_t *x) {
     const __m512i bx = qk_bcast4(x);
-    return qk_madd(acc, w.mag, _mm512_mask_sub_epi8(bx, w.neg, _mm512_setzero_si512(), bx));
+    qi r = qk_madd(acc, w.mag, _mm512_mask_sub_epi8(bx, w.neg, _mm512_setzero_si512(), bx));
+    QK_KEEP(r);
+    return r;
 }
 QK_PRIM qi qi_dots_end(qi acc, int32_t xsum) {
     (void)xsum;
@@ -73,7 +82,11 @@ QK_PRIM qi qi_dots_end(qi acc, int32_t xsum) {
  * added without widening, widened once per run of quads. */
 typedef __m512i qh;
 QK_PRIM qh qh_zero(void) { return _mm512_setzero_si512(); }
-QK_PRIM qh qh_dot(qh acc, qb u, const int8_t *x) { return _mm512_add_epi16(acc, _mm512_maddubs_epi16(u, qk_bcast4(x))); }
+QK_PRIM qh qh_dot(qh acc, qb u, const int8_t *x) {
+    qh r = _mm512_add_epi16(acc, _mm512_maddubs_epi16(u, qk_bcast4(x)));
+    QK_KEEP(r);
+    return r;
+}
 QK_PRIM qi qi_add_qh(qi acc, qh h) { return _mm512_add_epi32(acc, _mm512_madd_epi16(h, _mm512_set1_epi16(1))); }
 #define QK_DOT16 1
 #endif
