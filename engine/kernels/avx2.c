@@ -388,6 +388,33 @@ QK_PRIM qi qi_add_qh(qi acc, qh h) {
 }
 #define QK_DOT16 1
 
+/* Two int16 per lane (qgeneric.h's QK_SCALE16): .a lanes 0-7, .b 8-15. */
+typedef struct { __m256i a, b; } qw;
+QK_PRIM qw qw_dup_u8(const uint8_t *p) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+    const __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + 8)));
+    qw r = {_mm256_or_si256(v, _mm256_slli_epi32(v, 16)), _mm256_or_si256(w, _mm256_slli_epi32(w, 16))};
+    return r;
+}
+QK_PRIM qw qw_pair_u8(const uint8_t *p, const uint8_t *q) {
+    const __m128i v = _mm_unpacklo_epi8(_mm_loadu_si128((const __m128i *)(const void *)p),
+                                        _mm_loadu_si128((const __m128i *)(const void *)q));
+    const __m128i w = _mm_unpackhi_epi8(_mm_loadu_si128((const __m128i *)(const void *)p),
+                                        _mm_loadu_si128((const __m128i *)(const void *)q));
+    qw r = {_mm256_cvtepu8_epi16(v), _mm256_cvtepu8_epi16(w)};
+    return r;
+}
+QK_PRIM qi qi_madd_qh(qi acc, qh h, qw w) {
+    qi r = {_mm256_add_epi32(acc.a, _mm256_madd_epi16(h.a, w.a)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(h.b, w.b))};
+    return r;
+}
+QK_PRIM qi qi_madd_x2(qi acc, qw w, int32_t x0, int32_t x1) {
+    const __m256i x = _mm256_set1_epi32((int32_t)(((uint32_t)x0 & 0xffffu) | ((uint32_t)x1 << 16)));
+    qi r = {_mm256_add_epi32(acc.a, _mm256_madd_epi16(w.a, x)), _mm256_add_epi32(acc.b, _mm256_madd_epi16(w.b, x))};
+    return r;
+}
+#define QK_SCALE16 1
+
 QK_PRIM qi qi_dots(qi acc, qs w, const int8_t *x) {
     const __m256i bx = qk_bcast4(x);
     qi r = {qk_madd(acc.a, _mm256_abs_epi8(w.a), _mm256_sign_epi8(bx, w.a)),
