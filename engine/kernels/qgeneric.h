@@ -343,16 +343,21 @@ QK_INLINE void qk_unit_256(const int type, const int NT, const uint8_t *q, const
 }
 
 #ifdef QK_SCALE16
-/* q4_K, q5_K: block b's A and B for NT tokens from t0, the unit scales
+/* q4_K, q5_K: block b of a group for NT tokens from t0, the unit scales
  * applied as the 16-bit partial sums widen (|h| <= 32004, scales < 64) and
  * the mins as one multiply-add per two units (a unit's activations sum to
  * at most 32 * 127 in magnitude): the same integer sums as qk_unit_256's. */
-QK_INLINE void qk_block_s16(const int type, const int NT, const uint8_t *q, const uint8_t *s, const qk_act *a,
-                            int64_t t0, int64_t b, const uint8_t *next, int64_t qbytes, qi *A, qi *B) {
+QK_INLINE void qk_block_s16(const int type, const int NT, const qk_src *w, const uint8_t *grp, const qk_act *a,
+                            int64_t t0, int64_t b, qf *acc) {
     const int bits = qk_field_bits(type), run = QK_RUN(bits);
     const int64_t cols = a->cols;
+    const uint8_t *q = grp + b * w->qbytes, *s = grp + w->nb * w->qbytes + b * w->sbytes;
+    QK_PREFETCH(s + w->group_bytes, w->sbytes);
+    qi A[QK_T], B[QK_T];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) A[t] = B[t] = qi_zero();
     for (int j = 0; j < 8; j++) {
-        QK_PREFETCH_PART(next, qbytes, j, 8);
+        QK_PREFETCH_PART(q + w->group_bytes, w->qbytes, j, 8);
         qb u[8];
         qk_unit(type, q, 8, j, u);
         const qw sc = qw_dup_u8(s + 64 + 16 * j);
@@ -381,6 +386,7 @@ QK_INLINE void qk_block_s16(const int type, const int NT, const uint8_t *q, cons
             B[t] = qi_madd_x2(B[t], mn, bs[0] + bs[1], bs[2] + bs[3]);
         }
     }
+    qk_block_end_256(type, NT, s, a, t0, b, A, B, acc);
 }
 #endif
 
@@ -390,15 +396,7 @@ QK_INLINE void qk_tile_256(const int type, const int NT, const qk_src *w, const 
     const uint8_t *sc = grp + nb * w->qbytes;
 #ifdef QK_SCALE16
     if (type == CART_Q4_K || type == CART_Q5_K) {
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
-            QK_PREFETCH(s + w->group_bytes, w->sbytes);
-            qi A[QK_T], B[QK_T];
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) A[t] = B[t] = qi_zero();
-            qk_block_s16(type, NT, q, s, a, t0, b, q + w->group_bytes, w->qbytes, A, B);
-            qk_block_end_256(type, NT, s, a, t0, b, A, B, acc);
-        }
+        for (int64_t b = 0; b < nb; b++) qk_block_s16(type, NT, w, grp, a, t0, b, acc);
         return;
     }
 #endif
