@@ -15,6 +15,7 @@
 #include <immintrin.h>
 
 #include "x86_quants.h"
+#include <math.h>
 #include <string.h>
 
 #define GK_TABLE cart_kernels_avx2
@@ -512,6 +513,110 @@ QK_PRIM void qf_store(float *p, qf v, int n) {
 #define QK_T 4
 #define QK_FN qk_groups_avx2
 #include "qgeneric.h"
+
+/* ---- activations quantized for the integer products (qdot.h) ------------- */
+
+static float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+static int32_t hsum8i(__m256i v) {
+    __m128i m = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+    m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+    return _mm_cvtsi128_si32(m);
+}
+static __m256 abs8(const float *x) {
+    return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x));
+}
+/* 1 when the n floats (a multiple of 8) are all finite. */
+static int all_finite8(const float *x, int64_t n) {
+    __m256 bad = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n; k += 8) bad = _mm256_or_ps(bad, _mm256_cmp_ps(abs8(x + k), _mm256_set1_ps(INFINITY), _CMP_NLT_UQ));
+    return _mm256_movemask_ps(bad) == 0;
+}
+/* 8 floats times s, rounded to nearest even (the default MXCSR; magnitudes
+ * at most 128, where this is GGML's nearest_int). */
+static inline __m256i scaled_rne8(const float *x, __m256 s) {
+    return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), s));
+}
+/* 8 int32 (within int8) stored as 8 bytes. */
+static inline void store8_i8(int8_t *q, __m256i v) {
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64((__m128i *)(void *)q, _mm_packs_epi16(w, w));
+}
+
+static void quantize_row_32_avx2(qk_act *a, const float *x, int64_t i) {
+    const int64_t nb = a->cols / 32;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + 32 * b;
+        const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(abs8(xb), abs8(xb + 8)), _mm256_max_ps(abs8(xb + 16), abs8(xb + 24))));
+        const float d = amax / 127.0f;
+        const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        int8_t *q = a->q + i * a->cols + 32 * b;
+        __m256i sum = _mm256_setzero_si256();
+        for (int k = 0; k < 32; k += 8) {
+            const __m256i v = scaled_rne8(xb + k, id);
+            store8_i8(q + k, v);
+            sum = _mm256_add_epi32(sum, v);
+        }
+        const int32_t s = hsum8i(sum);
+        a->d[i * nb + b] = cart_f16_to_f32(cart_f32_to_f16(d));
+        a->s[i * nb + b] = s;
+        if (a->sf) a->sf[i * nb + b] = cart_f16_to_f32(cart_f32_to_f16((float)s * d));
+    }
+}
+
+static void quantize_row_256_avx2(qk_act *a, const float *x, int64_t i) {
+    const int64_t nb = a->cols / 256;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + 256 * b;
+        int8_t *q = a->q + i * a->cols + 256 * b;
+        int32_t *s = a->s + i * (a->cols / 16) + 16 * b;
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < 32; j++) m = _mm256_max_ps(m, abs8(xb + 8 * j));
+        const float amax = hmax8(m);
+        if (amax == 0.0f) {
+            memset(q, 0, 256);
+            memset(s, 0, 16 * sizeof *s);
+            a->d[i * nb + b] = 0.0f;
+            continue;
+        }
+        int at = 0; /* the first element of magnitude amax */
+        for (int j = 0; j < 32; j++) {
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(abs8(xb + 8 * j), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+            if (hit) {
+                at = 8 * j + __builtin_ctz((unsigned)hit);
+                break;
+            }
+        }
+        const float iscale = -127.0f / xb[at];
+        const __m256 sc = _mm256_set1_ps(iscale);
+        for (int j = 0; j < 16; j++) {
+            const __m256i v0 = _mm256_min_epi32(scaled_rne8(xb + 16 * j, sc), _mm256_set1_epi32(127));
+            const __m256i v1 = _mm256_min_epi32(scaled_rne8(xb + 16 * j + 8, sc), _mm256_set1_epi32(127));
+            store8_i8(q + 16 * j, v0);
+            store8_i8(q + 16 * j + 8, v1);
+            s[j] = hsum8i(_mm256_add_epi32(v0, v1));
+        }
+        a->d[i * nb + b] = 1.0f / iscale;
+    }
+}
+
+/* qdot.h's rules, 8 lanes at a time; a row holding a NaN or an infinity
+ * takes the plain C (qk_quantize_rows_c), whose rules for them are the
+ * contract's. */
+static void qk_quantize_rows_avx2(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++) {
+        const float *xr = x + i * ldx;
+        if (!all_finite8(xr, a->cols)) qk_quantize_rows_c(a, x, ldx, i, i + 1);
+        else if (a->kind == QK_ACT_Q8_K) quantize_row_256_avx2(a, xr, i);
+        else quantize_row_32_avx2(a, xr, i);
+    }
+}
+#define GK_QK_QUANTIZE qk_quantize_rows_avx2
 
 /* ---- e^x in double: exp.h's main path on 4 lanes -------------------------- */
 

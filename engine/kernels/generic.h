@@ -1078,6 +1078,9 @@ static const cart_kernels gk_table = {
 #ifdef QK_FN
     .qk_groups = QK_FN,
 #endif
+#ifdef GK_QK_QUANTIZE
+    .qk_quantize = GK_QK_QUANTIZE,
+#endif
     .f16_to_f32 = gk_f16_to_f32,
     .f32_to_f16 = gk_f32_to_f16,
     .bf16_to_f32 = gk_bf16_to_f32,
