@@ -358,10 +358,21 @@ static void quantize_32(const qk_act *a, const float *x, int64_t i) {
             q[k] = (int8_t)rne(xb[k] * id);
             sum += q[k];
         }
-        a->d[i * nb + b] = cart_f16_to_f32(cart_f32_to_f16(d));
-        a->s[i * nb + b] = sum;
-        if (a->sf) a->sf[i * nb + b] = cart_f16_to_f32(cart_f32_to_f16((float)sum * d));
+        qk_act_put32(a, i, b, d, sum);
     }
+}
+
+void qk_act_put32(const qk_act *a, int64_t i, int64_t b, float d, int32_t sum) {
+    const int64_t nb = a->cols / 32;
+    a->d[i * nb + b] = cart_f16_to_f32(cart_f32_to_f16(d));
+    a->s[i * nb + b] = sum;
+    if (a->sf) a->sf[i * nb + b] = cart_f16_to_f32(cart_f32_to_f16((float)sum * d));
+}
+
+void qk_act_zero256(const qk_act *a, int64_t i, int64_t b) {
+    memset(a->q + i * a->cols + 256 * b, 0, 256);
+    memset(a->s + i * (a->cols / 16) + 16 * b, 0, 16 * sizeof *a->s);
+    a->d[i * (a->cols / 256) + b] = 0.0f;
 }
 
 static void quantize_256(const qk_act *a, const float *x, int64_t i) {
@@ -373,9 +384,7 @@ static void quantize_256(const qk_act *a, const float *x, int64_t i) {
         int at;
         const float amax = absmax(xb, 256, &at);
         if (amax == 0.0f) {
-            memset(q, 0, 256);
-            memset(s, 0, 16 * sizeof *s);
-            a->d[i * nb + b] = 0.0f;
+            qk_act_zero256(a, i, b);
             continue;
         }
         const float iscale = -127.0f / xb[at];

@@ -563,9 +563,7 @@ static void quantize_row_32_avx2(qk_act *a, const float *x, int64_t i) {
             sum = _mm256_add_epi32(sum, v);
         }
         const int32_t s = hsum8i(sum);
-        a->d[i * nb + b] = cart_f16_to_f32(cart_f32_to_f16(d));
-        a->s[i * nb + b] = s;
-        if (a->sf) a->sf[i * nb + b] = cart_f16_to_f32(cart_f32_to_f16((float)s * d));
+        qk_act_put32(a, i, b, d, s);
     }
 }
 
@@ -579,9 +577,7 @@ static void quantize_row_256_avx2(qk_act *a, const float *x, int64_t i) {
         for (int j = 0; j < 32; j++) m = _mm256_max_ps(m, abs8(xb + 8 * j));
         const float amax = hmax8(m);
         if (amax == 0.0f) {
-            memset(q, 0, 256);
-            memset(s, 0, 16 * sizeof *s);
-            a->d[i * nb + b] = 0.0f;
+            qk_act_zero256(a, i, b);
             continue;
         }
         int at = 0; /* the first element of magnitude amax */
@@ -605,16 +601,9 @@ static void quantize_row_256_avx2(qk_act *a, const float *x, int64_t i) {
     }
 }
 
-/* qdot.h's rules, 8 lanes at a time; a row holding a NaN or an infinity
- * takes the plain C (qk_quantize_rows_c), whose rules for them are the
- * contract's. */
+/* qdot.h's rules, 8 lanes at a time. */
 static void qk_quantize_rows_avx2(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; i++) {
-        const float *xr = x + i * ldx;
-        if (!all_finite8(xr, a->cols)) qk_quantize_rows_c(a, x, ldx, i, i + 1);
-        else if (a->kind == QK_ACT_Q8_K) quantize_row_256_avx2(a, xr, i);
-        else quantize_row_32_avx2(a, xr, i);
-    }
+    qk_quantize_rows_by(a, x, ldx, i0, i1, all_finite8, quantize_row_32_avx2, quantize_row_256_avx2);
 }
 #define GK_QK_QUANTIZE qk_quantize_rows_avx2
 

@@ -1269,9 +1269,7 @@ static void quantize_row_32(qk_act *a, const float *x, int64_t i) {
         _mm_storeu_si128((__m128i *)(void *)q, _mm512_cvtepi32_epi8(q0));
         _mm_storeu_si128((__m128i *)(void *)(q + 16), _mm512_cvtepi32_epi8(q1));
         const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-        a->d[i * nb + b] = cart_f16_to_f32(cart_f32_to_f16(d));
-        a->s[i * nb + b] = sum;
-        if (a->sf) a->sf[i * nb + b] = cart_f16_to_f32(cart_f32_to_f16((float)sum * d));
+        qk_act_put32(a, i, b, d, sum);
     }
 }
 
@@ -1285,9 +1283,7 @@ static void quantize_row_256(qk_act *a, const float *x, int64_t i) {
         for (int j = 0; j < 16; j++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * j)));
         const float amax = _mm512_reduce_max_ps(m);
         if (amax == 0.0f) {
-            memset(q, 0, 256);
-            memset(s, 0, 16 * sizeof *s);
-            a->d[i * nb + b] = 0.0f;
+            qk_act_zero256(a, i, b);
             continue;
         }
         int at = 0; /* the first element of magnitude amax */
@@ -1310,16 +1306,9 @@ static void quantize_row_256(qk_act *a, const float *x, int64_t i) {
     }
 }
 
-/* qdot.h's rules, 16 lanes at a time; a row holding a NaN or an infinity
- * takes the plain C (qk_quantize_rows_c), whose rules for them are the
- * contract's. */
+/* qdot.h's rules, 16 lanes at a time. */
 static void qk_quantize_rows_512(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; i++) {
-        const float *xr = x + i * ldx;
-        if (!all_finite(xr, a->cols)) qk_quantize_rows_c(a, x, ldx, i, i + 1);
-        else if (a->kind == QK_ACT_Q8_K) quantize_row_256(a, xr, i);
-        else quantize_row_32(a, xr, i);
-    }
+    qk_quantize_rows_by(a, x, ldx, i0, i1, all_finite, quantize_row_32, quantize_row_256);
 }
 
 /* ---- integer block products (qgeneric.h) ---------------------------------- */

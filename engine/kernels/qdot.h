@@ -152,6 +152,25 @@ void qk_unit_sums(qk_act *a, int64_t i0, int64_t i1);
  * the rules above in plain C. Every level gives the same bytes. */
 void qk_quantize(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1);
 void qk_quantize_rows_c(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1);
+/* The quantizers' shared steps: block b of row i of q8_0 / q8_1 gets its
+ * scale d (rounded through f16), the sum of its q and q8_1's d times that
+ * sum; block b of a q8_K row whose inputs are all zero gets zeros. */
+void qk_act_put32(const qk_act *a, int64_t i, int64_t b, float d, int32_t sum);
+void qk_act_zero256(const qk_act *a, int64_t i, int64_t b);
+/* A level quantizer's loop over rows [i0, i1): a row that `finite` finds
+ * holding a NaN or an infinity takes qk_quantize_rows_c, whose rules for
+ * them are the contract's; the others the level's row32 or row256. */
+static inline __attribute__((always_inline)) void
+qk_quantize_rows_by(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1,
+                    int (*finite)(const float *, int64_t), void (*row32)(qk_act *, const float *, int64_t),
+                    void (*row256)(qk_act *, const float *, int64_t)) {
+    for (int64_t i = i0; i < i1; i++) {
+        const float *xr = x + i * ldx;
+        if (!finite(xr, a->cols)) qk_quantize_rows_c(a, x, ldx, i, i + 1);
+        else if (a->kind == QK_ACT_Q8_K) row256(a, xr, i);
+        else row32(a, xr, i);
+    }
+}
 typedef void (*qk_quantize_fn)(qk_act *a, const float *x, int64_t ldx, int64_t i0, int64_t i1);
 
 /* y[t, 16 g + r] for tokens [t0, t1) and groups [g0, g1) of w (rows past
