@@ -360,10 +360,18 @@ QK_INLINE void qk_block_s16(const int type, const int NT, const qk_src *w, const
         QK_PREFETCH_PART(q + w->group_bytes, w->qbytes, j, 8);
         qb u[8];
         qk_unit(type, q, 8, j, u);
-        const qw sc = qw_dup_u8(s + 64 + 16 * j);
         const int8_t *x[QK_T];
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) x[t] = a->q + (t0 + t) * cols + 256 * b + 32 * j;
+#ifndef QK_DOT16
+        (void)run;
+        qi d[QK_T];
+        qk_dot32(NT, d, u, x, 0, 8);
+        const qi sc = qi_load_u8(s + 64 + 16 * j);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) A[t] = qi_add(A[t], qi_mul(sc, d[t]));
+#else
+        const qw sc = qw_dup_u8(s + 64 + 16 * j);
 #pragma GCC unroll 2
         for (int g = 0; g < 8; g += run) {
             qh h[QK_T];
@@ -376,6 +384,7 @@ QK_INLINE void qk_block_s16(const int type, const int NT, const qk_src *w, const
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) A[t] = qi_madd_qh(A[t], h[t], sc);
         }
+#endif
     }
 #pragma GCC unroll 4
     for (int j = 0; j < 8; j += 2) {

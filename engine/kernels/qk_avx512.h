@@ -49,6 +49,18 @@ QK_PRIM __m512i qk_bcast4(const int8_t *x) {
     return _mm512_set1_epi32(v);
 }
 
+/* Two int16 per lane (qgeneric.h's QK_SCALE16). */
+typedef __m512i qw;
+QK_PRIM qw qw_pair_u8(const uint8_t *p, const uint8_t *q) {
+    const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)p), b = _mm_loadu_si128((const __m128i *)(const void *)q);
+    return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+}
+QK_PRIM qi qi_madd_x2(qi acc, qw w, int32_t x0, int32_t x1) {
+    const __m512i x = _mm512_set1_epi32((int32_t)(((uint32_t)x0 & 0xffffu) | ((uint32_t)x1 << 16)));
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(w, x));
+}
+#define QK_SCALE16 1
+
 #if QK_VNNI
 QK_PRIM qs qs_bytes(qb v) { return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)); }
 QK_PRIM qi qi_dot(qi acc, qb u, const int8_t *x) { return _mm512_dpbusd_epi32(acc, u, qk_bcast4(x)); }
@@ -90,22 +102,11 @@ QK_PRIM qh qh_dot(qh acc, qb u, const int8_t *x) {
 QK_PRIM qi qi_add_qh(qi acc, qh h) { return _mm512_add_epi32(acc, _mm512_madd_epi16(h, _mm512_set1_epi16(1))); }
 #define QK_DOT16 1
 
-/* Two int16 per lane (qgeneric.h's QK_SCALE16). */
-typedef __m512i qw;
 QK_PRIM qw qw_dup_u8(const uint8_t *p) {
     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
     return _mm512_or_si512(v, _mm512_slli_epi32(v, 16));
 }
-QK_PRIM qw qw_pair_u8(const uint8_t *p, const uint8_t *q) {
-    const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)p), b = _mm_loadu_si128((const __m128i *)(const void *)q);
-    return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
-}
 QK_PRIM qi qi_madd_qh(qi acc, qh h, qw w) { return _mm512_add_epi32(acc, _mm512_madd_epi16(h, w)); }
-QK_PRIM qi qi_madd_x2(qi acc, qw w, int32_t x0, int32_t x1) {
-    const __m512i x = _mm512_set1_epi32((int32_t)(((uint32_t)x0 & 0xffffu) | ((uint32_t)x1 << 16)));
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(w, x));
-}
-#define QK_SCALE16 1
 #endif
 QK_PRIM qs qs_levels(qb v) {
     const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)qk_iq4_levels));
