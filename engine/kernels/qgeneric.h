@@ -183,6 +183,12 @@ QK_INLINE void qk_dots(const int NT, qi *d, const qs *w, const int8_t *const *x,
  * rest), to be requested at step k of a block's work: the misses then
  * overlap its sums, where a whole block's lines at once stall on a full
  * miss queue (measured: 16-token q4_K products on AMX). */
+/* Only the tiles of a group's last QK_PF_TOKENS tokens request the next
+ * group: in a long GEMM the earlier tiles' requests only repeat them
+ * (measured at avx2, one thread, 512 tokens: q4_K GEMM 140-170 -> 148-181
+ * GOP/s without them), and a decode step of up to 16 tokens keeps them all. */
+#define QK_PF_TOKENS 16
+
 #define QK_PREFETCH_PART(p, n, k, parts)                                                                     \
     do {                                                                                                     \
         const int64_t per_ = ((int64_t)(n) / (parts) + 63) / 64 * 64, lo_ = per_ * (k);                     \
@@ -213,7 +219,7 @@ QK_INLINE void qk_block_end_32(const int type, const int NT, const uint8_t *s, c
 }
 
 QK_INLINE void qk_tile_32(const int type, const int NT, const qk_src *w, const uint8_t *grp, const qk_act *a,
-                          int64_t t0, qf *acc) {
+                          int64_t t0, int pf, qf *acc) {
     const int64_t nb = w->nb, cols = w->cols;
     const uint8_t *sc = grp + nb * w->qbytes;
     const int signed_w = type == CART_Q8_0 || type == CART_IQ4_NL;
@@ -221,7 +227,7 @@ QK_INLINE void qk_tile_32(const int type, const int NT, const qk_src *w, const u
         const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
         /* (not for q8_0 at one token, whose plain stream of loads the
          * hardware prefetcher already keeps ahead of: measured faster) */
-        if (type != CART_Q8_0 || NT > 1) QK_PREFETCH(q + w->group_bytes, w->qbytes);
+        if (pf && (type != CART_Q8_0 || NT > 1)) QK_PREFETCH(q + w->group_bytes, w->qbytes);
         const int8_t *x[QK_T];
         int32_t xs[QK_T];
         int64_t at[QK_T];
@@ -348,16 +354,16 @@ QK_INLINE void qk_unit_256(const int type, const int NT, const uint8_t *q, const
  * the mins as one multiply-add per two units (a unit's activations sum to
  * at most 32 * 127 in magnitude): the same integer sums as qk_unit_256's. */
 QK_INLINE void qk_block_s16(const int type, const int NT, const qk_src *w, const uint8_t *grp, const qk_act *a,
-                            int64_t t0, int64_t b, qf *acc) {
+                            int64_t t0, int64_t b, int pf, qf *acc) {
     const int bits = qk_field_bits(type), run = QK_RUN(bits);
     const int64_t cols = a->cols;
     const uint8_t *q = grp + b * w->qbytes, *s = grp + w->nb * w->qbytes + b * w->sbytes;
-    QK_PREFETCH(s + w->group_bytes, w->sbytes);
+    if (pf) QK_PREFETCH(s + w->group_bytes, w->sbytes);
     qi A[QK_T], B[QK_T];
 #pragma GCC unroll 4
     for (int t = 0; t < NT; t++) A[t] = B[t] = qi_zero();
     for (int j = 0; j < 8; j++) {
-        QK_PREFETCH_PART(q + w->group_bytes, w->qbytes, j, 8);
+        if (pf) QK_PREFETCH_PART(q + w->group_bytes, w->qbytes, j, 8);
         qb u[8];
         qk_unit(type, q, 8, j, u);
         const int8_t *x[QK_T];
@@ -400,23 +406,23 @@ QK_INLINE void qk_block_s16(const int type, const int NT, const qk_src *w, const
 #endif
 
 QK_INLINE void qk_tile_256(const int type, const int NT, const qk_src *w, const uint8_t *grp, const qk_act *a,
-                           int64_t t0, qf *acc) {
+                           int64_t t0, int pf, qf *acc) {
     const int64_t nb = w->nb;
     const uint8_t *sc = grp + nb * w->qbytes;
 #ifdef QK_SCALE16
     if (type == CART_Q4_K || type == CART_Q5_K) {
-        for (int64_t b = 0; b < nb; b++) qk_block_s16(type, NT, w, grp, a, t0, b, acc);
+        for (int64_t b = 0; b < nb; b++) qk_block_s16(type, NT, w, grp, a, t0, b, pf, acc);
         return;
     }
 #endif
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
-        QK_PREFETCH(s + w->group_bytes, w->sbytes);
+        if (pf) QK_PREFETCH(s + w->group_bytes, w->sbytes);
         qi A[QK_T], B[QK_T];
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) A[t] = B[t] = qi_zero();
         for (int j = 0; j < 8; j++) {
-            QK_PREFETCH_PART(q + w->group_bytes, w->qbytes, j, 8);
+            if (pf) QK_PREFETCH_PART(q + w->group_bytes, w->qbytes, j, 8);
             qk_unit_256(type, NT, q, s, j, a, t0, 256 * b + 32 * j, A, B);
         }
         qk_block_end_256(type, NT, s, a, t0, b, A, B, acc);
@@ -427,12 +433,12 @@ QK_INLINE void qk_tile_256(const int type, const int NT, const qk_src *w, const 
 
 /* NT tokens from t of one group: their outputs stored. */
 QK_INLINE void qk_tile(const int type, const int NT, const qk_src *w, const uint8_t *grp, const qk_act *a,
-                       int64_t t, float *y, int64_t ldy, int64_t r0, int nr) {
+                       int64_t t, int pf, float *y, int64_t ldy, int64_t r0, int nr) {
     qf acc[QK_T];
 #pragma GCC unroll 4
     for (int i = 0; i < NT; i++) acc[i] = qf_zero();
-    if (qk_bs(type) == 256) qk_tile_256(type, NT, w, grp, a, t, acc);
-    else qk_tile_32(type, NT, w, grp, a, t, acc);
+    if (qk_bs(type) == 256) qk_tile_256(type, NT, w, grp, a, t, pf, acc);
+    else qk_tile_32(type, NT, w, grp, a, t, pf, acc);
 #pragma GCC unroll 4
     for (int i = 0; i < NT; i++) qf_store(y + (t + i) * ldy + r0, acc[i], nr);
 }
@@ -448,10 +454,10 @@ QK_INLINE void qk_type(const int type, const qk_src *w, const qk_act *a, int64_t
         const int64_t r0 = g * QK_ROWS;
         const int nr = (int)(w->rows - r0 < QK_ROWS ? w->rows - r0 : QK_ROWS);
         int64_t t = t0;
-        for (; t + QK_T <= t1; t += QK_T) qk_tile(type, QK_T, w, grp, a, t, y, ldy, r0, nr);
-        if (QK_T > 3 && t1 - t == 3) qk_tile(type, QK_T > 3 ? 3 : 1, w, grp, a, t, y, ldy, r0, nr);
-        else if (QK_T > 2 && t1 - t == 2) qk_tile(type, QK_T > 2 ? 2 : 1, w, grp, a, t, y, ldy, r0, nr);
-        else if (t1 - t == 1) qk_tile(type, 1, w, grp, a, t, y, ldy, r0, nr);
+        for (; t + QK_T <= t1; t += QK_T) qk_tile(type, QK_T, w, grp, a, t, t1 - t <= QK_PF_TOKENS, y, ldy, r0, nr);
+        if (QK_T > 3 && t1 - t == 3) qk_tile(type, QK_T > 3 ? 3 : 1, w, grp, a, t, 1, y, ldy, r0, nr);
+        else if (QK_T > 2 && t1 - t == 2) qk_tile(type, QK_T > 2 ? 2 : 1, w, grp, a, t, 1, y, ldy, r0, nr);
+        else if (t1 - t == 1) qk_tile(type, 1, w, grp, a, t, 1, y, ldy, r0, nr);
     }
 }
 
