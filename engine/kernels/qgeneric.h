@@ -384,9 +384,11 @@ QK_INLINE void qk_block_s16(const int type, const int NT, const qk_src *w, const
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) h[t] = qh_zero();
 #pragma GCC unroll 8
-            for (int k = g; k < g + run; k++)
+            for (int i = g; i < g + run; i++) {
+                const int k = (i >> 1) + 4 * (i & 1); /* quads 0 4 1 5 ...: each load's two halves together */
 #pragma GCC unroll 4
                 for (int t = 0; t < NT; t++) h[t] = qh_dot(h[t], u[k], x[t] + 4 * k);
+            }
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) A[t] = qi_madd_qh(A[t], h[t], sc);
         }
