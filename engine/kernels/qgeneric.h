@@ -29,15 +29,15 @@
  *   qf qf_cvt(qi), qf_load_f16(const uint8_t *p) (16 halves), qf_set1(float),
  *      qf_mul(a, b), qf_add(a, b), qf_sub(a, b), qf_zero(void)
  *   void qf_store(float *p, qf v, int n)    the first n lanes
- * Optional, with QK_DOT16 (16-bit partial sums, qh) and QK_SCALE16:
+ * Optional, QK_SCALE16 (q4_K's and q5_K's mins two units at a time,
+ * qk_mins_s16):
  *   qw   16 lanes of two int16
- *   qw qw_dup_u8(const uint8_t *p)          lane l = (p[l], p[l])
  *   qw qw_pair_u8(const uint8_t *p, const uint8_t *q)   lane l = (p[l], q[l])
- *   qi qi_madd_qh(qi acc, qh h, qw w)       acc + h.lo w.lo + h.hi w.hi per lane
  *   qi qi_madd_x2(qi acc, qw w, int32_t x0, int32_t x1)  acc + w.lo x0 + w.hi x1
  *                                           (x0, x1 within int16)
- * q4_K and q5_K then take their unit scales in the widening multiply-add
- * and their mins two units at a time: the same integer sums.
+ * and with QK_DOT16 too (their unit scales in the widening, qk_unit_s16):
+ *   qw qw_dup_u8(const uint8_t *p)          lane l = (p[l], p[l])
+ *   qi qi_madd_qh(qi acc, qh h, qw w)       acc + h.lo w.lo + h.hi w.hi per lane
  * Every step below is one of qdot.h's, in its order, so any level's
  * primitives give the same bits.
  */
@@ -349,61 +349,56 @@ QK_INLINE void qk_unit_256(const int type, const int NT, const uint8_t *q, const
 }
 
 #ifdef QK_SCALE16
-/* q4_K, q5_K: block b of a group for NT tokens from t0, the unit scales
- * applied as the 16-bit partial sums widen (|h| <= 32004, scales < 64) and
- * the mins as one multiply-add per two units (a unit's activations sum to
- * at most 32 * 127 in magnitude): the same integer sums as qk_unit_256's. */
-QK_INLINE void qk_block_s16(const int type, const int NT, const qk_src *w, const uint8_t *grp, const qk_act *a,
-                            int64_t t0, int64_t b, int pf, qf *acc) {
-    const int bits = qk_field_bits(type), run = QK_RUN(bits);
-    const int64_t cols = a->cols;
-    const uint8_t *q = grp + b * w->qbytes, *s = grp + w->nb * w->qbytes + b * w->sbytes;
-    if (pf) QK_PREFETCH(s + w->group_bytes, w->sbytes);
-    qi A[QK_T], B[QK_T];
+/* q4_K, q5_K: unit j of block b for NT tokens from t0, added to A. With
+ * 16-bit partial sums (QK_DOT16) each run's sums widen by the unit's scale
+ * in one multiply-add (|h| <= 32004, scales < 64); else the unit's 32-bit
+ * sums are multiplied by it. The same integer sums as qk_unit_256's. */
+QK_INLINE void qk_unit_s16(const int type, const int NT, const uint8_t *q, const uint8_t *s, const int j,
+                           const qk_act *a, int64_t t0, int64_t e0, qi *A) {
+    qb u[8];
+    qk_unit(type, q, 8, j, u);
+    const int8_t *x[QK_T];
 #pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) A[t] = B[t] = qi_zero();
-    for (int j = 0; j < 8; j++) {
-        if (pf) QK_PREFETCH_PART(q + w->group_bytes, w->qbytes, j, 8);
-        qb u[8];
-        qk_unit(type, q, 8, j, u);
-        const int8_t *x[QK_T];
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) x[t] = a->q + (t0 + t) * cols + 256 * b + 32 * j;
+    for (int t = 0; t < NT; t++) x[t] = a->q + (t0 + t) * a->cols + e0;
 #ifndef QK_DOT16
-        (void)run;
-        qi d[QK_T];
-        qk_dot32(NT, d, u, x, 0, 8);
-        const qi sc = qi_load_u8(s + 64 + 16 * j);
+    qi d[QK_T];
+    qk_dot32(NT, d, u, x, 0, 8);
+    const qi sc = qi_load_u8(s + 64 + 16 * j);
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) A[t] = qi_add(A[t], qi_mul(sc, d[t]));
+    for (int t = 0; t < NT; t++) A[t] = qi_add(A[t], qi_mul(sc, d[t]));
 #else
-        const qw sc = qw_dup_u8(s + 64 + 16 * j);
+    const int run = QK_RUN(qk_field_bits(type));
+    const qw sc = qw_dup_u8(s + 64 + 16 * j);
 #pragma GCC unroll 2
-        for (int g = 0; g < 8; g += run) {
-            qh h[QK_T];
+    for (int g = 0; g < 8; g += run) {
+        qh h[QK_T];
 #pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) h[t] = qh_zero();
+        for (int t = 0; t < NT; t++) h[t] = qh_zero();
 #pragma GCC unroll 8
-            for (int i = g; i < g + run; i++) {
-                const int k = (i >> 1) + 4 * (i & 1); /* quads 0 4 1 5 ...: each load's two halves together */
+        for (int i = g; i < g + run; i++) {
+            const int k = (i >> 1) + 4 * (i & 1); /* quads 0 4 1 5 ...: each load's two halves together */
 #pragma GCC unroll 4
-                for (int t = 0; t < NT; t++) h[t] = qh_dot(h[t], u[k], x[t] + 4 * k);
-            }
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) A[t] = qi_madd_qh(A[t], h[t], sc);
+            for (int t = 0; t < NT; t++) h[t] = qh_dot(h[t], u[k], x[t] + 4 * k);
         }
-#endif
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) A[t] = qi_madd_qh(A[t], h[t], sc);
     }
+#endif
+}
+
+/* q4_K, q5_K: the mins term of the block of 256 from element e0, two
+ * units at a time in one multiply-add (a unit's activations sum to at most
+ * 32 * 127 in magnitude), added to B. */
+QK_INLINE void qk_mins_s16(const int NT, const uint8_t *s, const qk_act *a, int64_t t0, int64_t e0, qi *B) {
 #pragma GCC unroll 4
     for (int j = 0; j < 8; j += 2) {
         const qw mn = qw_pair_u8(s + 192 + 16 * j, s + 208 + 16 * j);
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
-            const int32_t *bs = a->s + (t0 + t) * (cols / 16) + 16 * b + 2 * j;
+            const int32_t *bs = a->s + (t0 + t) * (a->cols / 16) + e0 / 16 + 2 * j;
             B[t] = qi_madd_x2(B[t], mn, bs[0] + bs[1], bs[2] + bs[3]);
         }
     }
-    qk_block_end_256(type, NT, s, a, t0, b, A, B, acc);
 }
 #endif
 
@@ -411,12 +406,6 @@ QK_INLINE void qk_tile_256(const int type, const int NT, const qk_src *w, const 
                            int64_t t0, int pf, qf *acc) {
     const int64_t nb = w->nb;
     const uint8_t *sc = grp + nb * w->qbytes;
-#ifdef QK_SCALE16
-    if (type == CART_Q4_K || type == CART_Q5_K) {
-        for (int64_t b = 0; b < nb; b++) qk_block_s16(type, NT, w, grp, a, t0, b, pf, acc);
-        return;
-    }
-#endif
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = grp + b * w->qbytes, *s = sc + b * w->sbytes;
         if (pf) QK_PREFETCH(s + w->group_bytes, w->sbytes);
@@ -425,8 +414,17 @@ QK_INLINE void qk_tile_256(const int type, const int NT, const qk_src *w, const 
         for (int t = 0; t < NT; t++) A[t] = B[t] = qi_zero();
         for (int j = 0; j < 8; j++) {
             if (pf) QK_PREFETCH_PART(q + w->group_bytes, w->qbytes, j, 8);
+#ifdef QK_SCALE16
+            if (type == CART_Q4_K || type == CART_Q5_K) {
+                qk_unit_s16(type, NT, q, s, j, a, t0, 256 * b + 32 * j, A);
+                continue;
+            }
+#endif
             qk_unit_256(type, NT, q, s, j, a, t0, 256 * b + 32 * j, A, B);
         }
+#ifdef QK_SCALE16
+        if (type == CART_Q4_K || type == CART_Q5_K) qk_mins_s16(NT, s, a, t0, 256 * b, B);
+#endif
         qk_block_end_256(type, NT, s, a, t0, b, A, B, acc);
     }
 }
