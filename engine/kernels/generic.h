@@ -578,7 +578,8 @@ GK_INLINE void gk_gemv_span_blocks(const int R, const int T, const mm_src *w,
 }
 
 /* y[t, j + r] = W[j + r, :] . x[t, :] for r < nr (<= R), t < T; requests
- * the next pf_rows rows (the next tile) a line per row at a time. */
+ * the next pf_rows rows (the next tile): float rows a line per row at a
+ * time (gk_gemv_span), block rows all at once before the products. */
 GK_INLINE void gk_gemv_tile(const int R, const int T, const int kind, const mm_src *w, int64_t j,
                             int64_t nr, int pf_rows, const float *x, int64_t ldx, float *y,
                             int64_t ldy, float *tmp) {
@@ -588,6 +589,10 @@ GK_INLINE void gk_gemv_tile(const int R, const int T, const int kind, const mm_s
             for (int a = 0; a < GK_NA; a++) acc[r][t][a] = v_zero();
     const uint8_t *wr[MM_GEMV_MAXR];
     const int64_t depth = w->cols;
+    if (kind == MM_W_DEQUANT || kind == GK_GEMV_BLOCKS) { /* block rows: the next tile's all at once */
+        const char *p = (const char *)w->data + (uint64_t)(j + R) * w->row_bytes;
+        for (uint64_t b = 0; b < (uint64_t)pf_rows * w->row_bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+    }
     if (kind == MM_W_DEQUANT) {
         for (int r = 0; r < R; r++)
             wr[r] = (const uint8_t *)(tmp + gk_min(r, nr - 1) * MM_GEMV_KB);
@@ -618,10 +623,6 @@ GK_INLINE void gk_gemv_pass(const int R, const int T, const int kind, const mm_s
          * the whole tile requested at once stalled on a full miss queue
          * (f16 decode at avx2 on a Zen 3: 10.9-11.4 -> 13.0-13.6 tok/s) */
         const int pf_rows = j + R < r1 ? (int)gk_min(R, r1 - j - R) : 0;
-        if (kind == GK_GEMV_BLOCKS || kind == MM_W_DEQUANT) { /* block rows: all at once */
-            const char *p = (const char *)w->data + (uint64_t)(j + R) * w->row_bytes;
-            for (uint64_t b = 0; b < (uint64_t)pf_rows * w->row_bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
-        }
         gk_gemv_tile(R, T, kind, w, j, gk_min(R, r1 - j), pf_rows, x, ldx, y, ldy, tmp);
     }
 }
